@@ -1,0 +1,52 @@
+"""Inference engines behind one interface (:class:`~cluster.engines.base.Engine`).
+
+Engines are imported lazily: the vLLM and SGLang packages exist only where they can run, and
+the trainer side imports none of them.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from cluster.engines.base import (
+    Engine,
+    EngineError,
+    EngineUnsupportedError,
+    Generation,
+    SamplingSettings,
+    apply_chat_template,
+    count_tokens,
+)
+from cluster.engines.config import EngineConfig, EngineKind, ScriptedEngineOptions
+
+
+# kind -> "module:Class"; each class is built as Class(config: EngineConfig).
+ENGINE_CLASSES: dict[str, str] = {
+    "vllm": "cluster.engines.vllm:VLLMEngine",
+    "sglang": "cluster.engines.sglang:SGLangEngine",
+    "transformers": "cluster.engines.transformers:TransformersEngine",
+    "scripted": "cluster.engines.scripted:ScriptedEngine",
+}
+
+
+def make_engine(config: EngineConfig) -> Engine:
+    """Build (not start) the engine ``config.kind`` names."""
+    module_name, class_name = ENGINE_CLASSES[config.kind].split(":")
+    engine_class = getattr(importlib.import_module(module_name), class_name)
+    return engine_class(config)
+
+
+__all__ = [
+    "ENGINE_CLASSES",
+    "Engine",
+    "EngineConfig",
+    "EngineError",
+    "EngineKind",
+    "EngineUnsupportedError",
+    "Generation",
+    "SamplingSettings",
+    "ScriptedEngineOptions",
+    "apply_chat_template",
+    "count_tokens",
+    "make_engine",
+]

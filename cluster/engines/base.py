@@ -1,0 +1,104 @@
+"""The one small interface every inference engine implements.
+
+An engine turns already chat-templated prompt strings into generations. It owns a tokenizer
+(so the scorer can apply the model's own chat template and count tokens), batches concurrent
+calls itself, and knows nothing about GQM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+class EngineError(RuntimeError):
+    """The engine failed to produce a generation (crashed, unloaded, bad constraint...)."""
+
+
+class EngineUnsupportedError(EngineError):
+    """The engine cannot honour a requested feature (e.g. a regex constraint)."""
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """Sampling for one generate call; engines translate it into their own parameter objects."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 1024
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    # A regular expression the whole output must match (structured outputs); None = free text.
+    regex: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature: must be >= 0 (got {self.temperature})")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p: must be in (0, 1] (got {self.top_p})")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens: must be >= 1 (got {self.max_tokens})")
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One prompt's output and what it cost."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: FinishReason
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What the scorer needs from a tokenizer: the chat template and a token count.
+
+    Hugging Face tokenizers satisfy it as they are.
+    """
+
+    def apply_chat_template(self, conversation: Any, *, tokenize: bool = ..., add_generation_prompt: bool = ...) -> Any: ...
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """An inference engine: started once, asked for batches of generations, stopped once."""
+
+    name: str
+
+    async def start(self) -> None:
+        """Load the model; idempotent."""
+
+    async def stop(self) -> None:
+        """Release the model and its memory; idempotent."""
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The model's tokenizer (available after :meth:`start`)."""
+
+    async def generate(self, prompts: Sequence[str], sampling: SamplingSettings) -> list[Generation]:
+        """Generate one output per prompt (prompts are final text: chat template applied)."""
+
+    async def check_health(self) -> None:
+        """Raise :class:`EngineError` when the engine can no longer serve."""
+
+
+def apply_chat_template(tokenizer: Tokenizer, user_message: str) -> str:
+    """The prompt as the model sees it: one user message through the model's own chat template."""
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": user_message}], tokenize=False, add_generation_prompt=True
+    )
+    if not isinstance(text, str):  # transformers 5.x returns a BatchEncoding unless tokenize=False
+        raise EngineError(f"apply_chat_template returned {type(text).__name__}, expected str")
+    return text
+
+
+def count_tokens(tokenizer: Tokenizer, text: str) -> int:
+    """Tokens in an already templated prompt (special tokens are in the text already)."""
+    return len(tokenizer.encode(text, add_special_tokens=False))

@@ -1,0 +1,53 @@
+"""Typed engine configuration, validated once at the boundary (deployment args, CLI, tests)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+EngineKind = Literal["vllm", "sglang", "transformers", "scripted"]
+
+
+class ScriptedEngineOptions(BaseModel):
+    """Behaviour of the deterministic scripted engine (tests and labelled simulations only)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Latency model: per_prompt_s + per_token_s * tokens (prompt tokens * prefill_token_s too),
+    # scaled by a uniform factor in [1 - jitter, 1 + jitter].
+    per_prompt_s: float = Field(0.0, ge=0)
+    per_token_s: float = Field(0.0, ge=0)
+    prefill_token_s: float = Field(0.0, ge=0)
+    jitter: float = Field(0.0, ge=0, le=1)
+    # Length of the fake analysis before the verdict, in words (each counted as one token).
+    analysis_words: int = Field(16, ge=0)
+    # Injected failures, drawn per generation from a seeded generator.
+    malformed_rate: float = Field(0.0, ge=0, le=1)
+    error_rate: float = Field(0.0, ge=0, le=1)
+    hang_rate: float = Field(0.0, ge=0, le=1)
+    # Add this many points to candidate A, fewer to later ones (a position bias to remove).
+    position_bias: float = Field(0.0, ge=0)
+    seed: int = 0
+
+
+class EngineConfig(BaseModel):
+    """Which engine to run, on which model, with which engine-level settings."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    kind: EngineKind = "vllm"
+    # A local directory or a Hugging Face hub id (hub downloads only where the network allows).
+    model: str = ""
+    tokenizer: str | None = None
+    tensor_parallel_size: int = Field(1, ge=1)
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    max_model_len: int | None = Field(None, ge=16)
+    dtype: str = "auto"
+    # transformers engine only: "auto" picks cuda when available, else cpu.
+    device: str = "auto"
+    seed: int = 0
+    # Passed through to the engine's own constructor (vLLM AsyncEngineArgs / sglang.Engine).
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+    scripted: ScriptedEngineOptions = Field(default_factory=ScriptedEngineOptions)

@@ -1,0 +1,373 @@
+"""The GQM wire format: what a GRRM reward model reads and writes.
+
+This module implements ``shared/spec/gqm.md`` byte for byte. It is pure Python (no I/O, no
+Ray, no torch) so every other layer can rely on it and tests run in milliseconds.
+
+Public functions: :func:`build_group_prompt`, :func:`build_single_prompt`,
+:func:`parse_group_answer`, :func:`extract_translation`, :func:`ranking_accuracy`, plus the
+helpers :func:`render_answer` (an answer in GRRM's format, for scripted engines and tests),
+:func:`verdict_regex` (a constraint that only admits parseable verdict lines) and
+:func:`language_name`.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Sequence
+from typing import Literal
+
+__all__ = [
+    "EXTRACTORS",
+    "GQMInputError",
+    "LANGUAGE_NAMES",
+    "MAX_CANDIDATES",
+    "MIN_CANDIDATES",
+    "PROMPT_TYPES",
+    "PromptType",
+    "build_group_prompt",
+    "build_single_prompt",
+    "candidate_letter",
+    "extract_translation",
+    "language_name",
+    "last_line",
+    "mean_ranking_accuracy",
+    "parse_group_answer",
+    "ranking_accuracy",
+    "render_answer",
+    "verdict_regex",
+]
+
+PromptType = Literal["ranking_score", "ranking", "score"]
+Extractor = Literal["codeblock", "line", "oneline", "none"]
+
+MIN_CANDIDATES = 2
+MAX_CANDIDATES = 26  # one capital letter per candidate
+LETTERS = string.ascii_uppercase
+
+LANGUAGE_NAMES: dict[str, str] = {
+    "en": "English",
+    "zh": "Chinese",
+    "de": "German",
+    "ru": "Russian",
+    "ko": "Korean",
+    "ja": "Japanese",
+    "fr": "French",
+    "es": "Spanish",
+    "pt": "Portuguese",
+    "it": "Italian",
+    "nl": "Dutch",
+    "th": "Thai",
+    "ro": "Romanian",
+    "ar": "Arabic",
+    "el": "Greek",
+    "vi": "Vietnamese",
+    "uk": "Ukrainian",
+}
+
+_GROUP_TEMPLATE = (
+    "Given a source text in {} and multiple translation candidates in {}. Perform a step by step "
+    "analysis and comparison of the translation quality for the candidates. {}\n\n"
+    "Source text:\n```\n{}\n```\n\n{}"
+)
+_CANDIDATE_BLOCK = "Translation {}:\n```\n{}\n```\n"
+_SINGLE_TEMPLATE = (
+    "Given a source text in {} and a translation text in {}. Perform a step by step analysis of "
+    "translation quality and assign a score on a scale from 0 to 10.\n"
+    "Source text:\n```\n{}\n```\n\nTranslation text:\n```\n{}\n```\n"
+)
+
+_TASKS: dict[str, str] = {
+    "ranking_score": "Finally, rank and score the candidates with integer scores on a scale from 0 to 10.",
+    "ranking": "Finally, rank the candidates in order of quality from best to worst.",
+    "score": "Finally, score the candidates with integer scores on a scale from 0 to 10.",
+}
+_EXAMPLES: dict[str, str] = {
+    "ranking_score": (
+        "At the end section, first output the rankings in descending order, for example: "
+        "`B > A = D > C`. Then, on the last line, output the scores, for example: "
+        "`B: 9, A: 7, D: 7, C: 2`."
+    ),
+    "ranking": "Output the rankings in descending order on the last line, for example: `B > A = D > C`.",
+    "score": "Output the scores on the last line, for example: `A: 4, B: 9, C: 7, D: 9`.",
+}
+PROMPT_TYPES: tuple[str, ...] = tuple(_TASKS)
+EXTRACTORS: tuple[str, ...] = ("codeblock", "line", "oneline", "none")
+
+SCORE_MIN, SCORE_MAX = 0, 10
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+class GQMInputError(ValueError):
+    """Bad input to the GQM protocol. The message names the field and the offending value."""
+
+    def __init__(self, field: str, value: object, problem: str):
+        self.field = field
+        self.value = value
+        self.problem = problem
+        super().__init__(f"{field}: {problem} (got {_preview(value)})")
+
+
+def _preview(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _require_str(field: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise GQMInputError(field, value, f"must be a string, not {type(value).__name__}")
+    return value
+
+
+def _require_prompt_type(prompt_type: object) -> str:
+    if prompt_type not in _TASKS:
+        raise GQMInputError("prompt_type", prompt_type, f"must be one of {', '.join(PROMPT_TYPES)}")
+    return prompt_type  # type: ignore[return-value]
+
+
+def _require_group_size(field: str, n: object) -> int:
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise GQMInputError(field, n, "must be an integer")
+    if not MIN_CANDIDATES <= n <= MAX_CANDIDATES:
+        raise GQMInputError(
+            field, n, f"a group needs {MIN_CANDIDATES} to {MAX_CANDIDATES} candidates (letters A-Z)"
+        )
+    return n
+
+
+def language_name(code_or_name: object, field: str = "language") -> str:
+    """Map a two-letter code to the language name the prompt uses; longer values are names already."""
+    value = _require_str(field, code_or_name)
+    if len(value) > 2:
+        return value
+    try:
+        return LANGUAGE_NAMES[value]
+    except KeyError:
+        raise GQMInputError(
+            field, value, f"unknown language code; known codes: {', '.join(LANGUAGE_NAMES)}, or a full language name"
+        ) from None
+
+
+def candidate_letter(index: int) -> str:
+    """The label of candidate ``index`` (0-based): A, B, C, ..."""
+    return LETTERS[index]
+
+
+def build_group_prompt(
+    source: str,
+    candidates: Sequence[str],
+    src_lang: str,
+    trg_lang: str,
+    prompt_type: PromptType = "ranking_score",
+    add_example: bool = False,
+) -> str:
+    """Build the GQM prompt for one group: the source and every candidate, labelled A, B, C, ..."""
+    _require_str("source", source)
+    if isinstance(candidates, (str, bytes)) or not isinstance(candidates, Sequence):
+        raise GQMInputError("candidates", candidates, "must be a list of strings")
+    if not MIN_CANDIDATES <= len(candidates) <= MAX_CANDIDATES:
+        raise GQMInputError(
+            "candidates",
+            f"{len(candidates)} candidates",
+            f"a group needs {MIN_CANDIDATES} to {MAX_CANDIDATES} candidates (letters A-Z)",
+        )
+    for index, candidate in enumerate(candidates):
+        _require_str(f"candidates[{index}]", candidate)
+    src_name = language_name(src_lang, "src_lang")
+    trg_name = language_name(trg_lang, "trg_lang")
+    task = _TASKS[_require_prompt_type(prompt_type)]
+    if add_example:
+        task = task + " " + _EXAMPLES[prompt_type]
+    blocks = "".join(_CANDIDATE_BLOCK.format(candidate_letter(i), c) for i, c in enumerate(candidates))
+    return _GROUP_TEMPLATE.format(src_name, trg_name, task, source, blocks)
+
+
+def build_single_prompt(source: str, candidate: str, src_lang: str, trg_lang: str) -> str:
+    """Build the single-candidate (SQM) prompt, the baseline GQM is compared against."""
+    _require_str("source", source)
+    _require_str("candidate", candidate)
+    return _SINGLE_TEMPLATE.format(
+        language_name(src_lang, "src_lang"), language_name(trg_lang, "trg_lang"), source, candidate
+    )
+
+
+def last_line(text: str) -> str:
+    """The spec's last line: strip, take what follows the last newline, strip again."""
+    return text.strip().rsplit("\n", 1)[-1].strip()
+
+
+def _parse_int(text: str) -> int | None:
+    text = text.strip()
+    return int(text) if _INTEGER.fullmatch(text) else None
+
+
+def _parse_ranking_score(line: str, n: int) -> list[int] | None:
+    scores: dict[int, int] = {}
+    for item in line.split(","):
+        if item.count(":") != 1:
+            return None
+        letter, value = (part.strip() for part in item.split(":"))
+        score = _parse_int(value)
+        if score is None or not SCORE_MIN <= score <= SCORE_MAX:
+            return None
+        index = LETTERS.find(letter) if len(letter) == 1 else -1
+        if not 0 <= index < n or index in scores:
+            return None
+        scores[index] = score
+    if len(scores) != n:
+        return None
+    return [scores[i] for i in range(n)]
+
+
+def _parse_ranking(line: str, n: int) -> list[int] | None:
+    if "<" in line:
+        return None
+    tiers = [[member.strip() for member in tier.split("=")] for tier in line.split(">")]
+    members = [member for tier in tiers for member in tier]
+    expected = set(LETTERS[:n])
+    if len(members) != n or set(members) != expected:
+        return None
+    scores = [0] * n
+    for tier_index, tier in enumerate(tiers):
+        for member in tier:
+            scores[LETTERS.index(member)] = len(tiers) - tier_index
+    return scores
+
+
+def _parse_score(line: str, n: int) -> list[int] | None:
+    scores: list[int] = []
+    for item in line.split(","):
+        score = _parse_int(item.rsplit(":", 1)[-1])
+        if score is None:
+            return None
+        scores.append(score)
+    return scores if len(scores) == n else None
+
+
+_PARSERS = {"ranking_score": _parse_ranking_score, "ranking": _parse_ranking, "score": _parse_score}
+
+
+def parse_group_answer(text: str, n: int, prompt_type: PromptType = "ranking_score") -> list[int] | None:
+    """Read a GRRM answer for a group of ``n`` candidates; ``None`` when it does not parse.
+
+    Scores come back in candidate order (A, B, C, ...). For ``ranking`` the score of a candidate
+    is (number of tiers) - (its tier index), so the best tier scores highest.
+    """
+    _require_str("text", text)
+    _require_group_size("n", n)
+    parser = _PARSERS[_require_prompt_type(prompt_type)]
+    return parser(last_line(text), n)
+
+
+def render_answer(
+    scores: Sequence[int],
+    prompt_type: PromptType = "ranking_score",
+    analysis: str = "",
+) -> str:
+    """An answer in GRRM's own format for the given scores (best first, ties as ``=``).
+
+    ``ranking_score``: the ranking line, then the score line; ``ranking``: the ranking line;
+    ``score``: the score line in candidate order. Used by the scripted engine and round-trip tests.
+    """
+    n = _require_group_size("scores", len(scores))
+    _require_prompt_type(prompt_type)
+    order = sorted(range(n), key=lambda i: -scores[i])  # stable: ties keep candidate order
+    tiers: list[list[int]] = []
+    for index in order:
+        if tiers and scores[tiers[-1][0]] == scores[index]:
+            tiers[-1].append(index)
+        else:
+            tiers.append([index])
+    ranking = " > ".join(" = ".join(LETTERS[i] for i in tier) for tier in tiers)
+    ranked_scores = ", ".join(f"{LETTERS[i]}: {scores[i]}" for i in order)
+    in_order_scores = ", ".join(f"{LETTERS[i]}: {scores[i]}" for i in range(n))
+    body = {
+        "ranking_score": f"{ranking}\n{ranked_scores}",
+        "ranking": ranking,
+        "score": in_order_scores,
+    }[prompt_type]
+    return f"{analysis}\n\n{body}" if analysis else body
+
+
+def verdict_regex(n: int, prompt_type: PromptType = "ranking_score") -> str:
+    """A regular expression for the verdict lines of an ``n``-candidate answer.
+
+    Used to constrain generation (verdict repair). Repetitions are bounded so that even a model
+    that never emits a stop token terminates. Every string it admits either parses with
+    :func:`parse_group_answer` or differs only in letter order/duplication, which the parser
+    rejects, so callers still parse the result.
+    """
+    n = _require_group_size("n", n)
+    _require_prompt_type(prompt_type)
+    letter = f"[A-{LETTERS[n - 1]}]"
+    score = "(10|[0-9])"
+    ranking = f"{letter}( (>|=) {letter}){{{n - 1}}}"
+    scores = f"{letter}: {score}(, {letter}: {score}){{{n - 1}}}"
+    return {
+        "ranking_score": f"{ranking}\n{scores}",
+        "ranking": ranking,
+        "score": scores,
+    }[prompt_type]
+
+
+def extract_translation(response: str, extractor: Extractor = "codeblock") -> str | None:
+    """Extract a policy rollout's translation (spec section 4); ``None`` marks the rollout invalid."""
+    _require_str("response", response)
+    if extractor not in EXTRACTORS:
+        raise GQMInputError("extractor", extractor, f"must be one of {', '.join(EXTRACTORS)}")
+    stripped = response.strip()
+    if extractor == "codeblock":
+        if stripped.count("```") != 2 or not stripped.endswith("```"):
+            return None
+        translation = stripped.split("```")[1].strip()
+    elif extractor == "line":
+        lines = [line.strip() for line in stripped.split("\n") if line.strip()]
+        translation = lines[-1] if lines else ""
+    elif extractor == "oneline":
+        if "\n" in stripped:
+            return None
+        translation = stripped
+    else:
+        translation = stripped
+    return translation or None
+
+
+def _sign(value: float) -> int:
+    return (value > 0) - (value < 0)
+
+
+def ranking_accuracy(reference_scores: Sequence[float], predicted_scores: Sequence[float] | None) -> float:
+    """Share of candidate pairs whose order (ties included) the prediction gets right.
+
+    An unparsed answer (``None``) scores 0 for its group.
+    """
+    if isinstance(reference_scores, (str, bytes)) or not isinstance(reference_scores, Sequence):
+        raise GQMInputError("reference_scores", reference_scores, "must be a list of numbers")
+    if len(reference_scores) < MIN_CANDIDATES:
+        raise GQMInputError("reference_scores", reference_scores, "needs at least 2 scores to form a pair")
+    if predicted_scores is None:
+        return 0.0
+    if isinstance(predicted_scores, (str, bytes)) or not isinstance(predicted_scores, Sequence):
+        raise GQMInputError("predicted_scores", predicted_scores, "must be a list of numbers or None")
+    if len(predicted_scores) != len(reference_scores):
+        raise GQMInputError(
+            "predicted_scores",
+            predicted_scores,
+            f"has {len(predicted_scores)} scores for {len(reference_scores)} reference scores",
+        )
+    n = len(reference_scores)
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+    correct = sum(
+        _sign(reference_scores[i] - reference_scores[j]) == _sign(predicted_scores[i] - predicted_scores[j])
+        for i, j in pairs
+    )
+    return correct / len(pairs)
+
+
+def mean_ranking_accuracy(
+    groups: Sequence[tuple[Sequence[float], Sequence[float] | None]],
+) -> float:
+    """Mean of :func:`ranking_accuracy` over ``(reference, predicted)`` pairs, one per group."""
+    if not groups:
+        raise GQMInputError("groups", groups, "needs at least one group")
+    return sum(ranking_accuracy(ref, pred) for ref, pred in groups) / len(groups)
