@@ -292,17 +292,18 @@ def render_answer(
 def verdict_regex(n: int, prompt_type: PromptType = "ranking_score") -> str:
     """A regular expression for the verdict lines of an ``n``-candidate answer.
 
-    Used to constrain generation (verdict repair). Repetitions are bounded so that even a model
-    that never emits a stop token terminates. Every string it admits either parses with
-    :func:`parse_group_answer` or differs only in letter order/duplication, which the parser
-    rejects, so callers still parse the result.
+    Used to constrain generation (verdict repair). Score lines list the candidates in order
+    (``A: 7, B: 9, ...``), so every string the pattern admits parses for ``ranking_score`` and
+    ``score``; a ``ranking`` line can still repeat a letter (a permutation is not regular in
+    reasonable size), so callers parse the result anyway. Repetitions are bounded so even a
+    model that never emits a stop token terminates.
     """
     n = _require_group_size("n", n)
     _require_prompt_type(prompt_type)
     letter = f"[A-{LETTERS[n - 1]}]"
     score = "(10|[0-9])"
     ranking = f"{letter}( (>|=) {letter}){{{n - 1}}}"
-    scores = f"{letter}: {score}(, {letter}: {score}){{{n - 1}}}"
+    scores = ", ".join(f"{LETTERS[i]}: {score}" for i in range(n))
     return {
         "ranking_score": f"{ranking}\n{scores}",
         "ranking": ranking,
@@ -328,7 +329,7 @@ def extract_translation(response: str, extractor: Extractor = "codeblock") -> st
             return None
         translation = stripped
     else:
-        translation = stripped
+        return stripped  # `none`: the stripped response, even when empty (spec section 4)
     return translation or None
 
 

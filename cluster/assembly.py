@@ -1,0 +1,476 @@
+"""From members to groups: collect the rollouts of one group, score them once, answer each.
+
+verl's reward loop asks for one reward per rollout, from many workers, in any order. The
+router sends every member of a group to one replica; there a :class:`GroupAssembler` holds the
+members until the last one arrives, scores the whole group as one GQM prompt and answers every
+member with its own score. Pure asyncio: no Ray, no engine, no I/O, so it is tested on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from cluster.schema import FailureReason, GroupRequest, GroupResult, MemberRequest, MemberResult
+
+# How many missing indices a timeout message lists before it only counts the rest.
+_MISSING_INDICES_SHOWN = 20
+
+
+@dataclass(frozen=True, slots=True)
+class _Verdict:
+    """What every member of one group is told; the per-member score is picked from it."""
+
+    scores: tuple[int, ...] | None
+    valid: bool
+    error: str | None
+    failure: FailureReason | None
+    replica: str
+    attempts: int
+
+
+@dataclass(eq=False, slots=True)
+class _Assembly:
+    """One group being collected (``scoring`` is None) or being scored (``scoring`` is set)."""
+
+    group_id: str
+    first: MemberRequest  # the member every later one must agree with
+    deadline: float  # on the assembler's clock
+    outcome: asyncio.Future[_Verdict]
+    candidates: dict[int, str] = field(default_factory=dict)
+    timer: asyncio.TimerHandle | None = None
+    scoring: asyncio.Task[None] | None = None
+
+
+@dataclass(slots=True)
+class _Completed:
+    """A scored group, kept so a retried member gets the same answer without re-scoring.
+
+    Texts are kept as digests: the entry only has to recognise a retry, and many thousand
+    cached groups of full texts would cost real memory.
+    """
+
+    group_size: int
+    src_lang: str
+    trg_lang: str
+    source_digest: bytes
+    candidate_digests: tuple[bytes, ...]
+    verdict: _Verdict
+    expires_at: float
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
+
+
+class GroupAssembler:
+    """Collects the members of each group, scores each complete group once, answers every member.
+
+    ``score_group`` is called once per complete group, in a task of its own: a caller that is
+    cancelled does not cancel the scoring the other members wait for. Every outcome, good or
+    bad, reaches every waiting member; nothing is made up (an invalid group gives score None).
+
+    Time is read from ``clock`` (deadlines, cache expiry). The event loop's timer wakes the
+    assembler at each deadline; :meth:`expire_overdue` (run on every submit) applies the clock
+    too, so a test with a fake clock can expire groups without sleeping.
+    """
+
+    def __init__(
+        self,
+        score_group: Callable[[GroupRequest], Awaitable[GroupResult]],
+        *,
+        assembly_timeout_s: float,
+        completed_ttl_s: float = 600.0,
+        max_pending_groups: int = 100_000,
+        max_completed_groups: int = 100_000,
+        clock: Callable[[], float] = time.monotonic,
+        replica: str = "",
+    ):
+        """Set up an empty assembler.
+
+        ``assembly_timeout_s`` runs from a group's first member; ``completed_ttl_s`` is how long
+        a scored group's answer is kept for retries (at most ``max_completed_groups`` of them);
+        ``max_pending_groups`` bounds the groups being collected; ``replica`` names this replica
+        in answers the assembler gives itself (timeouts, rejections).
+        """
+        if assembly_timeout_s <= 0:
+            raise ValueError(f"assembly_timeout_s must be positive, got {assembly_timeout_s}")
+        if completed_ttl_s < 0:
+            raise ValueError(f"completed_ttl_s must not be negative, got {completed_ttl_s}")
+        if max_pending_groups < 1 or max_completed_groups < 0:
+            raise ValueError("max_pending_groups must be >= 1 and max_completed_groups >= 0")
+        self._score_group = score_group
+        self.assembly_timeout_s = float(assembly_timeout_s)
+        self.completed_ttl_s = float(completed_ttl_s)
+        self.max_pending_groups = max_pending_groups
+        self.max_completed_groups = max_completed_groups
+        self.replica = replica
+        self._clock = clock
+        # Insertion order is deadline (and expiry) order, so sweeps only look at the front.
+        self._assembling: OrderedDict[str, _Assembly] = OrderedDict()
+        self._scoring: dict[str, _Assembly] = {}
+        self._completed: OrderedDict[str, _Completed] = OrderedDict()
+        self._members_waiting = 0
+        self._closed = False
+        self._counters = dict.fromkeys(
+            (
+                "members_received",
+                "groups_started",
+                "groups_scored",  # score_group calls
+                "scoring_failures",  # score_group raised or answered malformed
+                "assembly_timeouts",
+                "conflicts",  # members that disagree with their group (fields or candidate)
+                "duplicates",  # retries that joined a group still collecting or scoring
+                "cached_answers",  # retries answered from an already-scored group
+                "rejected_overload",
+                "rejected_closed",
+                "single_member_groups",
+                "cancelled_waiters",
+            ),
+            0,
+        )
+
+    # ----------------------------------------------------------------------------- public
+
+    async def submit(self, member: MemberRequest) -> MemberResult:
+        """Add one member and wait for its group's verdict; the answer carries its own score."""
+        self._counters["members_received"] += 1
+        if self._closed:
+            self._counters["rejected_closed"] += 1
+            return self._refuse(member, "rejected", f"group {member.group_id}: the replica is shutting down")
+        if member.group_size == 1:
+            # One candidate has nothing to be ranked against: no prompt, no engine call.
+            self._counters["single_member_groups"] += 1
+            return self._refuse(
+                member, "too_few_distinct", f"group {member.group_id} has one member: nothing to compare"
+            )
+        self.expire_overdue()
+
+        group_id = member.group_id
+        assembly = self._assembling.get(group_id) or self._scoring.get(group_id)
+        if assembly is not None:
+            rejection = self._join(assembly, member)
+            if rejection is not None:
+                return rejection
+        else:
+            completed = self._completed.get(group_id)
+            if completed is not None:
+                return self._answer_from_cache(completed, member)
+            if len(self._assembling) >= self.max_pending_groups:
+                self._counters["rejected_overload"] += 1
+                return self._refuse(
+                    member,
+                    "rejected",
+                    f"group {group_id}: too many groups assembling "
+                    f"({len(self._assembling)}, max_pending_groups {self.max_pending_groups}); retry later",
+                )
+            assembly = self._start(member)
+        return await self._wait(assembly, member)
+
+    def pending_groups(self) -> int:
+        """Groups still collecting members."""
+        return len(self._assembling)
+
+    def scoring_groups(self) -> int:
+        """Complete groups whose score_group call has not returned yet."""
+        return len(self._scoring)
+
+    def members_waiting(self) -> int:
+        """Submit calls waiting for a verdict (collecting or scoring)."""
+        return self._members_waiting
+
+    def stats(self) -> dict[str, int]:
+        """Counters since start, and the current gauges (for metrics and routing)."""
+        return {
+            **self._counters,
+            "pending_groups": len(self._assembling),
+            "scoring_groups": len(self._scoring),
+            "members_waiting": self._members_waiting,
+            "completed_cached": len(self._completed),
+        }
+
+    def expire_overdue(self) -> None:
+        """Time out groups past their deadline and forget cached answers past their TTL."""
+        now = self._clock()
+        while self._assembling:
+            oldest = next(iter(self._assembling.values()))
+            if oldest.deadline > now:
+                break
+            self._time_out(oldest)
+        while self._completed:
+            oldest_id, oldest = next(iter(self._completed.items()))
+            if oldest.expires_at > now:
+                break
+            del self._completed[oldest_id]
+
+    async def close(self) -> None:
+        """Answer every waiting member with a shutdown error and refuse new members."""
+        self._closed = True
+        shutdown = self._verdict("rejected", "the replica shut down before the group was scored")
+        for assembly in list(self._assembling.values()):
+            self._drop_assembling(assembly)
+            self._resolve(assembly, shutdown)
+        scoring = [assembly.scoring for assembly in self._scoring.values() if assembly.scoring is not None]
+        for task in scoring:
+            task.cancel()
+        # The scoring tasks' done callbacks answer their members when the cancellation lands.
+        await asyncio.gather(*scoring, return_exceptions=True)
+        self._completed.clear()
+
+    # ---------------------------------------------------------------------------- collect
+
+    def _start(self, member: MemberRequest) -> _Assembly:
+        loop = asyncio.get_running_loop()
+        assembly = _Assembly(
+            group_id=member.group_id,
+            first=member,
+            deadline=self._clock() + self.assembly_timeout_s,
+            outcome=loop.create_future(),
+        )
+        self._counters["groups_started"] += 1
+        self._assembling[member.group_id] = assembly
+        self._add(assembly, member)
+        if assembly.scoring is None:
+            assembly.timer = loop.call_later(self.assembly_timeout_s, self._on_timer, assembly)
+        return assembly
+
+    def _join(self, assembly: _Assembly, member: MemberRequest) -> MemberResult | None:
+        """Add a member to a known group; a MemberResult when it is refused instead."""
+        first = assembly.first
+        disagreements = _disagreements(
+            member,
+            group_size=first.group_size,
+            src_lang=first.src_lang,
+            trg_lang=first.trg_lang,
+            same_source=member.source == first.source,
+        )
+        if disagreements:
+            return self._conflict(member, disagreements)
+        known = assembly.candidates.get(member.index)
+        if known is not None:
+            if known != member.candidate:
+                return self._conflict_on_index(member)
+            # A retry of a member already here: it waits on the same outcome, counted once.
+            self._counters["duplicates"] += 1
+            return None
+        self._add(assembly, member)
+        return None
+
+    def _add(self, assembly: _Assembly, member: MemberRequest) -> None:
+        assembly.candidates[member.index] = member.candidate
+        if len(assembly.candidates) == assembly.first.group_size:
+            self._begin_scoring(assembly)
+
+    def _on_timer(self, assembly: _Assembly) -> None:
+        if self._assembling.get(assembly.group_id) is not assembly:
+            return
+        # The loop's timer and the assembler's clock may differ (a fake clock in tests, another
+        # loop clock); the clock decides, the timer only wakes us up.
+        remaining = assembly.deadline - self._clock()
+        if remaining > 0:
+            assembly.timer = asyncio.get_running_loop().call_later(remaining, self._on_timer, assembly)
+            return
+        self._time_out(assembly)
+
+    def _time_out(self, assembly: _Assembly) -> None:
+        # The partial group is dropped, not cached: a later member starts a new assembly.
+        self._drop_assembling(assembly)
+        self._counters["assembly_timeouts"] += 1
+        size = assembly.first.group_size
+        missing = [index for index in range(size) if index not in assembly.candidates]
+        shown = str(missing[:_MISSING_INDICES_SHOWN])
+        if len(missing) > _MISSING_INDICES_SHOWN:
+            shown = f"{shown[:-1]}, ... {len(missing) - _MISSING_INDICES_SHOWN} more]"
+        self._resolve(
+            assembly,
+            self._verdict(
+                "timeout",
+                f"group {assembly.group_id}: assembly timed out after {self.assembly_timeout_s!r} s "
+                f"with {len(assembly.candidates)} of {size} members (missing indices {shown})",
+            ),
+        )
+
+    def _drop_assembling(self, assembly: _Assembly) -> None:
+        if assembly.timer is not None:
+            assembly.timer.cancel()
+            assembly.timer = None
+        if self._assembling.get(assembly.group_id) is assembly:
+            del self._assembling[assembly.group_id]
+
+    # ------------------------------------------------------------------------------ score
+
+    def _begin_scoring(self, assembly: _Assembly) -> None:
+        self._drop_assembling(assembly)
+        self._scoring[assembly.group_id] = assembly
+        # A task of its own: no single caller's cancellation reaches the engine call.
+        assembly.scoring = asyncio.get_running_loop().create_task(
+            self._score(assembly), name=f"score-group-{assembly.group_id}"
+        )
+        assembly.scoring.add_done_callback(lambda task: self._on_scoring_done(assembly, task))
+
+    async def _score(self, assembly: _Assembly) -> None:
+        first = assembly.first
+        self._counters["groups_scored"] += 1
+        try:
+            request = GroupRequest(
+                group_id=assembly.group_id,
+                source=first.source,
+                candidates=[assembly.candidates[index] for index in range(first.group_size)],
+                src_lang=first.src_lang,
+                trg_lang=first.trg_lang,
+            )
+            verdict = self._verdict_from_result(assembly, await self._score_group(request))
+        except Exception as error:  # noqa: BLE001 - any failure is every member's answer, not a hang
+            self._counters["scoring_failures"] += 1
+            verdict = self._verdict(
+                "engine_error", f"group {assembly.group_id}: scoring failed: {type(error).__name__}: {error}"
+            )
+        self._finish(assembly, verdict, remember=True)
+
+    def _on_scoring_done(self, assembly: _Assembly, task: asyncio.Task[None]) -> None:
+        # Reached with the outcome still open only when the task was cancelled (close(), loop
+        # shutdown) or broke outside its own error handling: the members still get an answer.
+        if assembly.outcome.done():
+            return
+        if task.cancelled():
+            verdict = self._verdict("rejected", "the replica shut down before the group was scored")
+        else:
+            error = task.exception()
+            verdict = self._verdict(
+                "engine_error", f"group {assembly.group_id}: scoring failed: {type(error).__name__}: {error}"
+            )
+        self._finish(assembly, verdict, remember=False)
+
+    def _verdict_from_result(self, assembly: _Assembly, result: GroupResult) -> _Verdict:
+        size = assembly.first.group_size
+        if result.valid and (result.scores is None or len(result.scores) != size):
+            # A malformed result must not hand out a wrong member's score or raise per member.
+            self._counters["scoring_failures"] += 1
+            count = "no" if result.scores is None else len(result.scores)
+            return self._verdict(
+                "engine_error", f"group {assembly.group_id}: score_group returned {count} scores for {size} candidates"
+            )
+        return _Verdict(
+            scores=tuple(result.scores) if result.valid and result.scores is not None else None,
+            valid=result.valid,
+            error=result.error,
+            failure=result.failure,
+            replica=result.replica or self.replica,
+            attempts=result.attempts,
+        )
+
+    def _finish(self, assembly: _Assembly, verdict: _Verdict, *, remember: bool) -> None:
+        if self._scoring.get(assembly.group_id) is assembly:
+            del self._scoring[assembly.group_id]
+        if remember and not self._closed and self.max_completed_groups > 0:
+            self._remember(assembly, verdict)
+        self._resolve(assembly, verdict)
+
+    def _remember(self, assembly: _Assembly, verdict: _Verdict) -> None:
+        first = assembly.first
+        self._completed[assembly.group_id] = _Completed(
+            group_size=first.group_size,
+            src_lang=first.src_lang,
+            trg_lang=first.trg_lang,
+            source_digest=_digest(first.source),
+            candidate_digests=tuple(_digest(assembly.candidates[index]) for index in range(first.group_size)),
+            verdict=verdict,
+            expires_at=self._clock() + self.completed_ttl_s,
+        )
+        self._completed.move_to_end(assembly.group_id)
+        while len(self._completed) > self.max_completed_groups:
+            self._completed.popitem(last=False)
+
+    # ----------------------------------------------------------------------------- answer
+
+    async def _wait(self, assembly: _Assembly, member: MemberRequest) -> MemberResult:
+        self._members_waiting += 1
+        try:
+            # shield: a cancelled caller must not cancel the outcome the other members share.
+            verdict = await asyncio.shield(assembly.outcome)
+        except asyncio.CancelledError:
+            self._counters["cancelled_waiters"] += 1
+            raise
+        finally:
+            self._members_waiting -= 1
+        return self._member_result(member, verdict)
+
+    def _answer_from_cache(self, completed: _Completed, member: MemberRequest) -> MemberResult:
+        disagreements = _disagreements(
+            member,
+            group_size=completed.group_size,
+            src_lang=completed.src_lang,
+            trg_lang=completed.trg_lang,
+            same_source=_digest(member.source) == completed.source_digest,
+        )
+        if disagreements:
+            return self._conflict(member, disagreements)
+        if _digest(member.candidate) != completed.candidate_digests[member.index]:
+            return self._conflict_on_index(member)
+        self._counters["cached_answers"] += 1
+        return self._member_result(member, completed.verdict)
+
+    def _conflict(self, member: MemberRequest, disagreements: list[str]) -> MemberResult:
+        self._counters["conflicts"] += 1
+        return self._refuse(
+            member,
+            "rejected",
+            f"group {member.group_id}: member {member.index} disagrees with the group on "
+            f"{'; '.join(disagreements)}; all members of a group must share source, src_lang, "
+            "trg_lang and group_size",
+        )
+
+    def _conflict_on_index(self, member: MemberRequest) -> MemberResult:
+        self._counters["conflicts"] += 1
+        return self._refuse(
+            member,
+            "rejected",
+            f"group {member.group_id}: index {member.index} already has a different candidate "
+            "(a retry must resend the same candidate)",
+        )
+
+    def _verdict(self, failure: FailureReason, error: str) -> _Verdict:
+        return _Verdict(scores=None, valid=False, error=error, failure=failure, replica=self.replica, attempts=0)
+
+    def _refuse(self, member: MemberRequest, failure: FailureReason, error: str) -> MemberResult:
+        return self._member_result(member, self._verdict(failure, error))
+
+    @staticmethod
+    def _member_result(member: MemberRequest, verdict: _Verdict) -> MemberResult:
+        scores = verdict.scores
+        return MemberResult(
+            group_id=member.group_id,
+            index=member.index,
+            score=scores[member.index] if scores is not None else None,
+            valid=verdict.valid,
+            error=verdict.error,
+            failure=verdict.failure,
+            replica=verdict.replica,
+            attempts=verdict.attempts,
+            group_scores=list(scores) if scores is not None else None,
+        )
+
+    @staticmethod
+    def _resolve(assembly: _Assembly, verdict: _Verdict) -> None:
+        if not assembly.outcome.done():
+            assembly.outcome.set_result(verdict)
+
+
+def _disagreements(
+    member: MemberRequest, *, group_size: int, src_lang: str, trg_lang: str, same_source: bool
+) -> list[str]:
+    """The fields on which a member differs from its group, described for an error message."""
+    found = []
+    if member.group_size != group_size:
+        found.append(f"group_size ({member.group_size} here, {group_size} in the group)")
+    if not same_source:
+        found.append("source (a different text)")
+    if member.src_lang != src_lang:
+        found.append(f"src_lang ({member.src_lang!r} here, {src_lang!r} in the group)")
+    if member.trg_lang != trg_lang:
+        found.append(f"trg_lang ({member.trg_lang!r} here, {trg_lang!r} in the group)")
+    return found

@@ -1,0 +1,144 @@
+"""Typed objects that cross layers: what a caller asks for and what the cluster answers.
+
+The same models validate HTTP bodies (FastAPI), travel through Ray Serve handles (they
+pickle), and are what :class:`~cluster.scorer.GroupScorer` consumes and produces. Validation
+here is about the protocol (types, languages, shape); size limits are deployment settings and
+are checked by the service.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from cluster import gqm
+
+FailureReason = Literal[
+    "parse_failed",  # no parseable verdict after every allowed attempt
+    "prompt_too_long",  # the GQM prompt exceeds the configured token limit
+    "too_few_distinct",  # fewer than 2 distinct candidates: nothing to compare
+    "engine_error",  # the engine raised
+    "timeout",  # a generation or the group assembly ran past its deadline
+    "rejected",  # the request was refused (bad input, conflicting members, overload)
+]
+
+_TEXT = Field(max_length=1_000_000)  # a hard ceiling; deployments set tighter limits
+
+
+def _check_text(value: str) -> str:
+    # Surrogates cannot be encoded to UTF-8 and would break the engine's tokenizer far from here.
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("contains characters that are not valid Unicode (lone surrogates)") from None
+    if "\x00" in value:
+        raise ValueError("contains a NUL character")
+    return value
+
+
+def _check_language(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty")
+    try:
+        gqm.language_name(value)
+    except gqm.GQMInputError as error:
+        raise ValueError(error.problem) from None
+    return value
+
+
+class Usage(BaseModel):
+    """Engine tokens spent on one group, over every attempt."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+        )
+
+
+class GroupRequest(BaseModel):
+    """A whole group: one source and its candidate translations."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
+
+    group_id: str | None = Field(None, min_length=1, max_length=256)
+    source: str = _TEXT
+    candidates: list[str] = Field(min_length=gqm.MIN_CANDIDATES)
+    src_lang: str = Field(max_length=64)
+    trg_lang: str = Field(max_length=64)
+
+    validate_text = field_validator("source")(_check_text)
+    validate_languages = field_validator("src_lang", "trg_lang")(_check_language)
+
+    @field_validator("candidates")
+    @classmethod
+    def _check_candidates(cls, candidates: list[str]) -> list[str]:
+        for index, candidate in enumerate(candidates):
+            try:
+                _check_text(candidate)
+            except ValueError as error:
+                raise ValueError(f"candidates[{index}] {error}") from None
+        return candidates
+
+
+class MemberRequest(BaseModel):
+    """One member of a group, sent on its own (verl's reward loop asks per rollout)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    group_id: str = Field(min_length=1, max_length=256)
+    group_size: int = Field(ge=1, le=1024)
+    index: int = Field(ge=0)
+    source: str = _TEXT
+    candidate: str = _TEXT
+    src_lang: str = Field(max_length=64)
+    trg_lang: str = Field(max_length=64)
+
+    validate_text = field_validator("source", "candidate")(_check_text)
+    validate_languages = field_validator("src_lang", "trg_lang")(_check_language)
+
+    @model_validator(mode="after")
+    def _index_in_group(self) -> MemberRequest:
+        if self.index >= self.group_size:
+            raise ValueError(f"index: {self.index} is out of range for group_size {self.group_size}")
+        return self
+
+
+class GroupResult(BaseModel):
+    """The verdict on one group. ``scores`` is None unless ``valid``: never a made-up score."""
+
+    group_id: str | None = None
+    scores: list[int] | None = None
+    ranking: str | None = None
+    valid: bool = False
+    error: str | None = None
+    failure: FailureReason | None = None
+    attempts: int = 0
+    # Verdicts obtained by constrained repair of an unparseable answer (see ScoringConfig).
+    repairs: int = 0
+    replica: str = ""
+    usage: Usage = Field(default_factory=Usage)
+    latency_s: float = 0.0
+    # Seconds per stage (e.g. "generation", "parse", "assembly"), for metrics.
+    stages: dict[str, float] = Field(default_factory=dict)
+    # The last raw answer, for debugging (HTTP responses include it only on request).
+    answer: str | None = None
+
+
+class MemberResult(BaseModel):
+    """The verdict on one member of a group."""
+
+    group_id: str
+    index: int
+    score: int | None = None
+    valid: bool = False
+    error: str | None = None
+    failure: FailureReason | None = None
+    replica: str = ""
+    attempts: int = 0
+    # The group's scores, so a caller holding one member can still see the whole verdict.
+    group_scores: list[int] | None = None

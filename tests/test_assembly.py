@@ -1,0 +1,433 @@
+"""GroupAssembler: members arriving in any order become one scored group, answered per member."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from cluster.assembly import GroupAssembler
+from cluster.schema import GroupRequest, GroupResult, MemberRequest
+
+
+def expected_score(candidate: str) -> int:
+    """The fake scorer's score for a candidate: deterministic, differs between candidates."""
+    return sum(map(ord, candidate)) % 100
+
+
+class FakeScorer:
+    """A score_group stand-in that records its calls; optionally slow, failing or held."""
+
+    def __init__(self, delay_s: float = 0.0, error: Exception | None = None, result: GroupResult | None = None):
+        self.calls: list[GroupRequest] = []
+        self.delay_s = delay_s
+        self.error = error
+        self.result = result
+        self.release: asyncio.Event | None = None  # when set, calls wait for it
+        self.finished = 0
+
+    async def __call__(self, group: GroupRequest) -> GroupResult:
+        self.calls.append(group)
+        if self.release is not None:
+            await self.release.wait()
+        await asyncio.sleep(self.delay_s)
+        self.finished += 1
+        if self.error is not None:
+            raise self.error
+        if self.result is not None:
+            return self.result
+        return GroupResult(
+            group_id=group.group_id,
+            scores=[expected_score(candidate) for candidate in group.candidates],
+            valid=True,
+            attempts=1,
+            replica="replica-7",
+        )
+
+
+class FakeClock:
+    """A clock tests move by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def member(group_id: str = "g1", index: int = 0, group_size: int = 4, **fields) -> MemberRequest:
+    values = {
+        "source": f"Source sentence of {group_id}.",
+        "candidate": f"Translation {index} of {group_id}.",
+        "src_lang": "en",
+        "trg_lang": "de",
+    }
+    values.update(fields)
+    return MemberRequest(group_id=group_id, group_size=group_size, index=index, **values)
+
+
+async def settle() -> None:
+    """Let every ready task run (submits register, scoring tasks start)."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_shuffled_arrival_scores_each_group_once_in_index_order():
+    scorer = FakeScorer(delay_s=0.01)
+    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+    randomness = random.Random(1234)
+    members = [member(f"group-{group}", index) for group in range(50) for index in range(4)]
+    randomness.shuffle(members)
+
+    async def arrive(request: MemberRequest, delay_s: float):
+        await asyncio.sleep(delay_s)
+        return await assembler.submit(request)
+
+    results = await asyncio.gather(*(arrive(request, randomness.uniform(0, 0.05)) for request in members))
+
+    assert len(scorer.calls) == 50
+    assert len({call.group_id for call in scorer.calls}) == 50
+    for call in scorer.calls:
+        assert call.candidates == [f"Translation {index} of {call.group_id}." for index in range(4)]
+        assert call.source == f"Source sentence of {call.group_id}."
+        assert (call.src_lang, call.trg_lang) == ("en", "de")
+    for request, result in zip(members, results, strict=True):
+        assert (result.group_id, result.index) == (request.group_id, request.index)
+        assert result.valid and result.failure is None and result.error is None
+        assert result.score == expected_score(request.candidate)
+        assert result.group_scores == [expected_score(f"Translation {i} of {request.group_id}.") for i in range(4)]
+        assert result.replica == "replica-7" and result.attempts == 1
+    stats = assembler.stats()
+    assert stats["groups_scored"] == 50 and stats["members_received"] == 200
+    assert stats["pending_groups"] == stats["scoring_groups"] == stats["members_waiting"] == 0
+
+
+async def test_group_of_one_is_answered_at_once_without_scoring():
+    scorer = FakeScorer()
+    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+    result = await assembler.submit(member("solo", 0, group_size=1))
+    assert not result.valid and result.score is None
+    assert result.failure == "too_few_distinct"
+    assert scorer.calls == [] and assembler.pending_groups() == 0
+
+
+async def test_assembly_timeout_reports_how_many_members_arrived():
+    scorer = FakeScorer()
+    assembler = GroupAssembler(scorer, assembly_timeout_s=0.2, replica="replica-3")
+    results = await asyncio.gather(*(assembler.submit(member("g1", index)) for index in (0, 1, 3)))
+    for result in results:
+        assert not result.valid and result.score is None and result.group_scores is None
+        assert result.failure == "timeout"
+        assert result.error == "group g1: assembly timed out after 0.2 s with 3 of 4 members (missing indices [2])"
+        assert result.replica == "replica-3"
+    assert scorer.calls == []
+    assert assembler.pending_groups() == 0 and assembler.stats()["assembly_timeouts"] == 1
+
+    # The partial group was dropped: the late member starts a new assembly.
+    late = asyncio.create_task(assembler.submit(member("g1", 2)))
+    await settle()
+    assert assembler.pending_groups() == 1 and assembler.members_waiting() == 1
+    rest = await asyncio.gather(*(assembler.submit(member("g1", index)) for index in (0, 1, 3)))
+    assert (await late).valid and all(result.valid for result in rest)
+    assert len(scorer.calls) == 1
+
+
+async def test_assembly_deadline_runs_from_the_first_member_on_the_injected_clock():
+    clock = FakeClock()
+    scorer = FakeScorer()
+    assembler = GroupAssembler(scorer, assembly_timeout_s=30.0, clock=clock)
+    first = asyncio.create_task(assembler.submit(member("g1", 0, group_size=3)))
+    await settle()
+    clock.now += 20
+    second = asyncio.create_task(assembler.submit(member("g1", 1, group_size=3)))
+    await settle()
+    assembler.expire_overdue()
+    assert not first.done() and assembler.pending_groups() == 1
+
+    clock.now += 10.5  # 30.5 s after the first member, 10.5 s after the second
+    assembler.expire_overdue()
+    for result in await asyncio.gather(first, second):
+        assert result.failure == "timeout"
+        assert result.error == "group g1: assembly timed out after 30.0 s with 2 of 3 members (missing indices [2])"
+    assert assembler.pending_groups() == 0 and scorer.calls == []
+
+
+async def test_the_clock_decides_when_the_loop_timer_fires_early():
+    # The loop timer wakes the assembler; if the clock says the deadline has not come, it waits on.
+    clock = FakeClock()
+    assembler = GroupAssembler(FakeScorer(), assembly_timeout_s=0.05, clock=clock)
+    waiting = asyncio.create_task(assembler.submit(member("g1", 0, group_size=2)))
+    await asyncio.sleep(0.15)
+    assert not waiting.done() and assembler.pending_groups() == 1
+    clock.now += 0.05
+    result = await asyncio.wait_for(waiting, timeout=1.0)
+    assert result.failure == "timeout" and assembler.pending_groups() == 0
+
+
+@pytest.mark.parametrize(
+    ("field", "conflicting"),
+    [
+        ("source", {"source": "Another source."}),
+        ("src_lang", {"src_lang": "fr"}),
+        ("trg_lang", {"trg_lang": "ja"}),
+        ("group_size", {"group_size": 3}),
+    ],
+)
+async def test_a_member_that_disagrees_with_its_group_is_rejected(field, conflicting):
+    scorer = FakeScorer()
+    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+    first = asyncio.create_task(assembler.submit(member("g1", 0)))
+    await settle()
+
+    rejected = await assembler.submit(member("g1", 1, **conflicting))
+    assert not rejected.valid and rejected.score is None
+    assert rejected.failure == "rejected"
+    assert f"disagrees with the group on {field}" in rejected.error
+
+    # It did not join: the group still waits for index 1 and completes normally.
+    assert assembler.pending_groups() == 1 and not first.done()
+    rest = await asyncio.gather(*(assembler.submit(member("g1", index)) for index in (1, 2, 3)))
+    assert (await first).valid and all(result.valid for result in rest)
+    assert len(scorer.calls) == 1 and assembler.stats()["conflicts"] == 1
+
+
+async def test_a_retried_member_waits_on_the_same_outcome_and_is_counted_once():
+    scorer = FakeScorer()
+    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+    original = asyncio.create_task(assembler.submit(member("g1", 0)))
+    retry = asyncio.create_task(assembler.submit(member("g1", 0)))
+    await settle()
+    assert assembler.members_waiting() == 2 and not original.done()
+
+    rest = await asyncio.gather(*(assembler.submit(member("g1", index)) for index in (1, 2, 3)))
+    assert await original == await retry
+    assert (await original).score == expected_score("Translation 0 of g1.")
+    assert all(result.valid for result in rest)
+    assert len(scorer.calls) == 1
+    assert scorer.calls[0].candidates == [f"Translation {index} of g1." for index in range(4)]
+    assert assembler.stats()["duplicates"] == 1
+
+
+async def test_a_retry_during_scoring_joins_the_scoring_in_flight():
+    scorer = FakeScorer()
+    scorer.release = asyncio.Event()
+    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+    tasks = [asyncio.create_task(assembler.submit(member("g1", index))) for index in range(4)]
+    await settle()
+    assert assembler.scoring_groups() == 1 and len(scorer.calls) == 1
+    retry = asyncio.create_task(assembler.submit(member("g1", 2)))
+    await settle()
+    scorer.release.set()
+    results = await asyncio.gather(*tasks)
+    assert await retry == results[2]
+    assert len(scorer.calls) == 1 and assembler.stats()["duplicates"] == 1
+
+
+async def test_same_index_with_a_different_candidate_is_rejected():
+    scorer = FakeScorer()
+    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+    first = asyncio.create_task(assembler.submit(member("g1", 2)))
+    await settle()
+    rejected = await assembler.submit(member("g1", 2, candidate="Something else."))
+    assert rejected.failure == "rejected" and not rejected.valid
+    assert "index 2 already has a different candidate" in rejected.error
+    await asyncio.gather(*(assembler.submit(member("g1", index)) for index in (0, 1, 3)))
+    assert (await first).score == expected_score("Translation 2 of g1.")
+    assert scorer.calls[0].candidates[2] == "Translation 2 of g1."
+
+
+async def test_a_member_of_a_scored_group_gets_the_cached_answer():
+    scorer = FakeScorer()
+    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+    results = await asyncio.gather(*(assembler.submit(member("g1", index)) for index in range(4)))
+
+    again = await assembler.submit(member("g1", 3))
+    assert again == results[3]
+    assert len(scorer.calls) == 1 and assembler.pending_groups() == 0
+    assert assembler.stats()["cached_answers"] == 1
+
+    different = await assembler.submit(member("g1", 3, candidate="A new translation."))
+    assert different.failure == "rejected" and "index 3 already has a different candidate" in different.error
+    wrong_source = await assembler.submit(member("g1", 3, source="Another source."))
+    assert wrong_source.failure == "rejected" and "source" in wrong_source.error
+    wrong_size = await assembler.submit(member("g1", 3, group_size=5))
+    assert wrong_size.failure == "rejected" and "group_size" in wrong_size.error
+    assert len(scorer.calls) == 1
+
+
+async def test_cached_answers_expire_after_their_ttl():
+    clock = FakeClock()
+    scorer = FakeScorer()
+    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0, completed_ttl_s=60.0, clock=clock)
+    await asyncio.gather(*(assembler.submit(member("g1", index, group_size=2)) for index in range(2)))
+
+    clock.now += 59
+    assert (await assembler.submit(member("g1", 0, group_size=2))).valid
+    assert assembler.stats()["completed_cached"] == 1
+
+    clock.now += 2  # 61 s after the group was scored
+    late = asyncio.create_task(assembler.submit(member("g1", 0, group_size=2)))
+    await settle()
+    assert assembler.stats()["completed_cached"] == 0
+    assert assembler.pending_groups() == 1 and not late.done()  # a new assembly, not the old answer
+    await assembler.close()
+    assert (await late).failure == "rejected"
+    assert len(scorer.calls) == 1
+
+
+async def test_the_completed_cache_is_bounded():
+    scorer = FakeScorer()
+    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0, max_completed_groups=2)
+    for group in ("a", "b", "c"):
+        await asyncio.gather(*(assembler.submit(member(group, index, group_size=2)) for index in range(2)))
+    assert assembler.stats()["completed_cached"] == 2
+    # The oldest group was forgotten; the newest answers from the cache.
+    assert (await assembler.submit(member("c", 1, group_size=2))).valid
+    assert assembler.stats()["cached_answers"] == 1
+    forgotten = asyncio.create_task(assembler.submit(member("a", 1, group_size=2)))
+    await settle()
+    assert assembler.pending_groups() == 1
+    await assembler.close()
+    assert (await forgotten).failure == "rejected"
+
+
+async def test_when_score_group_raises_every_member_gets_the_error():
+    scorer = FakeScorer(error=RuntimeError("CUDA out of memory"))
+    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+    results = await asyncio.wait_for(
+        asyncio.gather(*(assembler.submit(member("g1", index)) for index in range(4))), timeout=2.0
+    )
+    for result in results:
+        assert not result.valid and result.score is None and result.group_scores is None
+        assert result.failure == "engine_error"
+        assert "RuntimeError: CUDA out of memory" in result.error
+    assert assembler.stats()["scoring_failures"] == 1 and assembler.scoring_groups() == 0
+    # The error is the group's answer: a retry gets it too, without a second scoring.
+    assert (await assembler.submit(member("g1", 0))).failure == "engine_error"
+    assert len(scorer.calls) == 1
+
+
+async def test_an_invalid_group_result_reaches_every_member_without_a_score():
+    failed = GroupResult(
+        valid=False, failure="parse_failed", error="no parseable verdict in 3 attempts", attempts=3, replica="r1"
+    )
+    assembler = GroupAssembler(FakeScorer(result=failed), assembly_timeout_s=5.0)
+    results = await asyncio.gather(*(assembler.submit(member("g1", index, group_size=3)) for index in range(3)))
+    for result in results:
+        assert not result.valid and result.score is None and result.group_scores is None
+        assert result.failure == "parse_failed" and result.error == "no parseable verdict in 3 attempts"
+        assert result.attempts == 3 and result.replica == "r1"
+
+
+async def test_a_valid_result_with_the_wrong_number_of_scores_is_an_engine_error():
+    malformed = GroupResult(valid=True, scores=[3, 1], attempts=1)
+    assembler = GroupAssembler(FakeScorer(result=malformed), assembly_timeout_s=5.0)
+    results = await asyncio.gather(*(assembler.submit(member("g1", index, group_size=3)) for index in range(3)))
+    for result in results:
+        assert not result.valid and result.score is None
+        assert result.failure == "engine_error" and "2 scores for 3 candidates" in result.error
+
+
+async def test_cancelled_callers_do_not_break_the_group_for_the_others():
+    scorer = FakeScorer()
+    scorer.release = asyncio.Event()
+    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+    early = asyncio.create_task(assembler.submit(member("g1", 0)))
+    await settle()
+    early.cancel()  # gone while the group is still collecting: its candidate stays in the group
+    await settle()
+    assert assembler.members_waiting() == 0 and assembler.pending_groups() == 1
+
+    others = [asyncio.create_task(assembler.submit(member("g1", index))) for index in (1, 2, 3)]
+    await settle()
+    assert assembler.scoring_groups() == 1
+    others[0].cancel()  # gone while the group is being scored: the scoring goes on
+    await settle()
+    scorer.release.set()
+    results = await asyncio.gather(*others[1:])
+
+    assert early.cancelled() and others[0].cancelled()
+    assert all(result.valid for result in results)
+    assert [result.score for result in results] == [expected_score(f"Translation {i} of g1.") for i in (2, 3)]
+    assert len(scorer.calls) == 1 and scorer.finished == 1
+    stats = assembler.stats()
+    assert stats["cancelled_waiters"] == 2
+    assert stats["members_waiting"] == stats["pending_groups"] == stats["scoring_groups"] == 0
+    # The member whose caller went away can retry and gets the group's answer.
+    retried = await assembler.submit(member("g1", 0))
+    assert retried.valid and retried.score == expected_score("Translation 0 of g1.")
+    # Nothing is left behind: no scoring task, no timer-held waiter.
+    assert asyncio.all_tasks() == {asyncio.current_task()}
+
+
+async def test_scoring_survives_when_every_caller_goes_away():
+    scorer = FakeScorer()
+    scorer.release = asyncio.Event()
+    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+    callers = [asyncio.create_task(assembler.submit(member("g1", index, group_size=2))) for index in range(2)]
+    await settle()
+    for caller in callers:
+        caller.cancel()
+    await asyncio.gather(*callers, return_exceptions=True)
+    scorer.release.set()
+    await settle()
+    assert scorer.finished == 1 and assembler.scoring_groups() == 0 and assembler.members_waiting() == 0
+    assert (await assembler.submit(member("g1", 1, group_size=2))).valid
+    assert len(scorer.calls) == 1
+
+
+async def test_too_many_assembling_groups_refuses_new_groups_only():
+    scorer = FakeScorer()
+    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0, max_pending_groups=2)
+    waiting = [asyncio.create_task(assembler.submit(member(group, 0, group_size=2))) for group in ("a", "b")]
+    await settle()
+    refused = await assembler.submit(member("c", 0, group_size=2))
+    assert refused.failure == "rejected" and "too many groups assembling" in refused.error
+    assert assembler.stats()["rejected_overload"] == 1
+
+    # Groups already assembling still take members, and finishing one makes room.
+    finished = await assembler.submit(member("a", 1, group_size=2))
+    assert finished.valid and (await waiting[0]).valid
+    admitted = asyncio.create_task(assembler.submit(member("c", 0, group_size=2)))
+    await settle()
+    assert assembler.pending_groups() == 2 and not admitted.done()
+    await assembler.close()
+    assert (await admitted).failure == "rejected" and (await waiting[1]).failure == "rejected"
+
+
+async def test_close_answers_every_waiting_member_and_refuses_new_ones():
+    scorer = FakeScorer()
+    scorer.release = asyncio.Event()  # never set: the scoring is still running at close
+    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+    collecting = asyncio.create_task(assembler.submit(member("collecting", 0, group_size=2)))
+    scoring = [asyncio.create_task(assembler.submit(member("scoring", index, group_size=2))) for index in range(2)]
+    await settle()
+    assert assembler.pending_groups() == 1 and assembler.scoring_groups() == 1
+
+    await asyncio.wait_for(assembler.close(), timeout=1.0)
+    for result in await asyncio.gather(collecting, *scoring):
+        assert not result.valid and result.score is None
+        assert result.failure == "rejected" and "shut down" in result.error
+    after = await assembler.submit(member("new", 0, group_size=2))
+    assert after.failure == "rejected" and "shutting down" in after.error
+    assert assembler.stats()["members_waiting"] == assembler.pending_groups() == assembler.scoring_groups() == 0
+
+
+async def test_missing_indices_are_shortened_in_large_groups():
+    clock = FakeClock()
+    assembler = GroupAssembler(FakeScorer(), assembly_timeout_s=1.0, clock=clock)
+    waiting = asyncio.create_task(assembler.submit(member("big", 0, group_size=100)))
+    await settle()
+    clock.now += 2
+    assembler.expire_overdue()
+    result = await waiting
+    assert "with 1 of 100 members" in result.error
+    assert "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, ... 79 more]" in result.error
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError, match="assembly_timeout_s"):
+        GroupAssembler(FakeScorer(), assembly_timeout_s=0)
+    with pytest.raises(ValueError, match="max_pending_groups"):
+        GroupAssembler(FakeScorer(), assembly_timeout_s=1.0, max_pending_groups=0)

@@ -1,0 +1,153 @@
+"""GroupScorer logic: dedup, prompt limits, retries, repair, failures (scripted engine: the
+tests are about the scorer, not the engine; real engines are covered in tests/engines)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from cluster import gqm
+from cluster.config import ScoringConfig
+from cluster.engines import EngineConfig, ScriptedEngineOptions, make_engine
+from cluster.schema import GroupRequest
+from cluster.scorer import GroupScorer, dedup_candidates, ranking_line, read_verdict
+
+
+def scripted(**options) -> object:
+    return make_engine(EngineConfig(kind="scripted", scripted=ScriptedEngineOptions(**options)))
+
+
+async def scorer_with(config: ScoringConfig | None = None, **options) -> GroupScorer:
+    engine = scripted(**options)
+    await engine.start()
+    return GroupScorer(engine, config or ScoringConfig(), replica="r0")
+
+
+def group(*candidates: str, group_id: str = "g1") -> GroupRequest:
+    return GroupRequest(
+        group_id=group_id, source="The cat sat on the mat.", candidates=list(candidates), src_lang="en", trg_lang="de"
+    )
+
+
+def test_dedup_keeps_first_seen_order_and_maps_back():
+    distinct, position = dedup_candidates(["b", "a", "b", "c", "a"])
+    assert distinct == ["b", "a", "c"]
+    assert position == [0, 1, 0, 2, 1]
+
+
+def test_read_verdict_applies_range_policy_to_score_type():
+    assert read_verdict("A: 4, B: 9", 2, "score") == [4, 9]
+    assert read_verdict("A: 4, B: 12", 2, "score") is None  # the prompt asks for 0..10
+    assert read_verdict("B > A", 2, "ranking") == [1, 2]
+
+
+def test_ranking_line_only_when_present():
+    assert ranking_line("x\nB > A\nB: 9, A: 3", "ranking_score") == "B > A"
+    assert ranking_line("x\nB: 9, A: 3", "ranking_score") is None
+    assert ranking_line("B > A = C", "ranking") == "B > A = C"
+
+
+async def test_scores_follow_candidates_and_duplicates_share_a_score():
+    scorer = await scorer_with()
+    result = await scorer.score_group(group("gut [q=8]", "schlecht [q=2]", "gut [q=8]", "mittel [q=5]"))
+    assert result.valid and result.failure is None
+    assert result.scores == [8, 2, 8, 5]
+    assert result.group_id == "g1" and result.replica == "r0"
+    assert result.attempts == 1
+    assert result.ranking == "A > C > B"  # the model saw 3 distinct texts: A, B, C
+    assert result.usage.prompt_tokens > 0 and result.usage.completion_tokens > 0
+    assert result.latency_s >= 0
+    # The model saw each distinct text once.
+    assert scorer.engine.prompts_seen[-1].count("gut [q=8]") == 1
+
+
+async def test_prompt_is_the_spec_prompt_through_the_chat_template():
+    scorer = await scorer_with()
+    request = group("eins [q=1]", "zwei [q=2]")
+    await scorer.score_group(request)
+    expected = gqm.build_group_prompt(request.source, request.candidates, "en", "de")
+    assert scorer.engine.prompts_seen[-1] == (
+        f"<|im_start|>user\n{expected}<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+async def test_retries_at_retry_temperature_after_malformed_answers():
+    scorer = await scorer_with(ScoringConfig(retries=3))
+    scorer.engine.script_failures(["malformed", "malformed", "ok"])
+    result = await scorer.score_group(group("a [q=3]", "b [q=7]"))
+    assert result.valid and result.scores == [3, 7]
+    assert result.attempts == 3
+    temperatures = [s.temperature for s in scorer.engine.sampling_seen[-3:]]
+    assert temperatures == [0.0, 1.0, 1.0]
+
+
+async def test_group_that_never_parses_is_flagged_never_scored():
+    scorer = await scorer_with(ScoringConfig(retries=2))
+    scorer.engine.script_failures(["malformed"] * 3)
+    result = await scorer.score_group(group("a [q=3]", "b [q=7]"))
+    assert not result.valid and result.scores is None
+    assert result.failure == "parse_failed" and result.attempts == 3
+    assert "3 attempts" in result.error
+
+
+async def test_verdict_repair_avoids_a_full_resample():
+    scorer = await scorer_with(ScoringConfig(retries=3, verdict_repair=True))
+    scorer.engine.script_failures(["malformed", "ok"])
+    result = await scorer.score_group(group("a [q=3]", "b [q=7]", "c [q=5]"))
+    assert result.valid and result.scores == [3, 7, 5]
+    assert result.attempts == 1 and result.repairs == 1
+    repair_sampling = scorer.engine.sampling_seen[-1]
+    assert repair_sampling.regex == gqm.verdict_regex(3)
+    assert repair_sampling.max_tokens == scorer.config.repair_max_tokens
+
+
+async def test_single_distinct_candidate_is_not_sent_to_the_engine():
+    scorer = await scorer_with()
+    result = await scorer.score_group(group("same", "same", "same"))
+    assert not result.valid and result.failure == "too_few_distinct"
+    assert scorer.engine.generations_served == 0
+
+
+async def test_prompt_over_the_limit_is_refused():
+    scorer = await scorer_with(ScoringConfig(max_prompt_tokens=40))
+    result = await scorer.score_group(group("word " * 50, "other"))
+    assert not result.valid and result.failure == "prompt_too_long"
+    assert "max_prompt_tokens 40" in result.error
+    assert scorer.engine.generations_served == 0
+
+
+async def test_engine_error_and_hang_become_flagged_failures():
+    scorer = await scorer_with(ScoringConfig(generation_timeout_s=0.2))
+    scorer.engine.script_failures(["error"])
+    failed = await scorer.score_group(group("a", "b"))
+    assert failed.failure == "engine_error" and "scripted" in failed.error
+    scorer.engine.script_failures(["hang"])
+    hung = await asyncio.wait_for(scorer.score_group(group("a", "b")), timeout=5)
+    assert hung.failure == "timeout" and hung.scores is None
+
+
+async def test_groups_are_scored_concurrently():
+    scorer = await scorer_with(per_prompt_s=0.3)
+    groups = [group(f"a{i} [q=1]", f"b{i} [q=9]", group_id=f"g{i}") for i in range(8)]
+    started = asyncio.get_running_loop().time()
+    results = await scorer.score_groups(groups)
+    elapsed = asyncio.get_running_loop().time() - started
+    assert [r.group_id for r in results] == [f"g{i}" for i in range(8)]
+    assert all(r.scores == [1, 9] for r in results)
+    assert elapsed < 8 * 0.3 / 2  # overlapped, not one after another
+
+
+async def test_groups_larger_than_max_group_size_are_refused_with_the_limit_named():
+    scorer = await scorer_with(ScoringConfig(max_group_size=3))
+    result = await scorer.score_group(group("a", "b", "c", "d"))
+    assert result.failure == "rejected" and "max_group_size 3" in result.error
+
+
+@pytest.mark.parametrize("prompt_type", gqm.PROMPT_TYPES)
+async def test_every_prompt_type_round_trips(prompt_type):
+    scorer = await scorer_with(ScoringConfig(prompt_type=prompt_type))
+    result = await scorer.score_group(group("a [q=2]", "b [q=9]", "c [q=2]"))
+    assert result.valid
+    expected = {"ranking": [1, 2, 1]}.get(prompt_type, [2, 9, 2])
+    assert result.scores == expected
