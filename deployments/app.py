@@ -1,0 +1,90 @@
+"""The builder that turns an :class:`AppConfig` into a Ray Serve application.
+
+``serve run deployments/local.yaml`` calls :func:`build_app` with the YAML's ``args``; Serve
+validates them against ``AppConfig`` (the annotation) before anything starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ray import serve
+from ray.serve import Application
+from ray.serve.config import RequestRouterConfig
+
+from deployments.config import AppConfig
+from deployments.ingress import GRRMIngress
+from deployments.replica import GRRMReplica
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+ROUTER_CLASS = "deployments.router:GroupAwareRequestRouter"
+
+
+def resolve_model_path(config: AppConfig) -> AppConfig:
+    """Make a relative local model path absolute (replica processes do not share our cwd)."""
+    model = config.engine.model
+    if not model or Path(model).is_absolute():
+        return config
+    local = PROJECT_ROOT / model
+    if local.exists() or config.build_tiny_model_if_missing or model.startswith("."):
+        engine = config.engine.model_copy(update={"model": str(local)})
+        return config.model_copy(update={"engine": engine})
+    return config  # a hub id such as double7/GRRM-Qwen2.5-7B
+
+
+def replica_options(config: AppConfig) -> dict[str, Any]:
+    """Serve deployment options of the scorer replica deployment.
+
+    Tensor parallel: one replica = one placement group, a CPU bundle for the replica actor and
+    one GPU bundle per TP rank (vLLM's Ray executor schedules its workers into them), packed
+    on one node. TP 1: the actor holds its GPU itself.
+    """
+    replicas = config.replicas
+    tensor_parallel = config.engine.tensor_parallel_size
+    options: dict[str, Any] = {
+        "name": config.replica_deployment_name,
+        "max_ongoing_requests": replicas.max_ongoing_requests,
+        "max_queued_requests": replicas.max_queued_requests,
+        "health_check_period_s": replicas.health_check_period_s,
+        "health_check_timeout_s": replicas.health_check_timeout_s,
+        "graceful_shutdown_timeout_s": replicas.graceful_shutdown_timeout_s,
+        "request_router_config": RequestRouterConfig(
+            request_router_class=ROUTER_CLASS,
+            request_router_kwargs={
+                "load_factor": config.routing.load_factor,
+                "headroom": config.routing.headroom,
+                "virtual_nodes": config.routing.virtual_nodes,
+            },
+            request_routing_stats_period_s=config.routing.stats_period_s,
+        ),
+    }
+    actor_options: dict[str, Any] = {"num_cpus": replicas.num_cpus}
+    if replicas.env_vars:
+        actor_options["runtime_env"] = {"env_vars": dict(replicas.env_vars)}
+    if replicas.gpus_per_rank > 0 and tensor_parallel > 1:
+        options["placement_group_bundles"] = [{"CPU": replicas.num_cpus}] + [
+            {"GPU": replicas.gpus_per_rank} for _ in range(tensor_parallel)
+        ]
+        options["placement_group_strategy"] = "STRICT_PACK"
+    elif replicas.gpus_per_rank > 0:
+        actor_options["num_gpus"] = replicas.gpus_per_rank
+    options["ray_actor_options"] = actor_options
+    if replicas.autoscaling is not None:
+        options["autoscaling_config"] = replicas.autoscaling.model_dump(exclude_none=True)
+    else:
+        options["num_replicas"] = replicas.num_replicas or 1
+    return options
+
+
+def build_app(args: AppConfig) -> Application:
+    """Build the reward application: scorer replicas behind the group-aware router, and HTTP."""
+    config = resolve_model_path(args)
+    replicas = serve.deployment(GRRMReplica).options(**replica_options(config)).bind(config)
+    ingress = GRRMIngress.options(
+        name=config.ingress_deployment_name,
+        num_replicas=1,
+        max_ongoing_requests=100_000,  # backpressure belongs to the replicas (503 from there)
+        ray_actor_options={"num_cpus": 0},
+    )
+    return ingress.bind(replicas, config)

@@ -1,0 +1,78 @@
+"""Calling scorer replicas through a Ray Serve handle, surviving replica death.
+
+Used by the HTTP ingress and by the trainer bridge (which sits on the same Ray cluster and
+skips the HTTP hop). A call whose replica dies is sent again with ``attempt + 1``: the router
+then uses pure ring order, so every member of the group lands together on the same live replica
+and the group is re-assembled there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import dataclasses
+import uuid
+from dataclasses import dataclass
+
+from ray.exceptions import RayActorError
+from ray.serve import context as serve_context
+from ray.serve.exceptions import ReplicaUnavailableError
+from ray.serve.handle import DeploymentHandle
+
+from cluster.schema import GroupRequest, GroupResult, MemberRequest, MemberResult
+
+# Errors that mean "the replica went away", not "the request is bad": safe to send again.
+REPLICA_GONE_ERRORS: tuple[type[BaseException], ...] = (RayActorError, ReplicaUnavailableError)
+
+
+@dataclass
+class ReplicaCallPolicy:
+    """How often and how patiently a call is re-sent after its replica died."""
+
+    max_attempts: int = 4
+    backoff_s: float = 0.5
+    max_backoff_s: float = 5.0
+
+    def delay(self, attempt: int) -> float:
+        """Exponential backoff before attempt number ``attempt`` (1-based retries)."""
+        return min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
+
+
+class ScorerClient:
+    """Group and member scoring through a handle to the replica deployment."""
+
+    def __init__(self, handle: DeploymentHandle, policy: ReplicaCallPolicy | None = None):
+        self.handle = handle
+        self.policy = policy or ReplicaCallPolicy()
+        self.replica_failures = 0  # calls re-sent because their replica died
+
+    async def score_group(self, group: GroupRequest) -> GroupResult:
+        """Score one whole group."""
+        return await self._call("score_group", group)
+
+    async def score_member(self, member: MemberRequest) -> MemberResult:
+        """Score one member; answers when its whole group has been scored."""
+        return await self._call("score_member", member)
+
+    async def _call(self, method: str, request: GroupRequest | MemberRequest):
+        for attempt in range(self.policy.max_attempts):
+            if attempt:
+                await asyncio.sleep(self.policy.delay(attempt))
+            try:
+                return await contextvars.copy_context().run(self._send, method, request, attempt)
+            except REPLICA_GONE_ERRORS:
+                self.replica_failures += 1
+                if attempt + 1 == self.policy.max_attempts:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _send(self, method: str, request: GroupRequest | MemberRequest, attempt: int):
+        # Calls made while serving one HTTP request inherit its internal request id, and Serve's
+        # routing loop matches routed requests by that id: a fan-out of several calls would be
+        # fulfilled as one. Each call gets its own id, set in a copied context (ours is untouched).
+        # This uses Serve's private request context (Ray 2.60, pinned).
+        current = serve_context._get_serve_request_context()
+        serve_context._serve_request_context.set(
+            dataclasses.replace(current, _internal_request_id=uuid.uuid4().hex)
+        )
+        return getattr(self.handle, method).remote(request, attempt=attempt)

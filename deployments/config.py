@@ -1,0 +1,145 @@
+"""The typed configuration of one reward application (what ``serve run`` ``args:`` hold).
+
+Validated once when the application is built: a wrong key or value is a clear error at
+start, not a crash later. Everything below this layer receives these objects, not dicts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from cluster.config import ScoringConfig
+from cluster.engines.config import EngineConfig
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class AutoscalingSettings(_Strict):
+    """Serve replica autoscaling on ongoing requests (see Ray Serve's autoscaling_config)."""
+
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(1, ge=1)
+    initial_replicas: int | None = Field(None, ge=0)
+    target_ongoing_requests: float = Field(16.0, gt=0)
+    upscale_delay_s: float = Field(10.0, ge=0)
+    downscale_delay_s: float = Field(120.0, ge=0)
+    metrics_interval_s: float = Field(2.0, gt=0)
+    look_back_period_s: float = Field(10.0, gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AutoscalingSettings:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"autoscaling.min_replicas ({self.min_replicas}) exceeds max_replicas ({self.max_replicas})"
+            )
+        return self
+
+
+class ReplicaSettings(_Strict):
+    """How many scorer replicas run, what each one holds, and how much each accepts."""
+
+    # Fixed replica count; leave None and set `autoscaling` to scale on load.
+    num_replicas: int | None = Field(None, ge=1)
+    autoscaling: AutoscalingSettings | None = None
+    # Concurrent requests one replica takes (the engine batches them); Serve's default of 5
+    # starves a batching engine.
+    max_ongoing_requests: int = Field(128, ge=1)
+    # Requests a caller may queue beyond that before it gets a 503 / BackPressureError.
+    max_queued_requests: int = Field(1024, ge=-1)
+    num_cpus: float = Field(1.0, ge=0)
+    # GPUs per tensor-parallel rank; 0 on a CPU machine.
+    gpus_per_rank: float = Field(1.0, ge=0)
+    health_check_period_s: float = Field(10.0, gt=0)
+    health_check_timeout_s: float = Field(30.0, gt=0)
+    graceful_shutdown_timeout_s: float = Field(20.0, ge=0)
+    # Environment for the replica processes (e.g. VLLM_* switches).
+    env_vars: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_sizing(self) -> ReplicaSettings:
+        if self.num_replicas is not None and self.autoscaling is not None:
+            raise ValueError("replicas: set either num_replicas or autoscaling, not both")
+        return self
+
+
+class RoutingSettings(_Strict):
+    """The group-aware router (``deployments/router.py``)."""
+
+    load_factor: float = Field(1.25, ge=1)
+    headroom: float = Field(8.0, ge=0)
+    virtual_nodes: int = Field(100, ge=1)
+    # How often replicas report their outstanding work to every router.
+    stats_period_s: float = Field(1.0, gt=0)
+
+
+class LimitSettings(_Strict):
+    """Request limits enforced at the HTTP boundary (413/422 name the limit)."""
+
+    max_groups_per_request: int = Field(256, ge=1)
+    max_candidates_per_group: int = Field(26, ge=2)
+    max_text_chars: int = Field(20_000, ge=1)
+    max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+
+
+class HTTPSettings(_Strict):
+    """The HTTP ingress."""
+
+    # Name of an environment variable holding a bearer token; when it is set and non-empty,
+    # every /v1 request must carry `Authorization: Bearer <token>`.
+    auth_token_env: str | None = "GRRM_API_TOKEN"
+    # Return each group's raw model answer in /v1/score results.
+    include_answers: bool = False
+    # Retry-After seconds sent with 503.
+    retry_after_s: int = Field(1, ge=0)
+
+
+class AppConfig(_Strict):
+    """One reward application: engine, scoring recipe, replicas, routing, limits."""
+
+    engine: EngineConfig
+    scoring: ScoringConfig = Field(default_factory=ScoringConfig)
+    replicas: ReplicaSettings = Field(default_factory=ReplicaSettings)
+    routing: RoutingSettings = Field(default_factory=RoutingSettings)
+    limits: LimitSettings = Field(default_factory=LimitSettings)
+    http: HTTPSettings = Field(default_factory=HTTPSettings)
+    # Members of a group that do not all arrive within this many seconds get a timeout error.
+    assembly_timeout_s: float = Field(120.0, gt=0)
+    # How long a scored group's answer is kept for retried members (idempotency).
+    completed_ttl_s: float = Field(900.0, gt=0)
+    # Build the tiny local test model at engine.model if the directory is missing (CPU demo).
+    build_tiny_model_if_missing: bool = False
+    # Deployment names (the trainer bridge looks the replica deployment up by name).
+    replica_deployment_name: str = "GRRMReplica"
+    ingress_deployment_name: str = "GRRMIngress"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AppConfig:
+        if self.engine.kind != "scripted" and not self.engine.model:
+            raise ValueError("engine.model: required for engine kind " + repr(self.engine.kind))
+        return self
+
+    @property
+    def gpus_per_replica(self) -> float:
+        """GPUs one replica holds: one per tensor-parallel rank."""
+        return self.replicas.gpus_per_rank * self.engine.tensor_parallel_size
+
+
+def load_app_config(path: str | Path, app_name: str | None = None) -> AppConfig:
+    """Read a Serve config file and validate one application's ``args`` as an :class:`AppConfig`."""
+    document = yaml.safe_load(Path(path).read_text())
+    return AppConfig.model_validate(application_args(document, app_name))
+
+
+def application_args(document: dict[str, Any], app_name: str | None = None) -> dict[str, Any]:
+    """The ``args`` of the named (or only) application in a Serve config document."""
+    applications = document.get("applications") or []
+    for application in applications:
+        if app_name is None or application.get("name") == app_name:
+            return application.get("args") or {}
+    raise ValueError(f"applications: no application named {app_name!r}")

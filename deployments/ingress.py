@@ -1,0 +1,259 @@
+"""The HTTP API: a thin FastAPI layer over scorer replicas (OpenAPI at /docs).
+
+It validates and bounds requests, fans a batch out into one replica call per group (so groups
+spread over replicas and fail independently), and maps outcomes to status codes: 422 invalid,
+413 over a limit, 401 unauthenticated, 409 conflicting member, 503 overloaded (Retry-After),
+504 assembly timeout. Bad input never yields a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import os
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from ray import serve
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+from ray.serve.handle import DeploymentHandle
+
+from cluster.schema import GroupRequest, GroupResult, MemberRequest, MemberResult
+from deployments.client import ScorerClient
+from deployments.config import AppConfig
+
+
+class ScoreRequest(BaseModel):
+    """A batch of whole groups."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    groups: list[GroupRequest] = Field(min_length=1)
+
+
+class ScoreResponse(BaseModel):
+    """One result per group, in request order."""
+
+    results: list[GroupResult]
+
+
+class ErrorResponse(BaseModel):
+    """Every non-2xx answer: a readable error that names the field or limit."""
+
+    error: str
+    detail: Any = None
+
+
+class HTTPProblem(Exception):
+    """An error answer with a status code (turned into an ErrorResponse)."""
+
+    def __init__(self, status_code: int, error: str, headers: dict[str, str] | None = None, detail: Any = None):
+        super().__init__(error)
+        self.status_code = status_code
+        self.error = error
+        self.headers = headers or {}
+        self.detail = detail
+
+
+app = FastAPI(
+    title="GRRM Cluster",
+    version="0.1.0",
+    description="Group reward scoring with GRRM (GQM prompts) for GRPO training of translation models.",
+)
+
+
+def _settings(request: Request) -> AppConfig:
+    return request.app.state.config
+
+
+@app.exception_handler(HTTPProblem)
+async def _problem(_: Request, problem: HTTPProblem) -> JSONResponse:
+    body = ErrorResponse(error=problem.error, detail=problem.detail).model_dump()
+    return JSONResponse(status_code=problem.status_code, content=body, headers=problem.headers)
+
+
+@app.exception_handler(RequestValidationError)
+async def _invalid(_: Request, error: RequestValidationError) -> JSONResponse:
+    # Echoing inputs back would return huge or invalid texts: report location and message only.
+    problems = [
+        {"field": ".".join(str(part) for part in item.get("loc", ())), "message": item.get("msg", "")}
+        for item in error.errors()
+    ]
+    summary = "; ".join(f"{p['field']}: {p['message']}" for p in problems[:5]) or "invalid request"
+    return JSONResponse(status_code=422, content=ErrorResponse(error=summary, detail=problems).model_dump())
+
+
+class RequestGuard:
+    """ASGI middleware: bearer-token check and request-size limit, before the body is parsed.
+
+    The body is read (at most ``limits.max_request_bytes``) and replayed to the app, so an
+    oversized request is refused without ever being parsed.
+    """
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or "/v1/" not in scope.get("path", ""):
+            return await self.app(scope, receive, send)
+        config: AppConfig = scope["app"].state.config
+        headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope.get("headers", [])}
+        token_env = config.http.auth_token_env
+        expected = os.environ.get(token_env, "") if token_env else ""
+        if expected:
+            supplied = headers.get("authorization", "")
+            if not hmac.compare_digest(supplied.encode(), f"Bearer {expected}".encode()):
+                response = _error_response(401, "authorization: missing or wrong bearer token")
+                response.headers["WWW-Authenticate"] = "Bearer"
+                return await response(scope, receive, send)
+        limit = config.limits.max_request_bytes
+        declared = headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            return await _too_large(limit)(scope, receive, send)
+        messages = []
+        size = 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            size += len(message.get("body", b""))
+            if size > limit:
+                return await _too_large(limit)(scope, receive, send)
+            if not message.get("more_body", False):
+                break
+
+        async def replay():
+            return messages.pop(0) if messages else await receive()
+
+        return await self.app(scope, replay, send)
+
+
+def _error_response(status: int, error: str) -> JSONResponse:
+    return JSONResponse(status_code=status, content=ErrorResponse(error=error).model_dump())
+
+
+def _too_large(limit: int) -> JSONResponse:
+    return _error_response(413, f"request body exceeds limits.max_request_bytes ({limit} bytes)")
+
+
+app.add_middleware(RequestGuard)
+
+
+def check_group_limits(groups: list[GroupRequest], config: AppConfig) -> None:
+    """Raise a 413 naming the limit when a batch is larger than the deployment allows."""
+    limits = config.limits
+    if len(groups) > limits.max_groups_per_request:
+        raise HTTPProblem(
+            413, f"groups: {len(groups)} groups exceed limits.max_groups_per_request ({limits.max_groups_per_request})"
+        )
+    for index, group in enumerate(groups):
+        if len(group.candidates) > limits.max_candidates_per_group:
+            raise HTTPProblem(
+                413,
+                f"groups[{index}].candidates: {len(group.candidates)} candidates exceed "
+                f"limits.max_candidates_per_group ({limits.max_candidates_per_group})",
+            )
+        check_text_limits({"source": group.source}, config, f"groups[{index}].")
+        check_text_limits({f"candidates[{i}]": c for i, c in enumerate(group.candidates)}, config, f"groups[{index}].")
+
+
+def check_text_limits(texts: dict[str, str], config: AppConfig, prefix: str = "") -> None:
+    """Raise a 413 naming the field when a text is longer than limits.max_text_chars."""
+    limit = config.limits.max_text_chars
+    for field, text in texts.items():
+        if len(text) > limit:
+            raise HTTPProblem(413, f"{prefix}{field}: {len(text)} characters exceed limits.max_text_chars ({limit})")
+
+
+def _overloaded(config: AppConfig, error: Exception) -> HTTPProblem:
+    return HTTPProblem(
+        503,
+        f"overloaded: {type(error).__name__}; retry later",
+        headers={"Retry-After": str(config.http.retry_after_s)},
+    )
+
+
+_MEMBER_STATUS = {"timeout": 504, "rejected": 409}
+
+
+@serve.deployment
+@serve.ingress(app)
+class GRRMIngress:
+    """HTTP entry point of one reward application."""
+
+    def __init__(self, replicas: DeploymentHandle, config: AppConfig):
+        self.config = config
+        self.client = ScorerClient(replicas)
+        self.replicas = replicas
+        app.state.config = config
+
+    @app.post(
+        "/v1/score",
+        response_model=ScoreResponse,
+        responses={413: {"model": ErrorResponse}, 422: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
+    )
+    async def score(self, body: ScoreRequest) -> ScoreResponse:
+        """Score whole groups; results come back in request order."""
+        check_group_limits(body.groups, self.config)
+        try:
+            results = await asyncio.gather(*(self.client.score_group(group) for group in body.groups))
+        except (BackPressureError, DeploymentUnavailableError) as error:
+            raise _overloaded(self.config, error) from None
+        if not self.config.http.include_answers:
+            results = [result.model_copy(update={"answer": None}) for result in results]
+        return ScoreResponse(results=results)
+
+    @app.post(
+        "/v1/score/member",
+        response_model=MemberResult,
+        responses={
+            409: {"model": MemberResult},
+            413: {"model": ErrorResponse},
+            422: {"model": ErrorResponse},
+            503: {"model": ErrorResponse},
+            504: {"model": MemberResult},
+        },
+    )
+    async def score_member(self, member: MemberRequest):
+        """Score one member of a group; answers once the whole group has been scored."""
+        check_text_limits({"source": member.source, "candidate": member.candidate}, self.config)
+        if member.group_size > self.config.limits.max_candidates_per_group:
+            raise HTTPProblem(
+                413,
+                f"group_size: {member.group_size} exceeds limits.max_candidates_per_group "
+                f"({self.config.limits.max_candidates_per_group})",
+            )
+        try:
+            result = await self.client.score_member(member)
+        except (BackPressureError, DeploymentUnavailableError) as error:
+            raise _overloaded(self.config, error) from None
+        status = _MEMBER_STATUS.get(result.failure or "", 200)
+        return JSONResponse(status_code=status, content=jsonable_encoder(result))
+
+    @app.get("/healthz")
+    async def healthz(self) -> dict[str, str]:
+        """Liveness of the HTTP layer."""
+        return {"status": "ok"}
+
+    @app.get("/v1/info")
+    async def info(self) -> dict[str, Any]:
+        """Model, engine, prompt type and replicas of this application."""
+        status = serve.status()
+        replicas: dict[str, Any] = {}
+        for application in status.applications.values():
+            deployment = application.deployments.get(self.config.replica_deployment_name)
+            if deployment is not None:
+                replicas = {str(state): count for state, count in deployment.replica_states.items()}
+        return {
+            "model": self.config.engine.model,
+            "engine": self.config.engine.kind,
+            "prompt_type": self.config.scoring.prompt_type,
+            "tensor_parallel_size": self.config.engine.tensor_parallel_size,
+            "replicas": replicas,
+            "limits": self.config.limits.model_dump(),
+        }

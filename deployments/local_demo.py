@@ -1,0 +1,88 @@
+"""README's first command: start ``serve run deployments/local.yaml`` and score a demo group.
+
+Runs the real Serve CLI as a child process, waits until the HTTP API answers, posts one group
+to ``/v1/score`` and prints the result; then keeps serving until Ctrl-C (or stops at once
+with ``--demo-only``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEMO_GROUP = {
+    "group_id": "demo-frog",
+    "source": "I have a frog in my throat.",
+    "candidates": ["我嗓子有点哑。", "我喉咙里有只青蛙。", "我嗓子不太舒服，说话有点沙哑。", "我嗓子眼里好像有只青蛙。"],
+    "src_lang": "en",
+    "trg_lang": "zh",
+}
+
+
+def wait_until_serving(url: str, process: subprocess.Popen, timeout_s: float) -> float:
+    """Poll ``/v1/info`` until the replicas run; returns seconds waited."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if process.poll() is not None:
+            raise SystemExit(f"serve run exited with code {process.returncode} before serving")
+        try:
+            info = httpx.get(f"{url}/v1/info", timeout=5).json()
+            if info.get("replicas", {}).get("RUNNING", 0) >= 1:
+                return time.monotonic() - started
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(1)
+    raise SystemExit(f"the service did not answer within {timeout_s:.0f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--config", default=str(PROJECT_ROOT / "deployments" / "local.yaml"))
+    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--demo-only", action="store_true", help="stop the service after the demo request")
+    parser.add_argument("--timeout-s", type=float, default=600)
+    args = parser.parse_args(argv)
+
+    serve_cli = Path(sys.executable).with_name("serve")
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    print(f"[demo] starting: serve run {args.config}", flush=True)
+    process = subprocess.Popen([str(serve_cli), "run", args.config], cwd=PROJECT_ROOT, env=env)
+    try:
+        waited = wait_until_serving(args.url, process, args.timeout_s)
+        print(f"[demo] serving after {waited:.1f} s; POST {args.url}/v1/score", flush=True)
+        response = httpx.post(f"{args.url}/v1/score", json={"groups": [DEMO_GROUP]}, timeout=300)
+        print(json.dumps(response.json(), ensure_ascii=False, indent=2), flush=True)
+        print(
+            "[demo] NOTE: the tiny local model has random weights; its scores are meaningless. "
+            "Point engine.model at a GRRM checkpoint to score for real (see README).",
+            flush=True,
+        )
+        if response.status_code != 200:
+            return 1
+        if args.demo_only:
+            return 0
+        print("[demo] still serving on", args.url, "(docs at /docs); Ctrl-C to stop", flush=True)
+        return process.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if process.poll() is None:
+            # A background `serve run` ignores SIGINT; SIGTERM shuts down what it started.
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
