@@ -4,8 +4,8 @@
 validates them against ``AppConfig`` (the annotation) before anything starts.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: Serve reads build_app's annotation as a class
+# to validate YAML `args` against AppConfig before anything starts.
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +79,7 @@ def replica_options(config: AppConfig) -> dict[str, Any]:
 
 def build_app(args: AppConfig) -> Application:
     """Build the reward application: scorer replicas behind the group-aware router, and HTTP."""
-    config = resolve_model_path(args)
+    config = resolve_model_path(args if isinstance(args, AppConfig) else AppConfig.model_validate(args))
     replicas = serve.deployment(GRRMReplica).options(**replica_options(config)).bind(config)
     ingress = GRRMIngress.options(
         name=config.ingress_deployment_name,

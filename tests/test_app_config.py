@@ -1,0 +1,82 @@
+"""Deployment configs validate at the boundary, and turn into the right Serve options."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from deployments.app import build_app, replica_options, resolve_model_path
+from deployments.config import AppConfig, application_args, load_app_config
+
+DEPLOYMENTS = Path(__file__).resolve().parent.parent / "deployments"
+
+
+def test_production_config_validates_and_places_tensor_parallel_replicas():
+    config = load_app_config(DEPLOYMENTS / "grrm.yaml")
+    assert config.engine.kind == "vllm" and config.engine.model == "double7/GRRM-Qwen2.5-7B"
+    assert config.engine.enable_prefix_caching
+    options = replica_options(resolve_model_path(config))
+    tp = config.engine.tensor_parallel_size
+    assert tp >= 2
+    # One placement group per replica: the actor's CPU bundle plus one GPU bundle per TP rank.
+    assert options["placement_group_bundles"] == [{"CPU": config.replicas.num_cpus}] + [{"GPU": 1.0}] * tp
+    assert options["placement_group_strategy"] == "STRICT_PACK"
+    assert "num_gpus" not in options["ray_actor_options"]
+    autoscaling = options["autoscaling_config"]
+    assert autoscaling["min_replicas"] < autoscaling["max_replicas"]
+    assert autoscaling["target_ongoing_requests"] > 0
+    assert options["request_router_config"].request_router_class == "deployments.router:GroupAwareRequestRouter"
+    # A hub id stays a hub id.
+    assert resolve_model_path(config).engine.model == "double7/GRRM-Qwen2.5-7B"
+
+
+def test_local_config_is_cpu_only_with_two_replicas_and_an_absolute_model_path():
+    config = resolve_model_path(load_app_config(DEPLOYMENTS / "local.yaml"))
+    options = replica_options(config)
+    assert options["num_replicas"] == 2
+    assert "num_gpus" not in options["ray_actor_options"] and "placement_group_bundles" not in options
+    assert Path(config.engine.model).is_absolute() and config.engine.model.endswith("models/tiny-grrm")
+    assert config.build_tiny_model_if_missing
+    document = yaml.safe_load((DEPLOYMENTS / "local.yaml").read_text())
+    assert document["http_options"]["host"] == "127.0.0.1"  # the local default binds to loopback only
+
+
+def test_single_gpu_replica_holds_its_gpu_itself():
+    config = AppConfig.model_validate(
+        {"engine": {"kind": "vllm", "model": "m", "tensor_parallel_size": 1}, "replicas": {"num_replicas": 3}}
+    )
+    options = replica_options(config)
+    assert options["ray_actor_options"]["num_gpus"] == 1.0 and options["num_replicas"] == 3
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        ({"engine": {"kind": "vllm", "model": "m"}, "bogus": 1}, "bogus"),
+        ({"engine": {"kind": "vllm", "model": "m", "tensor_paralel_size": 2}}, "tensor_paralel_size"),
+        ({"engine": {"kind": "nope", "model": "m"}}, "engine.kind"),
+        ({"engine": {"kind": "vllm"}}, "engine.model"),
+        ({"engine": {"kind": "scripted"}, "scoring": {"prompt_type": "rank"}}, "scoring.prompt_type"),
+        ({"engine": {"kind": "scripted"}, "replicas": {"num_replicas": 2, "autoscaling": {}}}, "num_replicas or autoscaling"),
+        ({"engine": {"kind": "scripted"}, "replicas": {"autoscaling": {"min_replicas": 5, "max_replicas": 2}}}, "min_replicas"),
+    ],
+)
+def test_wrong_keys_and_values_are_clear_errors(args, names):
+    with pytest.raises(ValidationError) as error:
+        AppConfig.model_validate(args)
+    assert names in str(error.value)
+
+
+def test_serve_validates_yaml_args_against_the_typed_builder():
+    # What `serve run` does with a config file's `args`: a wrong key stops the start.
+    from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
+
+    good = application_args(yaml.safe_load((DEPLOYMENTS / "grrm.yaml").read_text()))
+    application = call_user_app_builder_with_args_if_necessary(build_app, good)
+    assert application is not None
+    with pytest.raises(ValidationError) as error:
+        call_user_app_builder_with_args_if_necessary(build_app, {**good, "replica": {}})
+    assert "replica" in str(error.value)

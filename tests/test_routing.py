@@ -1,0 +1,131 @@
+"""Routing decisions (pure policy): consistent hashing, bounded load, stickiness, least work."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from cluster.routing import HashRing, RoutingPolicy, route_key, stable_hash
+from cluster.schema import GroupRequest, MemberRequest
+
+REPLICAS = ["r1", "r2", "r3"]
+
+
+def policy(**kwargs) -> RoutingPolicy:
+    routing = RoutingPolicy(**kwargs)
+    routing.update_replicas(REPLICAS)
+    return routing
+
+
+def test_stable_hash_is_the_same_in_every_process():
+    # Independent of PYTHONHASHSEED: blake2b of the UTF-8 bytes.
+    import hashlib
+
+    assert stable_hash("g") == int.from_bytes(hashlib.blake2b(b"g", digest_size=8).digest(), "big")
+
+
+def test_ring_walk_visits_every_replica_once_starting_at_the_owner():
+    ring = HashRing(REPLICAS, virtual_nodes=50)
+    for key in ("a", "b", "c", "group-17"):
+        order = ring.walk(key)
+        assert sorted(order) == REPLICAS
+    assert HashRing([], virtual_nodes=5).walk("x") == []
+
+
+def test_two_routers_agree_on_every_group_without_load():
+    first, second = policy(), policy()
+    for i in range(500):
+        assert first.rank_for_group(f"g{i}", {})[0] == second.rank_for_group(f"g{i}", {})[0]
+
+
+def test_groups_spread_evenly_over_replicas():
+    routing = policy()
+    counts = Counter(routing.rank_for_group(f"g{i}", {})[0] for i in range(3000))
+    assert set(counts) == set(REPLICAS)
+    assert max(counts.values()) / min(counts.values()) < 1.5
+
+
+def test_adding_a_replica_moves_only_about_a_quarter_of_groups():
+    before = policy()
+    owners = {f"g{i}": before.ring.walk(f"g{i}")[0] for i in range(2000)}
+    after = RoutingPolicy()
+    after.update_replicas(REPLICAS + ["r4"])
+    moved = sum(after.ring.walk(g)[0] != owner for g, owner in owners.items())
+    assert 0.15 < moved / len(owners) < 0.35
+    # Groups that moved, moved to the new replica only.
+    assert all(after.ring.walk(g)[0] in (owner, "r4") for g, owner in owners.items())
+
+
+def test_overloaded_owner_hands_new_groups_to_the_next_replica_on_the_ring():
+    routing = policy(load_factor=1.25, headroom=4)
+    order = routing.ring.walk("hot-group")
+    loads = {order[0]: 100.0, order[1]: 0.0, order[2]: 0.0}
+    assert routing.rank_for_group("hot-group", loads)[0] == order[1]
+
+
+def test_owner_keeps_a_group_when_only_slightly_busier():
+    routing = policy(load_factor=1.25, headroom=8)
+    order = routing.ring.walk("warm-group")
+    assert routing.rank_for_group("warm-group", {order[0]: 6.0})[0] == order[0]
+
+
+def test_assigned_groups_follow_their_replica_even_when_it_becomes_overloaded():
+    routing = policy(headroom=0)
+    owner = routing.rank_for_group("g-sticky", {})[0]
+    overloaded = {owner: 1000.0}
+    assert routing.rank_for_group("g-sticky", overloaded)[0] == owner
+
+
+def test_retries_use_pure_ring_order_so_split_groups_converge():
+    routing = policy(headroom=0)
+    order = routing.ring.walk("g-split")
+    assert routing.rank_for_group("g-split", {order[0]: 1000.0})[0] == order[1]
+    fresh = policy(headroom=0)
+    assert fresh.rank_for_group("g-split", {order[0]: 1000.0}, bounded=False)[0] == order[0]
+
+
+def test_dead_replica_loses_its_groups_and_they_move_on():
+    routing = policy()
+    owner = routing.rank_for_group("g-dies", {})[0]
+    survivors = [r for r in REPLICAS if r != owner]
+    routing.update_replicas(survivors)
+    assert routing.assigned_replica("g-dies") is None
+    assert routing.rank_for_group("g-dies", {})[0] in survivors
+
+
+def test_assignments_expire_and_are_bounded():
+    now = [0.0]
+    routing = policy(assignment_ttl_s=10, max_assignments=5, clock=lambda: now[0])
+    routing.rank_for_group("g0", {})
+    assert routing.assigned_replica("g0") is not None
+    now[0] = 11
+    assert routing.assigned_replica("g0") is None
+    for i in range(20):
+        routing.rank_for_group(f"h{i}", {})
+    assert len(routing._assignments) == 5
+
+
+def test_least_loaded_counts_work_not_requests():
+    routing = policy()
+    assert routing.rank_least_loaded({"r1": 12.0, "r2": 3.0, "r3": 7.0})[0] == "r2"
+    ties = Counter(routing.rank_least_loaded({}, tie_break_key=f"req{i}")[0] for i in range(300))
+    assert set(ties) == set(REPLICAS)
+
+
+def test_route_key_reads_members_groups_and_hints():
+    member = MemberRequest(group_id="g", group_size=4, index=1, source="s", candidate="c", src_lang="en", trg_lang="de")
+    group = GroupRequest(group_id="g2", source="s", candidates=["a", "b", "c"], src_lang="en", trg_lang="de")
+    assert route_key((member,), {"attempt": 2}) == route_key((member,), {"attempt": 2})
+    key = route_key((member,), {"attempt": 2})
+    assert (key.group_id, key.work, key.member, key.attempt) == ("g", 1.0, True, 2)
+    key = route_key((group,), {})
+    assert (key.group_id, key.work, key.member) == ("g2", 3.0, False)
+    assert route_key((), {"target_replica": "r9"}).target_replica == "r9"
+    assert route_key((), {}).group_id is None
+
+
+@pytest.mark.parametrize("bad", [{"load_factor": 0.5}, {"headroom": -1}, {"virtual_nodes": 0}])
+def test_invalid_policy_settings_are_refused(bad):
+    with pytest.raises(ValueError):
+        RoutingPolicy(**bad)
