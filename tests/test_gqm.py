@@ -4,10 +4,9 @@ Every expected prompt, task sentence, example sentence and language name below i
 the spec (its Python-literal templates and its tables), never copied from ``cluster/gqm.py``,
 and the property tests compare against a reference built here by plain string concatenation.
 
-Where the spec does not settle a question, the test picks the literal reading and carries a
-``# spec-ambiguous:`` comment. Where that literal reading and the implementation disagree, the
-test is ``xfail(strict=True)``: it records the literal reading without turning the suite red,
-and it fails loudly (XPASS) as soon as the implementation changes to that reading.
+Where the spec does not settle a question, the test carries a ``# spec-ambiguous:`` comment
+and asserts the project's choice (the literal reading, or the reference implementation's
+behaviour where the two differ, as said at the test).
 """
 
 from __future__ import annotations
@@ -830,28 +829,25 @@ def test_extract_none_of_blank_response_is_empty_string(response):
     assert extract_translation(response, "none") == ""
 
 
-# spec-ambiguous: `oneline` is "the whole response if it has no newline, else invalid". Read
-# literally, a response with a trailing newline has a newline (invalid), the whole response is
-# returned unstripped, and an empty response (no newline) is returned as "". The
-# implementation, like the reference, strips first and treats an empty result as invalid.
-@pytest.mark.xfail(strict=True, reason="spec-ambiguous: implementation strips before `oneline` (as the reference does)")
+# spec-ambiguous: `oneline` is "the whole response if it has no newline, else invalid". The
+# project follows the reference: strip first (a trailing newline is not a second line), and an
+# empty result is invalid.
 @pytest.mark.parametrize(
     "response, expected",
-    [("Hallo Welt\n", None), ("\nHallo Welt", None), ("  Hallo Welt  ", "  Hallo Welt  "), ("", "")],
+    [("Hallo Welt\n", "Hallo Welt"), ("\nHallo Welt", "Hallo Welt"), ("  Hallo Welt  ", "Hallo Welt"), ("", None),
+     ("Hallo\nWelt", None)],
 )
-def test_extract_oneline_literal_reading(response, expected):
+def test_extract_oneline_strips_first_like_the_reference(response, expected):
     assert extract_translation(response, "oneline") == expected
 
 
-# spec-ambiguous: `line` is "the last non-empty line". Read literally, the line is returned as
-# it is (not stripped) and a whitespace-only line is not empty. The implementation, like the
-# reference, strips the line and skips whitespace-only lines.
-@pytest.mark.xfail(strict=True, reason="spec-ambiguous: implementation strips lines for `line` (as the reference does)")
+# spec-ambiguous: `line` is "the last non-empty line". The project follows the reference: the
+# line is stripped and whitespace-only lines count as empty.
 @pytest.mark.parametrize(
     "response, expected",
-    [("Thinking.\n  Hallo Welt  ", "  Hallo Welt  "), ("Thinking.\nHallo Welt\n   \n", "   ")],
+    [("Thinking.\n  Hallo Welt  ", "Hallo Welt"), ("Thinking.\nHallo Welt\n   \n", "Hallo Welt"), ("  \n \n", None)],
 )
-def test_extract_line_literal_reading(response, expected):
+def test_extract_line_strips_like_the_reference(response, expected):
     assert extract_translation(response, "line") == expected
 
 
