@@ -48,6 +48,7 @@ class EngineConfig(BaseModel):
     # transformers engine only: "auto" picks cuda when available, else cpu.
     device: str = "auto"
     seed: int = 0
-    # Passed through to the engine's own constructor (vLLM AsyncEngineArgs / sglang.Engine).
+    # Passed through to the engine's own constructor (vLLM AsyncEngineArgs, sglang.Engine,
+    # transformers from_pretrained; for transformers `max_batch_size` sets its micro-batch).
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
     scripted: ScriptedEngineOptions = Field(default_factory=ScriptedEngineOptions)

