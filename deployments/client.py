@@ -58,12 +58,20 @@ class ScorerClient:
         for attempt in range(self.policy.max_attempts):
             if attempt:
                 await asyncio.sleep(self.policy.delay(attempt))
+            last = attempt + 1 == self.policy.max_attempts
             try:
-                return await contextvars.copy_context().run(self._send, method, request, attempt)
+                result = await contextvars.copy_context().run(self._send, method, request, attempt)
             except REPLICA_GONE_ERRORS:
                 self.replica_failures += 1
-                if attempt + 1 == self.policy.max_attempts:
+                if last:
                     raise
+                continue
+            # After a replica died, members re-sent while routers still saw different replica
+            # sets can be split over two replicas and time out; once more, in pure ring order,
+            # brings them together. A first-attempt timeout is a genuinely missing member.
+            if attempt and isinstance(result, MemberResult) and result.failure == "timeout" and not last:
+                continue
+            return result
         raise AssertionError("unreachable")
 
     def _send(self, method: str, request: GroupRequest | MemberRequest, attempt: int):

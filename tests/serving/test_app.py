@@ -201,3 +201,49 @@ def test_saturated_deployment_answers_503_with_retry_after(serve_instance):
         assert "overloaded" in rejected.json()["error"]
     finally:
         serve.delete("small")
+
+
+def test_members_of_a_group_survive_the_death_of_their_replica(serve_instance):
+    import ray
+
+    config = scripted_app(num_replicas=2)
+    serve.run(build_app(config), name="dying", route_prefix="/dying")
+    client = ScorerClient(serve.get_deployment_handle("GRRMReplica", app_name="dying"))
+    group = demo_group(500)
+    members = [
+        MemberRequest(group_id="g500", group_size=4, index=k, source=group["source"], candidate=c, src_lang="en", trg_lang="de")
+        for k, c in enumerate(group["candidates"])
+    ]
+
+    async def run():
+        waiting = [asyncio.create_task(client.score_member(m)) for m in members[:3]]
+        await asyncio.sleep(1.0)  # three members wait on the group's replica
+        owner = next(
+            info for info in [await serve.get_deployment_handle("GRRMReplica", app_name="dying").info.remote(target_replica=name)
+                              for name in _replica_names("dying")]
+            if info["assembler"]["members_waiting"] == 3
+        )
+        actor_name = next(n for n in _actor_names() if n.endswith(owner["replica"]) and "dying" in n)
+        ray.kill(ray.get_actor(actor_name, namespace="serve"), no_restart=True)
+        last = await client.score_member(members[3])
+        return owner["replica"], await asyncio.gather(*waiting), last
+
+    try:
+        dead, answers, last = asyncio.run(run())
+        answers = [*answers, last]
+        assert all(a.valid for a in answers), [a.error for a in answers]
+        assert [a.score for a in answers] == expected_scores(group)
+        assert len({a.replica for a in answers}) == 1 and answers[0].replica != dead
+        assert client.replica_failures >= 3  # the three waiting members were re-sent
+    finally:
+        serve.delete("dying")
+
+
+def _actor_names() -> list[str]:
+    import ray
+
+    return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a.get("namespace") == "serve"]
+
+
+def _replica_names(app_name: str) -> list[str]:
+    return [n.rsplit("#", 1)[-1] for n in _actor_names() if f"{app_name}#GRRMReplica" in n]
