@@ -19,6 +19,7 @@ class ReplicaMetrics:
         )
         self.parse_failures = Counter("grrm_parse_failures", "Generations whose verdict did not parse.")
         self.retries = Counter("grrm_retries", "Extra generation attempts after an unparseable answer.")
+        self.verdict_repairs = Counter("grrm_verdict_repairs", "Verdicts obtained by constrained repair.")
         self.assembly_timeouts = Counter("grrm_assembly_timeouts", "Members answered with an assembly timeout.")
         self.prompt_tokens = Counter("grrm_prompt_tokens", "Prompt tokens sent to the engine.")
         self.completion_tokens = Counter("grrm_completion_tokens", "Completion tokens generated.")
@@ -44,6 +45,8 @@ class ReplicaMetrics:
         unparsed = result.attempts - (1 if result.valid else 0)
         if result.failure in ("parse_failed", None) and unparsed > 0:
             self.parse_failures.inc(unparsed)
+        if result.repairs:
+            self.verdict_repairs.inc(result.repairs)
         if result.attempts > 1:
             self.retries.inc(result.attempts - 1)
         if result.usage.prompt_tokens:

@@ -217,12 +217,7 @@ def test_members_of_a_group_survive_the_death_of_their_replica(serve_instance):
 
     async def run():
         waiting = [asyncio.create_task(client.score_member(m)) for m in members[:3]]
-        await asyncio.sleep(1.0)  # three members wait on the group's replica
-        owner = next(
-            info for info in [await serve.get_deployment_handle("GRRMReplica", app_name="dying").info.remote(target_replica=name)
-                              for name in _replica_names("dying")]
-            if info["assembler"]["members_waiting"] == 3
-        )
+        owner = await _replica_with_waiting_members("dying", 3)
         actor_name = next(n for n in _actor_names() if n.endswith(owner["replica"]) and "dying" in n)
         ray.kill(ray.get_actor(actor_name, namespace="serve"), no_restart=True)
         last = await client.score_member(members[3])
@@ -247,3 +242,16 @@ def _actor_names() -> list[str]:
 
 def _replica_names(app_name: str) -> list[str]:
     return [n.rsplit("#", 1)[-1] for n in _actor_names() if f"{app_name}#GRRMReplica" in n]
+
+
+async def _replica_with_waiting_members(app_name: str, count: int, timeout_s: float = 30.0) -> dict:
+    """The info of the replica where ``count`` members wait (polls: routing takes a moment)."""
+    handle = serve.get_deployment_handle("GRRMReplica", app_name=app_name)
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while asyncio.get_running_loop().time() < deadline:
+        for name in _replica_names(app_name):
+            info = await handle.info.remote(target_replica=name)
+            if info["assembler"]["members_waiting"] == count:
+                return info
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"no replica of {app_name} has {count} members waiting")
