@@ -59,9 +59,7 @@ def replica_options(config: AppConfig) -> dict[str, Any]:
             request_routing_stats_period_s=config.routing.stats_period_s,
         ),
     }
-    actor_options: dict[str, Any] = {"num_cpus": replicas.num_cpus}
-    if replicas.env_vars:
-        actor_options["runtime_env"] = {"env_vars": dict(replicas.env_vars)}
+    actor_options: dict[str, Any] = {"num_cpus": replicas.num_cpus, **_runtime_env(replicas.env_vars)}
     if replicas.gpus_per_rank > 0 and tensor_parallel > 1:
         options["placement_group_bundles"] = [{"CPU": replicas.num_cpus}] + [
             {"GPU": replicas.gpus_per_rank} for _ in range(tensor_parallel)
@@ -77,6 +75,10 @@ def replica_options(config: AppConfig) -> dict[str, Any]:
     return options
 
 
+def _runtime_env(env_vars: dict[str, str]) -> dict[str, Any]:
+    return {"runtime_env": {"env_vars": dict(env_vars)}} if env_vars else {}
+
+
 def build_app(args: AppConfig) -> Application:
     """Build the reward application: scorer replicas behind the group-aware router, and HTTP."""
     config = resolve_model_path(args if isinstance(args, AppConfig) else AppConfig.model_validate(args))
@@ -85,6 +87,6 @@ def build_app(args: AppConfig) -> Application:
         name=config.ingress_deployment_name,
         num_replicas=1,
         max_ongoing_requests=100_000,  # backpressure belongs to the replicas (503 from there)
-        ray_actor_options={"num_cpus": 0},
+        ray_actor_options={"num_cpus": 0, **_runtime_env(config.http.env_vars)},
     )
     return ingress.bind(replicas, config)

@@ -97,6 +97,8 @@ class HTTPSettings(_Strict):
     include_answers: bool = False
     # Retry-After seconds sent with 503.
     retry_after_s: int = Field(1, ge=0)
+    # Environment of the ingress process (e.g. the token variable, when not set on the node).
+    env_vars: dict[str, str] = Field(default_factory=dict)
 
 
 class AppConfig(_Strict):

@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
@@ -74,6 +75,22 @@ def _settings(request: Request) -> AppConfig:
 async def _problem(_: Request, problem: HTTPProblem) -> JSONResponse:
     body = ErrorResponse(error=problem.error, detail=problem.detail).model_dump()
     return JSONResponse(status_code=problem.status_code, content=body, headers=problem.headers)
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
+    # FastAPI answers a body it cannot decode (bad UTF-8, broken JSON) with a bare 400: report
+    # it as the invalid input it is, in the API's error shape.
+    if error.status_code == 400:
+        return JSONResponse(
+            status_code=422,
+            content=ErrorResponse(error=f"body: could not be parsed as UTF-8 JSON ({error.detail})").model_dump(),
+        )
+    return JSONResponse(
+        status_code=error.status_code,
+        content=ErrorResponse(error=str(error.detail)).model_dump(),
+        headers=getattr(error, "headers", None),
+    )
 
 
 @app.exception_handler(RequestValidationError)

@@ -47,22 +47,22 @@ class GRRMReplica:
         self.scorer = GroupScorer(self.engine, config.scoring, replica=self.name)
         self.metrics = ReplicaMetrics()
         self.assembler = GroupAssembler(
-            self._score_assembled_group,
+            self._score,
             assembly_timeout_s=config.assembly_timeout_s,
             completed_ttl_s=config.completed_ttl_s,
             replica=self.name,
         )
         self._outstanding_work = 0.0
+        self._groups_scored = 0  # every GQM group this replica sent to its engine path
 
     async def score_group(self, group: GroupRequest, attempt: int = 0) -> GroupResult:
         """Score one whole group (``attempt`` is read by the router, not here)."""
         work = float(len(group.candidates))
         self._outstanding_work += work
         try:
-            result = await self.scorer.score_group(group)
+            result = await self._score(group)
         finally:
             self._outstanding_work -= work
-        self.metrics.record_group(result)
         return result
 
     async def score_member(self, member: MemberRequest, attempt: int = 0) -> MemberResult:
@@ -77,7 +77,8 @@ class GRRMReplica:
             self.metrics.assembly_timeouts.inc()
         return result
 
-    async def _score_assembled_group(self, group: GroupRequest) -> GroupResult:
+    async def _score(self, group: GroupRequest) -> GroupResult:
+        self._groups_scored += 1
         result = await self.scorer.score_group(group)
         self.metrics.record_group(result)
         return result
@@ -98,6 +99,7 @@ class GRRMReplica:
             "engine": self.config.engine.kind,
             "prompt_type": self.config.scoring.prompt_type,
             "tensor_parallel_size": self.config.engine.tensor_parallel_size,
+            "groups_scored": self._groups_scored,
             "assembler": self.assembler.stats(),
         }
 

@@ -1,0 +1,191 @@
+"""Access control and bad input on the real HTTP API (issue 7, parts 4 and 5).
+
+Every bad request gets a 4xx that names the problem, nothing is scored for unauthenticated
+callers, oversized bodies are refused before parsing, and the replicas keep serving. The
+OpenAPI schema is fuzzed with schemathesis. Engine: scripted (the tests are about the API)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from ray import serve
+from schemathesis.checks import (
+    content_type_conformance,
+    not_a_server_error,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from cluster.engines import EngineConfig
+from deployments.app import build_app
+from deployments.config import AppConfig, HTTPSettings, LimitSettings, ReplicaSettings
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+TOKEN = "test-token-7f3a"
+APP = "guarded"
+
+
+@pytest.fixture(scope="module")
+def guarded_url(serve_instance):
+    config = AppConfig(
+        engine=EngineConfig(kind="scripted"),
+        replicas=ReplicaSettings(num_replicas=1, num_cpus=0.5, gpus_per_rank=0),
+        limits=LimitSettings(max_groups_per_request=16, max_candidates_per_group=16, max_text_chars=4000,
+                             max_request_bytes=64 * 1024),
+        http=HTTPSettings(auth_token_env="GRRM_TEST_TOKEN", env_vars={"GRRM_TEST_TOKEN": TOKEN}),
+        assembly_timeout_s=1.0,
+    )
+    serve.run(build_app(config), name=APP, route_prefix=f"/{APP}")
+    yield f"{serve_instance}/{APP}"
+    serve.delete(APP)
+
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+GOOD = {"source": "Good morning.", "candidates": ["Guten Morgen.", "Morgen."], "src_lang": "en", "trg_lang": "de"}
+
+
+def groups_scored() -> int:
+    handle = serve.get_deployment_handle("GRRMReplica", app_name=APP)
+    return handle.info.remote().result(timeout_s=30)["groups_scored"]
+
+
+def test_requests_without_the_right_token_get_401_and_nothing_is_scored(guarded_url):
+    before = groups_scored()
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}, {"Authorization": f"bearer {TOKEN}x"}):
+        response = httpx.post(f"{guarded_url}/v1/score", json={"groups": [GOOD]}, headers=headers, timeout=30)
+        assert response.status_code == 401
+        assert response.headers["www-authenticate"] == "Bearer"
+        assert "authorization" in response.json()["error"]
+    member = {**{k: GOOD[k] for k in ("source", "src_lang", "trg_lang")}, "group_id": "m", "group_size": 1, "index": 0, "candidate": "x"}
+    assert httpx.post(f"{guarded_url}/v1/score/member", json=member, timeout=30).status_code == 401
+    assert groups_scored() == before
+    # Liveness stays open for probes; the right token is served.
+    assert httpx.get(f"{guarded_url}/healthz", timeout=10).status_code == 200
+    ok = httpx.post(f"{guarded_url}/v1/score", json={"groups": [GOOD]}, headers=AUTH, timeout=30)
+    assert ok.status_code == 200 and ok.json()["results"][0]["valid"]
+    assert groups_scored() == before + 1
+
+
+def test_oversized_body_is_refused_before_parsing(guarded_url):
+    # Not even JSON: a 413 (not a 422) shows the limit was applied before the parser ran.
+    response = httpx.post(f"{guarded_url}/v1/score", content=b"x" * (65 * 1024), headers=AUTH, timeout=30)
+    assert response.status_code == 413 and "max_request_bytes" in response.json()["error"]
+
+    def chunks():  # no Content-Length: the streamed body is counted as it arrives
+        for _ in range(80):
+            yield b"y" * 1024
+
+    streamed = httpx.post(f"{guarded_url}/v1/score", content=chunks(), headers=AUTH, timeout=30)
+    assert streamed.status_code == 413
+
+
+def group_with(**changes) -> dict:
+    return {"groups": [{**GOOD, **changes}]}
+
+
+def member_with(**changes) -> dict:
+    base = {"group_id": "bad", "group_size": 2, "index": 0, "source": "s", "candidate": "c", "src_lang": "en", "trg_lang": "de"}
+    return {**base, **changes}
+
+
+BAD_REQUESTS = [
+    ("/v1/score", group_with(source="x" * 4001), 413, "max_text_chars"),
+    ("/v1/score", group_with(candidates=[f"c{i}" for i in range(10_000)]), 413, "max_request_bytes"),
+    ("/v1/score", group_with(candidates=[f"c{i}" for i in range(17)]), 413, "max_candidates_per_group"),
+    ("/v1/score", {"groups": [GOOD] * 17}, 413, "max_groups_per_request"),
+    ("/v1/score", group_with(source=""), 422, "source"),
+    ("/v1/score", group_with(source="   "), 422, "source"),
+    ("/v1/score", group_with(candidates=["a", ""]), 422, "candidates[1]"),
+    ("/v1/score", group_with(source="bell\x07"), 422, "control character"),
+    ("/v1/score", group_with(source="nul\x00"), 422, "control character"),
+    ("/v1/score", group_with(candidates="not a list"), 422, "candidates"),
+    ("/v1/score", group_with(candidates=["a", 7]), 422, "candidates.1"),
+    ("/v1/score", group_with(src_lang=None), 422, "src_lang"),
+    ("/v1/score", group_with(trg_lang="qq"), 422, "unknown language code"),
+    ("/v1/score", group_with(temperature=2), 422, "temperature"),
+    ("/v1/score", {"group": [GOOD]}, 422, "groups"),
+    ("/v1/score", [GOOD], 422, "body"),
+    ("/v1/score/member", member_with(group_size=-3), 422, "group_size"),
+    ("/v1/score/member", member_with(group_size=10**9), 422, "group_size"),
+    ("/v1/score/member", member_with(group_size=40), 413, "max_candidates_per_group"),
+    ("/v1/score/member", member_with(index=-1), 422, "index"),
+    ("/v1/score/member", member_with(index=5), 422, "index"),
+    ("/v1/score/member", member_with(candidate=""), 422, "candidate"),
+    ("/v1/score/member", member_with(group_id=""), 422, "group_id"),
+    ("/v1/score/member", member_with(extra="field"), 422, "extra"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "status", "named"), BAD_REQUESTS)
+def test_bad_input_gets_a_4xx_naming_the_problem(guarded_url, path, body, status, named):
+    response = httpx.post(f"{guarded_url}{path}", json=body, headers=AUTH, timeout=30)
+    assert response.status_code == status, response.text[:300]
+    assert named in response.json()["error"]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b'{"groups": [{"source": "\xff\xfe", "candidates": ["a", "b"], "src_lang": "en", "trg_lang": "de"}]}',
+     b'{"groups": [', b"", b"\x00\x01\x02", b'{"groups": [{"source": "\\ud800", "candidates": ["a","b"], "src_lang": "en", "trg_lang": "de"}]}'],
+)
+def test_undecodable_bodies_are_422_not_500(guarded_url, raw):
+    response = httpx.post(f"{guarded_url}/v1/score", content=raw, headers={**AUTH, "content-type": "application/json"}, timeout=30)
+    assert response.status_code == 422, response.text[:300]
+    assert response.json()["error"]
+
+
+def test_duplicate_member_indices(guarded_url):
+    import asyncio
+
+    async def run():
+        async with httpx.AsyncClient(timeout=30, headers=AUTH) as http:
+            first = asyncio.create_task(http.post(f"{guarded_url}/v1/score/member", json=member_with(group_id="dup")))
+            await asyncio.sleep(0.3)
+            same_again = asyncio.create_task(http.post(f"{guarded_url}/v1/score/member", json=member_with(group_id="dup")))
+            await asyncio.sleep(0.3)
+            different = await http.post(f"{guarded_url}/v1/score/member", json=member_with(group_id="dup", candidate="other"))
+            last = await http.post(f"{guarded_url}/v1/score/member", json=member_with(group_id="dup", index=1, candidate="d"))
+            return await first, await same_again, different, last
+
+    first, same_again, different, last = asyncio.run(run())
+    assert different.status_code == 409 and "index" in different.json()["error"]
+    assert first.status_code == same_again.status_code == last.status_code == 200
+    assert first.json()["score"] == same_again.json()["score"]  # a retry gets the same answer
+
+
+def test_the_replica_keeps_serving_after_all_of_the_above(guarded_url):
+    response = httpx.post(f"{guarded_url}/v1/score", json={"groups": [GOOD]}, headers=AUTH, timeout=30)
+    assert response.status_code == 200 and response.json()["results"][0]["valid"]
+
+
+FUZZ_EXAMPLES = 40
+
+
+def test_fuzzed_requests_never_get_a_5xx_and_match_the_schema(guarded_url):
+    """Schemathesis generates requests from the app's own OpenAPI schema, for every operation."""
+    from hypothesis import given
+
+    document = httpx.get(f"{guarded_url}/openapi.json", timeout=30).json()
+    api = schemathesis.openapi.from_dict(document)
+    checks = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
+    tried: dict[str, int] = {}
+    for result in api.get_all_operations():
+        operation = result.ok()
+
+        @settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @given(case=operation.as_strategy())
+        def check(case):
+            response = case.call(base_url=guarded_url, headers=AUTH, timeout=30)
+            case.validate_response(response, checks=checks)
+            if response.status_code >= 400:
+                assert json.loads(response.text)["error"]
+            tried[operation.label] = tried.get(operation.label, 0) + 1
+
+        check()
+    assert {"POST /v1/score", "POST /v1/score/member", "GET /healthz", "GET /v1/info"} <= set(tried)
+    print(f"fuzz cases tried per operation: {tried}")
