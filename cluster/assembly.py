@@ -3,7 +3,10 @@
 verl's reward loop asks for one reward per rollout, from many workers, in any order. The
 router sends every member of a group to one replica; there a :class:`GroupAssembler` holds the
 members until the last one arrives, scores the whole group as one GQM prompt and answers every
-member with its own score. Pure asyncio: no Ray, no engine, no I/O, so it is tested on its own.
+member with its own score. A member marked ``invalid`` (its translation could not be extracted)
+counts towards completing the group but is not shown to the model and gets no score; a group with
+fewer than 2 members left to show is answered ``too_few_distinct`` without an engine call.
+Pure asyncio: no Ray, no engine, no I/O, so it is tested on its own.
 """
 
 from __future__ import annotations
@@ -15,17 +18,20 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from cluster import gqm
 from cluster.schema import FailureReason, GroupRequest, GroupResult, MemberRequest, MemberResult
 
 # How many missing indices a timeout message lists before it only counts the rest.
 _MISSING_INDICES_SHOWN = 20
+# The cached "digest" of an invalid member: never equal to a real 16-byte digest.
+_INVALID_DIGEST = b""
 
 
 @dataclass(frozen=True, slots=True)
 class _Verdict:
     """What every member of one group is told; the per-member score is picked from it."""
 
-    scores: tuple[int, ...] | None
+    scores: tuple[int | None, ...] | None  # None at invalid members' positions
     valid: bool
     error: str | None
     failure: FailureReason | None
@@ -41,7 +47,7 @@ class _Assembly:
     first: MemberRequest  # the member every later one must agree with
     deadline: float  # on the assembler's clock
     outcome: asyncio.Future[_Verdict]
-    candidates: dict[int, str] = field(default_factory=dict)
+    candidates: dict[int, str | None] = field(default_factory=dict)  # None: an invalid member
     timer: asyncio.TimerHandle | None = None
     scoring: asyncio.Task[None] | None = None
 
@@ -65,6 +71,15 @@ class _Completed:
 
 def _digest(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
+
+
+def _candidate_of(member: MemberRequest) -> str | None:
+    """What a member contributes to its group: its text, or None when it is invalid."""
+    return None if member.invalid else member.candidate
+
+
+def _candidate_digest(candidate: str | None) -> bytes:
+    return _INVALID_DIGEST if candidate is None else _digest(candidate)
 
 
 class GroupAssembler:
@@ -129,6 +144,7 @@ class GroupAssembler:
                 "rejected_overload",
                 "rejected_closed",
                 "single_member_groups",
+                "invalid_members",  # members without a translation (not shown to the model)
                 "cancelled_waiters",
             ),
             0,
@@ -250,9 +266,8 @@ class GroupAssembler:
         )
         if disagreements:
             return self._conflict(member, disagreements)
-        known = assembly.candidates.get(member.index)
-        if known is not None:
-            if known != member.candidate:
+        if member.index in assembly.candidates:
+            if assembly.candidates[member.index] != _candidate_of(member):
                 return self._conflict_on_index(member)
             # A retry of a member already here: it waits on the same outcome, counted once.
             self._counters["duplicates"] += 1
@@ -261,7 +276,9 @@ class GroupAssembler:
         return None
 
     def _add(self, assembly: _Assembly, member: MemberRequest) -> None:
-        assembly.candidates[member.index] = member.candidate
+        assembly.candidates[member.index] = _candidate_of(member)
+        if member.invalid:
+            self._counters["invalid_members"] += 1
         if len(assembly.candidates) == assembly.first.group_size:
             self._begin_scoring(assembly)
 
@@ -314,16 +331,27 @@ class GroupAssembler:
 
     async def _score(self, assembly: _Assembly) -> None:
         first = assembly.first
+        texts = [assembly.candidates[index] for index in range(first.group_size)]
+        shown = [index for index, text in enumerate(texts) if text is not None]
+        if len(shown) < gqm.MIN_CANDIDATES:
+            # Invalid members leave nothing to compare: no prompt, no engine call.
+            verdict = self._verdict(
+                "too_few_distinct",
+                f"group {assembly.group_id}: {len(shown)} of {first.group_size} members have a "
+                "translation; nothing to compare",
+            )
+            self._finish(assembly, verdict, remember=True)
+            return
         self._counters["groups_scored"] += 1
         try:
             request = GroupRequest(
                 group_id=assembly.group_id,
                 source=first.source,
-                candidates=[assembly.candidates[index] for index in range(first.group_size)],
+                candidates=[texts[index] for index in shown],
                 src_lang=first.src_lang,
                 trg_lang=first.trg_lang,
             )
-            verdict = self._verdict_from_result(assembly, await self._score_group(request))
+            verdict = self._verdict_from_result(assembly, await self._score_group(request), shown)
         except Exception as error:  # noqa: BLE001 - any failure is every member's answer, not a hang
             self._counters["scoring_failures"] += 1
             verdict = self._verdict(
@@ -345,8 +373,9 @@ class GroupAssembler:
             )
         self._finish(assembly, verdict, remember=False)
 
-    def _verdict_from_result(self, assembly: _Assembly, result: GroupResult) -> _Verdict:
-        size = assembly.first.group_size
+    def _verdict_from_result(self, assembly: _Assembly, result: GroupResult, shown: list[int]) -> _Verdict:
+        """The members' verdict from the result for the shown members (``shown``: their indices)."""
+        size = len(shown)
         if result.valid and (result.scores is None or len(result.scores) != size):
             # A malformed result must not hand out a wrong member's score or raise per member.
             self._counters["scoring_failures"] += 1
@@ -354,8 +383,14 @@ class GroupAssembler:
             return self._verdict(
                 "engine_error", f"group {assembly.group_id}: score_group returned {count} scores for {size} candidates"
             )
+        scores: tuple[int | None, ...] | None = None
+        if result.valid and result.scores is not None:
+            by_index: list[int | None] = [None] * assembly.first.group_size
+            for index, score in zip(shown, result.scores, strict=True):
+                by_index[index] = score
+            scores = tuple(by_index)
         return _Verdict(
-            scores=tuple(result.scores) if result.valid and result.scores is not None else None,
+            scores=scores,
             valid=result.valid,
             error=result.error,
             failure=result.failure,
@@ -377,7 +412,9 @@ class GroupAssembler:
             src_lang=first.src_lang,
             trg_lang=first.trg_lang,
             source_digest=_digest(first.source),
-            candidate_digests=tuple(_digest(assembly.candidates[index]) for index in range(first.group_size)),
+            candidate_digests=tuple(
+                _candidate_digest(assembly.candidates[index]) for index in range(first.group_size)
+            ),
             verdict=verdict,
             expires_at=self._clock() + self.completed_ttl_s,
         )
@@ -409,7 +446,7 @@ class GroupAssembler:
         )
         if disagreements:
             return self._conflict(member, disagreements)
-        if _digest(member.candidate) != completed.candidate_digests[member.index]:
+        if _candidate_digest(_candidate_of(member)) != completed.candidate_digests[member.index]:
             return self._conflict_on_index(member)
         self._counters["cached_answers"] += 1
         return self._member_result(member, completed.verdict)

@@ -32,8 +32,20 @@ def _check_text(value: str) -> str:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise ValueError("contains characters that are not valid Unicode (lone surrogates)") from None
-    if "\x00" in value:
-        raise ValueError("contains a NUL character")
+    control = next((c for c in value if c in _CONTROL_CHARACTERS), None)
+    if control is not None:
+        raise ValueError(f"contains the control character {control!r} (only tab, newline and carriage return are allowed)")
+    return value
+
+
+# C0 controls other than tab, newline and carriage return, and DEL: never part of a translation,
+# and some (NUL) break tokenizers and logs far from here.
+_CONTROL_CHARACTERS = frozenset(chr(c) for c in [*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F])
+
+
+def _check_not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty or only whitespace")
     return value
 
 
@@ -72,6 +84,7 @@ class GroupRequest(BaseModel):
     trg_lang: str = Field(max_length=64)
 
     validate_text = field_validator("source")(_check_text)
+    validate_source = field_validator("source")(_check_not_blank)
     validate_languages = field_validator("src_lang", "trg_lang")(_check_language)
 
     @field_validator("candidates")
@@ -79,7 +92,7 @@ class GroupRequest(BaseModel):
     def _check_candidates(cls, candidates: list[str]) -> list[str]:
         for index, candidate in enumerate(candidates):
             try:
-                _check_text(candidate)
+                _check_not_blank(_check_text(candidate))
             except ValueError as error:
                 raise ValueError(f"candidates[{index}] {error}") from None
         return candidates
@@ -97,14 +110,21 @@ class MemberRequest(BaseModel):
     candidate: str = _TEXT
     src_lang: str = Field(max_length=64)
     trg_lang: str = Field(max_length=64)
+    # The rollout's translation could not be extracted (spec section 4): the member still
+    # completes its group (nobody waits for it) but is not shown to the model and gets no score.
+    # Its `candidate` is ignored (send "").
+    invalid: bool = False
 
     validate_text = field_validator("source", "candidate")(_check_text)
+    validate_source = field_validator("source")(_check_not_blank)
     validate_languages = field_validator("src_lang", "trg_lang")(_check_language)
 
     @model_validator(mode="after")
     def _index_in_group(self) -> MemberRequest:
         if self.index >= self.group_size:
             raise ValueError(f"index: {self.index} is out of range for group_size {self.group_size}")
+        if not self.invalid and not self.candidate.strip():
+            raise ValueError("candidate: must not be empty or only whitespace (mark the member invalid instead)")
         return self
 
 
@@ -140,5 +160,6 @@ class MemberResult(BaseModel):
     failure: FailureReason | None = None
     replica: str = ""
     attempts: int = 0
-    # The group's scores, so a caller holding one member can still see the whole verdict.
-    group_scores: list[int] | None = None
+    # The group's scores, so a caller holding one member can still see the whole verdict
+    # (None at the positions of invalid members, which are not scored).
+    group_scores: list[int | None] | None = None
