@@ -49,6 +49,7 @@ def replica_options(config: AppConfig) -> dict[str, Any]:
         "health_check_period_s": replicas.health_check_period_s,
         "health_check_timeout_s": replicas.health_check_timeout_s,
         "graceful_shutdown_timeout_s": replicas.graceful_shutdown_timeout_s,
+        "logging_config": {"enable_access_log": replicas.access_log},
         "request_router_config": RequestRouterConfig(
             request_router_class=ROUTER_CLASS,
             request_router_kwargs={
@@ -88,5 +89,6 @@ def build_app(args: AppConfig) -> Application:
         num_replicas=1,
         max_ongoing_requests=100_000,  # backpressure belongs to the replicas (503 from there)
         ray_actor_options={"num_cpus": 0, **_runtime_env(config.http.env_vars)},
+        logging_config={"enable_access_log": config.replicas.access_log},
     )
     return ingress.bind(replicas, config)

@@ -58,6 +58,8 @@ class ReplicaSettings(_Strict):
     health_check_period_s: float = Field(10.0, gt=0)
     health_check_timeout_s: float = Field(30.0, gt=0)
     graceful_shutdown_timeout_s: float = Field(20.0, ge=0)
+    # Serve's per-request access log lines cost CPU on every call; errors are logged regardless.
+    access_log: bool = False
     # Environment for the replica processes (e.g. VLLM_* switches).
     env_vars: dict[str, str] = Field(default_factory=dict)
 
