@@ -1,12 +1,18 @@
-"""From a group to scores: dedup, prompt, generate, parse, retry. One engine, many groups."""
+"""From a group to scores: dedup, plan, prompt, generate, parse, retry, merge. One engine, many groups.
+
+A group is scored by one prompt, or, for large groups (``split_large_groups``) and position-bias
+ensembles (``permutations``), by several prompts planned and merged in :mod:`cluster.ensemble`.
+Every prompt goes through :meth:`GroupScorer.score_prompt` (retries and verdict repair included).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
-from cluster import gqm
+from cluster import ensemble, gqm
 from cluster.config import ScoringConfig
 from cluster.engines.base import Engine, Generation, SamplingSettings, apply_chat_template, count_tokens
 from cluster.schema import FailureReason, GroupRequest, GroupResult, Usage
@@ -42,6 +48,33 @@ def read_verdict(answer: str, n: int, prompt_type: str) -> list[int] | None:
     if prompt_type != "ranking" and any(score not in SCORE_RANGE for score in scores):
         return None
     return scores
+
+
+@dataclass
+class PromptOutcome:
+    """What one prompt produced: its members' scores (in prompt order) or why not, and its cost."""
+
+    scores: list[int] | None = None
+    failure: FailureReason | None = None
+    error: str | None = None
+    attempts: int = 0
+    repairs: int = 0
+    usage: Usage = field(default_factory=Usage)
+    stages: dict[str, float] = field(default_factory=dict)
+    answer: str | None = None
+
+    def as_failure(self) -> GroupResult:
+        """The flagged group result of a group whose only prompt failed."""
+        assert self.failure is not None
+        return _failed(
+            self.failure,
+            self.error or self.failure,
+            attempts=self.attempts,
+            repairs=self.repairs,
+            usage=self.usage,
+            stages=self.stages,
+            answer=self.answer,
+        )
 
 
 class GroupScorer:
@@ -91,22 +124,131 @@ class GroupScorer:
         result.latency_s = time.perf_counter() - started
         return result
 
+    def plan(self, group: GroupRequest, distinct: Sequence[str]) -> list[ensemble.SubPrompt]:
+        """The prompts that score ``distinct``: one, or subgroups and/or permutations.
+
+        One prompt of every distinct candidate in order unless the group is larger than
+        ``max_group_size`` (split, when ``split_large_groups``) or ``permutations > 1``. The plan
+        is seeded by the config seed and the group's texts: the same group, the same prompts.
+        """
+        config = self.config
+        split = config.split_large_groups and len(distinct) > config.max_group_size
+        return ensemble.plan_prompts(
+            len(distinct),
+            max_size=(config.split_subgroup_size or config.max_group_size) if split else gqm.MAX_CANDIDATES,
+            anchors=config.split_anchors,
+            permutations=config.permutations,
+            seed=ensemble.group_seed(config.seed, group.source, *distinct),
+            design=config.permutation_design,
+        )
+
     async def _score(self, group: GroupRequest) -> GroupResult:
         config = self.config
         distinct, position = dedup_candidates(group.candidates)
         if len(distinct) < gqm.MIN_CANDIDATES:
             return _failed("too_few_distinct", "the group has fewer than 2 distinct candidates")
-        if len(distinct) > config.max_group_size:
+        if len(distinct) > config.max_group_size and not config.split_large_groups:
             return _failed(
                 "rejected",
-                f"candidates: {len(distinct)} distinct candidates exceed max_group_size {config.max_group_size}",
+                f"candidates: {len(distinct)} distinct candidates exceed max_group_size {config.max_group_size}"
+                " (split_large_groups is off)",
             )
-        prompt = self.build_prompt(group, distinct)
+        plan = self.plan(group, distinct)
+        if len(plan) > config.max_prompts_per_group:
+            return _failed(
+                "rejected",
+                f"candidates: {len(distinct)} distinct candidates need {len(plan)} prompts, more than "
+                f"max_prompts_per_group {config.max_prompts_per_group}",
+            )
+        if len(plan) == 1:
+            # The plain path: one prompt of every distinct candidate, in order.
+            outcome = await self.score_prompt(group, distinct)
+            if outcome.scores is None:
+                return outcome.as_failure()
+            return GroupResult(
+                scores=[outcome.scores[index] for index in position],
+                ranking=ranking_line(outcome.answer or "", config.prompt_type),
+                valid=True,
+                attempts=outcome.attempts,
+                repairs=outcome.repairs,
+                usage=outcome.usage,
+                stages=outcome.stages,
+                answer=outcome.answer,
+            )
+        return await self._score_ensemble(group, distinct, position, plan)
+
+    async def _score_ensemble(
+        self, group: GroupRequest, distinct: list[str], position: list[int], plan: list[ensemble.SubPrompt]
+    ) -> GroupResult:
+        """Score every planned prompt concurrently and merge the verdicts (cluster/ensemble.py).
+
+        Usage, attempts, repairs and stage times are summed over all prompts. The group is
+        invalid when the prompts that produced a verdict do not connect every candidate.
+        """
+        config = self.config
+        outcomes = await asyncio.gather(
+            *(self.score_prompt(group, [distinct[member] for member in prompt.members]) for prompt in plan)
+        )
+        usage = Usage()
+        stages: dict[str, float] = {}
+        for outcome in outcomes:
+            usage = usage + outcome.usage
+            for stage, seconds in outcome.stages.items():
+                stages[stage] = stages.get(stage, 0.0) + seconds
+        totals = {
+            "attempts": sum(outcome.attempts for outcome in outcomes),
+            "repairs": sum(outcome.repairs for outcome in outcomes),
+            "usage": usage,
+            "stages": stages,
+        }
+        verdicts = [
+            (prompt.members, outcome.scores) for prompt, outcome in zip(plan, outcomes) if outcome.scores is not None
+        ]
+        failed = [outcome for outcome in outcomes if outcome.scores is None]
+        merge_started = time.perf_counter()
+        merged = ensemble.merge_verdicts(
+            len(distinct),
+            verdicts,
+            temperature=config.merge_temperature,
+            prior=config.merge_prior,
+            prompt_type=config.prompt_type,
+        )
+        stages["merge"] = time.perf_counter() - merge_started
+        if merged is None:
+            # Name the commonest sub-prompt failure (the first on a tie) as the group's.
+            reasons = [outcome.failure for outcome in failed if outcome.failure is not None]
+            failure = max(reasons, key=reasons.count) if reasons else "parse_failed"
+            counts = ", ".join(f"{reason}: {reasons.count(reason)}" for reason in dict.fromkeys(reasons))
+            return _failed(
+                failure,
+                f"{len(failed)} of {len(plan)} prompts failed ({counts}; first: {failed[0].error if failed else '-'}); "
+                "the verdicts left do not compare every candidate with the others",
+                answer=(failed[0] if failed else outcomes[-1]).answer,
+                **totals,
+            )
+        answers = [outcome.answer for outcome in outcomes if outcome.answer is not None]
+        return GroupResult(
+            scores=[merged.scores[index] for index in position],
+            # Letters name distinct candidates in their original order, as on the plain path.
+            ranking=gqm.render_answer(merged.scores, "ranking") if len(distinct) <= gqm.MAX_CANDIDATES else None,
+            valid=True,
+            answer=answers[-1] if answers else None,
+            **totals,
+        )
+
+    async def score_prompt(self, group: GroupRequest, candidates: Sequence[str]) -> PromptOutcome:
+        """Score one prompt of distinct ``candidates`` (in prompt order): the path every plan uses.
+
+        Builds and measures the prompt, then generates, parses, repairs (``verdict_repair``) and
+        resamples (``retries``) until a verdict parses. Never raises for engine trouble.
+        """
+        config = self.config
+        prompt = self.build_prompt(group, candidates)
         prompt_tokens = count_tokens(self.engine.tokenizer, prompt)
         if prompt_tokens > config.max_prompt_tokens:
-            return _failed(
-                "prompt_too_long",
-                f"prompt has {prompt_tokens} tokens, more than max_prompt_tokens {config.max_prompt_tokens}",
+            return PromptOutcome(
+                failure="prompt_too_long",
+                error=f"prompt has {prompt_tokens} tokens, more than max_prompt_tokens {config.max_prompt_tokens}",
             )
 
         usage = Usage()
@@ -118,19 +260,21 @@ class GroupScorer:
             try:
                 generation = await self._generate(prompt, self.sampling_for_attempt(attempt))
             except TimeoutError:
-                return _failed(
-                    "timeout",
-                    f"generation ran past generation_timeout_s {config.generation_timeout_s}",
+                return PromptOutcome(
+                    failure="timeout",
+                    error=f"generation ran past generation_timeout_s {config.generation_timeout_s}",
                     attempts=attempt + 1,
+                    repairs=repairs,
                     usage=usage,
                     stages=stages,
                     answer=answer,
                 )
             except Exception as error:  # noqa: BLE001 - any engine failure is reported, not raised
-                return _failed(
-                    "engine_error",
-                    f"engine {self.engine.name} failed: {type(error).__name__}: {error}",
+                return PromptOutcome(
+                    failure="engine_error",
+                    error=f"engine {self.engine.name} failed: {type(error).__name__}: {error}",
                     attempts=attempt + 1,
+                    repairs=repairs,
                     usage=usage,
                     stages=stages,
                     answer=answer,
@@ -141,31 +285,25 @@ class GroupScorer:
                 prompt_tokens=generation.prompt_tokens, completion_tokens=generation.completion_tokens
             )
             answer = generation.text
-            distinct_scores = read_verdict(answer, len(distinct), config.prompt_type)
+            scores = read_verdict(answer, len(candidates), config.prompt_type)
             stages["parse"] += time.perf_counter() - parse_started
-            if distinct_scores is None and config.verdict_repair:
+            if scores is None and config.verdict_repair:
                 repair_started = time.perf_counter()
-                repaired = await self._repair(prompt, answer, len(distinct), attempt)
+                repaired = await self._repair(prompt, answer, len(candidates), attempt)
                 stages["repair"] = stages.get("repair", 0.0) + time.perf_counter() - repair_started
                 if repaired is not None:
-                    answer, repair_usage, distinct_scores = repaired
+                    answer, repair_usage, scores = repaired
                     usage = usage + repair_usage
-                    repairs += distinct_scores is not None
-            if distinct_scores is not None:
-                return GroupResult(
-                    scores=[distinct_scores[index] for index in position],
-                    ranking=ranking_line(answer, config.prompt_type),
-                    valid=True,
-                    attempts=attempt + 1,
-                    repairs=repairs,
-                    usage=usage,
-                    stages=stages,
-                    answer=answer,
+                    repairs += scores is not None
+            if scores is not None:
+                return PromptOutcome(
+                    scores=scores, attempts=attempt + 1, repairs=repairs, usage=usage, stages=stages, answer=answer
                 )
-        return _failed(
-            "parse_failed",
-            f"no parseable verdict in {config.retries + 1} attempts",
+        return PromptOutcome(
+            failure="parse_failed",
+            error=f"no parseable verdict in {config.retries + 1} attempts",
             attempts=config.retries + 1,
+            repairs=repairs,
             usage=usage,
             stages=stages,
             answer=answer,

@@ -138,10 +138,20 @@ async def test_groups_are_scored_concurrently():
     assert elapsed < 8 * 0.3 / 2  # overlapped, not one after another
 
 
-async def test_groups_larger_than_max_group_size_are_refused_with_the_limit_named():
-    scorer = await scorer_with(ScoringConfig(max_group_size=3))
+async def test_groups_larger_than_max_group_size_are_refused_when_splitting_is_off():
+    scorer = await scorer_with(ScoringConfig(max_group_size=3, split_large_groups=False))
     result = await scorer.score_group(group("a", "b", "c", "d"))
     assert result.failure == "rejected" and "max_group_size 3" in result.error
+    assert scorer.engine.generations_served == 0
+
+
+async def test_groups_larger_than_max_group_size_are_split_by_default():
+    # Splitting and merging are covered in tests/test_ensemble.py; here: no refusal, no prompt
+    # larger than the limit.
+    scorer = await scorer_with(ScoringConfig(max_group_size=3))
+    result = await scorer.score_group(group("a [q=1]", "b [q=4]", "c [q=9]", "d [q=6]"))
+    assert result.valid and result.scores == [1, 4, 9, 6]
+    assert all(prompt.count("Translation ") <= 3 for prompt in scorer.engine.prompts_seen)
 
 
 @pytest.mark.parametrize("prompt_type", gqm.PROMPT_TYPES)

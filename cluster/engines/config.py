@@ -22,12 +22,26 @@ class ScriptedEngineOptions(BaseModel):
     jitter: float = Field(0.0, ge=0, le=1)
     # Length of the fake analysis before the verdict, in words (each counted as one token).
     analysis_words: int = Field(16, ge=0)
+    # More analysis for larger groups, as a real model writes (0 = a fixed length).
+    analysis_words_per_candidate: int = Field(0, ge=0)
     # Injected failures, drawn per generation from a seeded generator.
     malformed_rate: float = Field(0.0, ge=0, le=1)
     error_rate: float = Field(0.0, ge=0, le=1)
     hang_rate: float = Field(0.0, ge=0, le=1)
     # Add this many points to candidate A, fewer to later ones (a position bias to remove).
     position_bias: float = Field(0.0, ge=0)
+    # Judgement noise (simulations of a fallible reward model). Each candidate's score in a group
+    # prompt is off by a Gaussian draw of standard deviation `score_noise` (rounded), plus
+    # `oversize_noise` more per candidate beyond `trained_group_size` (a model is worse on
+    # groups larger than it was trained on), plus one shared draw per prompt of standard
+    # deviation `prompt_shift_noise` (a model's scale is relative to the group it sees, so
+    # scores from different prompts are not directly comparable). Draws are seeded by the
+    # prompt and `seed`: the same prompt always gets the same verdict, another candidate order
+    # or subgroup gets independent errors. All 0 = the exact marker scores.
+    score_noise: float = Field(0.0, ge=0)
+    oversize_noise: float = Field(0.0, ge=0)
+    trained_group_size: int = Field(8, ge=2)
+    prompt_shift_noise: float = Field(0.0, ge=0)
     seed: int = 0
 
 

@@ -8,7 +8,11 @@ function instead of a model:
   scores a stable hash of (source, candidate) in 0..10;
 * ``position_bias`` adds ``round(position_bias * (n-1-i)/(n-1))`` points to candidate ``i``
   (clipped to 0..10), so early positions are favoured like a position-biased reward model;
-* the answer is ``analysis_words`` words of "analysis" followed by the verdict lines of
+* ``score_noise``, ``oversize_noise`` (per candidate beyond ``trained_group_size``) and
+  ``prompt_shift_noise`` add seeded Gaussian judgement errors, the same for the same prompt
+  (see :func:`noise_sd` and :func:`group_scores`), to simulate a fallible model;
+* the answer is ``analysis_words`` words of "analysis" (plus ``analysis_words_per_candidate``
+  per candidate of a group prompt) followed by the verdict lines of
   :func:`cluster.gqm.render_answer`.
 
 It honours :class:`~cluster.engines.base.SamplingSettings` (max_tokens, stop strings, seed and
@@ -61,6 +65,7 @@ __all__ = [
     "extract_user_message",
     "group_scores",
     "malformed_verdict",
+    "noise_sd",
     "parse_prompt",
     "stable_hash",
     "verdict_variants",
@@ -276,13 +281,39 @@ def candidate_quality(source: str, candidate: str) -> int:
     return stable_hash("quality", source, candidate) % 11
 
 
-def group_scores(source: str, candidates: Sequence[str], position_bias: float = 0.0) -> list[int]:
-    """Each candidate's score with the position bias applied (early positions favoured)."""
+def noise_sd(n: int, score_noise: float = 0.0, oversize_noise: float = 0.0, trained_group_size: int = 8) -> float:
+    """Standard deviation of one candidate's judgement error in an ``n``-candidate prompt.
+
+    ``score_noise`` everywhere, plus ``oversize_noise`` per candidate beyond
+    ``trained_group_size``: one oversized prompt is judged worse than small ones.
+    """
+    return score_noise + oversize_noise * max(0, n - trained_group_size)
+
+
+def group_scores(
+    source: str,
+    candidates: Sequence[str],
+    position_bias: float = 0.0,
+    noise: float = 0.0,
+    shift_noise: float = 0.0,
+    noise_seed: int = 0,
+) -> list[int]:
+    """Each candidate's score with the position bias applied (early positions favoured).
+
+    With ``noise`` (per candidate) or ``shift_noise`` (one draw shared by the whole prompt),
+    seeded Gaussian errors are added and rounded before clipping to 0..10. The draws depend on
+    ``noise_seed``, the source and the candidates in their order, so a given prompt always gets
+    the same scores and a permuted or different group gets independent ones.
+    """
     n = len(candidates)
+    rng = random.Random(stable_hash("noise", str(noise_seed), source, *candidates)) if noise or shift_noise else None
+    shift = rng.gauss(0.0, shift_noise) if rng is not None and shift_noise else 0.0
     scores = []
     for index, candidate in enumerate(candidates):
         bonus = round(position_bias * (n - 1 - index) / (n - 1)) if n > 1 else 0
-        scores.append(min(gqm.SCORE_MAX, max(gqm.SCORE_MIN, candidate_quality(source, candidate) + bonus)))
+        error = round(shift + (rng.gauss(0.0, noise) if rng is not None and noise else 0.0))
+        score = candidate_quality(source, candidate) + bonus + error
+        scores.append(min(gqm.SCORE_MAX, max(gqm.SCORE_MIN, score)))
     return scores
 
 
@@ -311,11 +342,14 @@ def build_answer(
     analysis: str,
     position_bias: float = 0.0,
     malformed: bool = False,
+    noise: float = 0.0,
+    shift_noise: float = 0.0,
+    noise_seed: int = 0,
 ) -> str:
     """The scripted model's full answer (analysis, then the verdict) to a parsed prompt."""
     if parsed.kind == "group":
         assert parsed.prompt_type is not None
-        scores = group_scores(parsed.source, parsed.candidates, position_bias)
+        scores = group_scores(parsed.source, parsed.candidates, position_bias, noise, shift_noise, noise_seed)
         if malformed:
             return f"{analysis}\n\n{MALFORMED_LAST_LINE}" if analysis else MALFORMED_LAST_LINE
         return gqm.render_answer(scores, parsed.prompt_type, analysis)
@@ -343,7 +377,16 @@ def verdict_variants(scores: Sequence[int], prompt_type: gqm.PromptType) -> list
     return list(dict.fromkeys(variants))
 
 
-def constrained_answer(parsed: ParsedPrompt, regex: str, *, position_bias: float, malformed: bool) -> str:
+def constrained_answer(
+    parsed: ParsedPrompt,
+    regex: str,
+    *,
+    position_bias: float,
+    malformed: bool,
+    noise: float = 0.0,
+    shift_noise: float = 0.0,
+    noise_seed: int = 0,
+) -> str:
     """The answer under a regex constraint: bare verdict lines that fully match ``regex``.
 
     A malformed injection yields an unparseable verdict only where the regex admits one (e.g.
@@ -353,7 +396,7 @@ def constrained_answer(parsed: ParsedPrompt, regex: str, *, position_bias: float
     options: list[str] = []
     if parsed.kind == "group":
         assert parsed.prompt_type is not None
-        scores = group_scores(parsed.source, parsed.candidates, position_bias)
+        scores = group_scores(parsed.source, parsed.candidates, position_bias, noise, shift_noise, noise_seed)
         if malformed:
             options.append(malformed_verdict(scores, parsed.prompt_type))
         options.extend(verdict_variants(scores, parsed.prompt_type))
@@ -577,14 +620,15 @@ class ScriptedEngine:
             self.failures_injected[kind] += 1
         return _Plan(prompt, kind, factor if options.jitter > 0 else 1.0)
 
-    def _analysis(self, prompt: str, sampling: SamplingSettings) -> str:
+    def _analysis(self, prompt: str, sampling: SamplingSettings, candidates: int = 0) -> str:
         if sampling.temperature == 0:
             seed = stable_hash("analysis", prompt)
         elif sampling.seed is not None:
             seed = stable_hash("analysis", prompt, str(sampling.seed))
         else:
             seed = self._analysis_rng.getrandbits(32)
-        return analysis_text(self.options.analysis_words, seed)
+        words = self.options.analysis_words + self.options.analysis_words_per_candidate * candidates
+        return analysis_text(words, seed)
 
     async def _generate_one(self, plan: _Plan, sampling: SamplingSettings) -> Generation:
         if plan.kind == "error":
@@ -595,21 +639,24 @@ class ScriptedEngine:
             raise EngineError("scripted engine: stopped while a generation hung")
         parsed = parse_prompt(plan.prompt)
         malformed = plan.kind == "malformed"
+        options = self.options
+        judgement = {
+            "position_bias": options.position_bias,
+            "noise": noise_sd(
+                len(parsed.candidates), options.score_noise, options.oversize_noise, options.trained_group_size
+            ),
+            "shift_noise": options.prompt_shift_noise,
+            "noise_seed": options.seed,
+        }
         if sampling.regex is not None:
-            full = constrained_answer(
-                parsed, sampling.regex, position_bias=self.options.position_bias, malformed=malformed
-            )
+            full = constrained_answer(parsed, sampling.regex, malformed=malformed, **judgement)
         else:
-            full = build_answer(
-                parsed,
-                analysis=self._analysis(plan.prompt, sampling),
-                position_bias=self.options.position_bias,
-                malformed=malformed,
-            )
+            shown = len(parsed.candidates) if parsed.kind == "group" else 0
+            analysis = self._analysis(plan.prompt, sampling, shown)
+            full = build_answer(parsed, analysis=analysis, malformed=malformed, **judgement)
         text, finish_reason = apply_stop_and_max_tokens(full, sampling)
         prompt_tokens = len(self.tokenizer.encode(plan.prompt, add_special_tokens=False))
         completion_tokens = count_scripted_tokens(text)
-        options = self.options
         delay = (
             options.per_prompt_s
             + options.per_token_s * completion_tokens

@@ -96,6 +96,8 @@ def sglang_sampling_params(settings: SamplingSettings) -> dict[str, Any]:
         params["regex"] = settings.regex
     if settings.seed is not None:
         params["sampling_seed"] = settings.seed
+    if settings.ignore_eos:
+        params["ignore_eos"] = True
     return params
 
 

@@ -102,6 +102,7 @@ def sampling_params_kwargs(sampling: SamplingSettings) -> dict[str, Any]:
         "top_p": sampling.top_p,
         "max_tokens": sampling.max_tokens,
         "seed": sampling.seed,
+        "ignore_eos": sampling.ignore_eos,
     }
     if sampling.stop:
         kwargs["stop"] = list(sampling.stop)
@@ -288,6 +289,10 @@ class VLLMEngine:
             raise EngineError(f"vLLM request {request_id} ended without an output")
         completion = final.outputs[0]
         extra: dict[str, Any] = {}
+        # Prompt tokens served from the prefix cache (vLLM v1 reports it per request).
+        cached = getattr(final, "num_cached_tokens", None)
+        if cached is not None:
+            extra["cached_tokens"] = int(cached)
         if completion.stop_reason is not None:
             extra["stop_reason"] = completion.stop_reason
         if str(completion.finish_reason) not in _FINISH_REASONS or str(completion.finish_reason) == "repetition":

@@ -95,11 +95,17 @@ def test_sampling_kwargs():
         "top_p": 1.0,
         "max_tokens": 1024,
         "seed": None,
+        "ignore_eos": False,
     }
     kwargs = sampling_params_kwargs(
-        SamplingSettings(temperature=0.7, top_p=0.9, max_tokens=64, seed=3, stop=("\n\n", "END"), regex="A|B")
+        SamplingSettings(
+            temperature=0.7, top_p=0.9, max_tokens=64, seed=3, stop=("\n\n", "END"), regex="A|B", ignore_eos=True
+        )
     )
-    assert kwargs == {"n": 1, "temperature": 0.7, "top_p": 0.9, "max_tokens": 64, "seed": 3, "stop": ["\n\n", "END"]}
+    assert kwargs == {
+        "n": 1, "temperature": 0.7, "top_p": 0.9, "max_tokens": 64, "seed": 3, "stop": ["\n\n", "END"],
+        "ignore_eos": True,
+    }
 
 
 def test_finish_reasons():
@@ -181,6 +187,19 @@ class TestVLLMEngine:
             (alone,) = await engine.generate([prompt], sampling)
             assert generation.text == alone.text
         assert len({g.text for g in batch}) > 1
+
+    async def test_ignore_eos_generates_exactly_max_tokens(self, engine, prompts):
+        (generation,) = await engine.generate(prompts[:1], SamplingSettings(max_tokens=40, ignore_eos=True))
+        assert generation.completion_tokens == 40 and generation.finish_reason == "length"
+
+    async def test_prefix_cache_hits_are_reported(self, engine, prompts):
+        # Prefix caching is on by default: the second identical prompt reuses cached blocks.
+        long_prompt = prompts[0] * 8
+        (first,) = await engine.generate([long_prompt], SamplingSettings(max_tokens=2))
+        (second,) = await engine.generate([long_prompt], SamplingSettings(max_tokens=2))
+        assert "cached_tokens" in second.extra
+        assert second.extra["cached_tokens"] > first.extra.get("cached_tokens", 0)
+        assert second.extra["cached_tokens"] >= second.prompt_tokens // 2
 
     async def test_max_tokens_ends_with_length(self, engine, prompts):
         for max_tokens in (1, 7):
