@@ -1,0 +1,612 @@
+"""The KubeRay manifests in k8s/: schema-valid, fresh, and one source of truth with deployments/grrm.yaml.
+
+* every RayService / RayJob validates against the KubeRay v1.7 CRD's ``openAPIV3Schema``
+  (``../shared/kuberay-crds``), made strict the way ``kubectl apply --validate=strict`` is:
+  an unknown field anywhere is an error;
+* KubeRay's own admission rules that a schema cannot express (KubeRay's Go validation, mirrored);
+* core objects (Namespace, Secret, Service, ConfigMap, and every pod template) validate against
+  Kubernetes' schemas shipped in ``kubernetes-validate`` (offline);
+* the embedded ``serveConfigV2`` application is deployments/grrm.yaml's, and validates as
+  ``deployments.config.AppConfig``; other sizes render valid manifests with the right GPUs;
+* ``python k8s/render.py --check`` passes on the committed files and catches drift.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from deployments.config import AppConfig
+from k8s import render as k8s_render
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+K8S_DIR = PROJECT_ROOT / "k8s"
+CRD_DIR = PROJECT_ROOT.parent / "shared" / "kuberay-crds"
+GRRM_YAML = PROJECT_ROOT / "deployments" / "grrm.yaml"
+# The oldest Kubernetes the manifests are checked against, and the newest kubernetes-validate ships.
+K8S_VERSIONS = ("1.30.0", kubernetes_validate.utils.latest_version())
+CRD_FILES = {
+    "RayService": "ray.io_rayservices.yaml",
+    "RayJob": "ray.io_rayjobs.yaml",
+    "RayCluster": "ray.io_rayclusters.yaml",
+}
+CORE_KINDS = {"Namespace", "Secret", "Service", "ConfigMap"}
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+# ------------------------------------------------------------------------------------------
+# Helpers
+
+
+def strict_schema(schema: Any) -> Any:
+    """A CRD schema where objects with declared properties accept no other field.
+
+    The API server prunes unknown fields silently (or rejects them with strict field
+    validation); a plain JSON-schema validator ignores them. Closing every object that lists
+    its properties (and does not preserve unknown fields) catches misspelt fields here.
+    """
+    if isinstance(schema, list):
+        return [strict_schema(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    result = {key: strict_schema(value) for key, value in schema.items()}
+    if (
+        result.get("type") == "object"
+        and isinstance(result.get("properties"), dict)
+        and "additionalProperties" not in result
+        and not result.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        result["additionalProperties"] = False
+    return result
+
+
+@pytest.fixture(scope="module")
+def crd_validators() -> dict[str, jsonschema.Draft7Validator]:
+    if not CRD_DIR.is_dir():
+        pytest.skip(f"KubeRay CRDs not found at {CRD_DIR} (shared/ sits beside the repository)")
+    validators = {}
+    for kind, name in CRD_FILES.items():
+        crd = yaml.load((CRD_DIR / name).read_text(), Loader=_Loader)
+        assert crd["spec"]["names"]["kind"] == kind
+        (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+        assert version["served"] and version["storage"]
+        schema = strict_schema(version["schema"]["openAPIV3Schema"])
+        jsonschema.Draft7Validator.check_schema(schema)
+        validators[kind] = jsonschema.Draft7Validator(schema)
+    return validators
+
+
+def crd_errors(validators: dict[str, jsonschema.Draft7Validator], document: dict[str, Any]) -> list[str]:
+    assert document["apiVersion"] == "ray.io/v1", document["apiVersion"]
+    validator = validators[document["kind"]]
+    return [
+        f"{'.'.join(str(part) for part in error.absolute_path)}: {error.message}"
+        for error in validator.iter_errors(document)
+    ]
+
+
+def rendered(**overrides: Any) -> dict[str, str]:
+    return k8s_render.render(k8s_render.RenderOptions(**overrides))
+
+
+def yaml_documents(files: dict[str, str]) -> dict[str, list[dict[str, Any]]]:
+    return {
+        name: [doc for doc in yaml.safe_load_all(text) if doc]
+        for name, text in files.items()
+        if name.endswith(".yaml")
+    }
+
+
+def one(files: dict[str, str], name: str) -> dict[str, Any]:
+    (document,) = yaml_documents(files)[name]
+    return document
+
+
+def serve_config_of(rayservice: dict[str, Any]) -> dict[str, Any]:
+    return yaml.safe_load(rayservice["spec"]["serveConfigV2"])
+
+
+def worker_group(rayservice: dict[str, Any], name: str) -> dict[str, Any]:
+    groups = rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    (group,) = [g for g in groups if g["groupName"] == name]
+    return group
+
+
+def ray_custom_resources(params: dict[str, str]) -> dict[str, int]:
+    """Parse rayStartParams["resources"] exactly the way Ray's KubeRay autoscaler does."""
+    if "resources" not in params:
+        return {}
+    parsed = json.loads(params["resources"][1:-1].replace("\\", ""))
+    assert isinstance(parsed, dict) and all(isinstance(v, int) for v in parsed.values()), parsed
+    return parsed
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+
+
+def kuberay_rule_errors(document: dict[str, Any]) -> list[str]:
+    """KubeRay v1.7's admission checks that no schema expresses (utils/validation.go, mirrored)."""
+    errors: list[str] = []
+    kind, spec, name = document["kind"], document["spec"], document["metadata"]["name"]
+    if kind == "RayService":
+        if len(name) > 47 or not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name):
+            errors.append(f"RayService name {name!r}: DNS-1035 label of at most 47 characters")
+        upgrade = (spec.get("upgradeStrategy") or {}).get("type")
+        if upgrade not in (None, "NewCluster", "NewClusterWithIncrementalUpgrade", "None"):
+            errors.append(f"upgradeStrategy.type {upgrade!r}")
+        cluster = spec["rayClusterConfig"]
+        head_service = cluster["headGroupSpec"].get("headService") or {}
+        if (head_service.get("metadata") or {}).get("name"):
+            errors.append("headService.metadata.name must not be set in a RayService")
+        if cluster.get("upgradeStrategy"):
+            errors.append("rayClusterConfig.upgradeStrategy cannot be set for a RayService's cluster")
+        errors += cluster_rule_errors(cluster)
+    elif kind == "RayJob":
+        selector = spec.get("clusterSelector") or {}
+        if selector:
+            if not selector.get("ray.io/cluster"):
+                errors.append("clusterSelector needs a non-empty ray.io/cluster (KubeRay reads only that key)")
+            if spec.get("suspend"):
+                errors.append("clusterSelector mode cannot be suspended")
+            if spec.get("submissionMode") == "SidecarMode":
+                errors.append("clusterSelector is not supported in SidecarMode")
+            if (spec.get("backoffLimit") or 0) > 0:
+                errors.append("backoffLimit is incompatible with clusterSelector")
+        elif not spec.get("rayClusterSpec"):
+            errors.append("one of rayClusterSpec or clusterSelector must be set")
+        if len(name) > 47:
+            errors.append("RayJob name: at most 47 characters")
+        runtime_env = spec.get("runtimeEnvYAML")
+        if runtime_env is not None:
+            yaml.safe_load(runtime_env)
+        if spec.get("entrypointResources"):
+            resources = json.loads(spec["entrypointResources"])
+            if not isinstance(resources, dict):
+                errors.append("entrypointResources must be a JSON object")
+    return errors
+
+
+def cluster_rule_errors(cluster: dict[str, Any]) -> list[str]:
+    errors: list[str] = []
+    autoscaling = bool(cluster.get("enableInTreeAutoscaling"))
+    v2 = autoscaling and (cluster.get("autoscalerOptions") or {}).get("version") == "v2"
+    groups = [("head", cluster["headGroupSpec"])] + [(g["groupName"], g) for g in cluster.get("workerGroupSpecs", [])]
+    for group_name, group in groups:
+        params = group.get("rayStartParams") or {}
+        if any(params.get(key) for key in ("num-cpus", "num-gpus", "memory", "resources")) and group.get("resources"):
+            errors.append(f"{group_name}: resources in both rayStartParams and the resources field")
+        if "labels" in params:
+            errors.append(f"{group_name}: rayStartParams['labels'] is not supported (use the labels field)")
+        for key in ("num-cpus", "num-gpus"):
+            if key in params and not params[key].isdigit():
+                errors.append(f"{group_name}: rayStartParams[{key!r}] must be a whole number (the autoscaler reads int)")
+        try:
+            ray_custom_resources(params)
+        except Exception as error:  # noqa: BLE001 - report any parse failure
+            errors.append(f"{group_name}: rayStartParams['resources'] unreadable by the autoscaler: {error}")
+        pod = group["template"]["spec"]
+        if not pod.get("containers"):
+            errors.append(f"{group_name}: no container")
+        if v2 and pod.get("restartPolicy") not in (None, "Never"):
+            errors.append(f"{group_name}: restartPolicy must be Never or unset with autoscaler v2")
+    for group_name, group in groups[1:]:
+        low, high = group.get("minReplicas", 0), group.get("maxReplicas", 2**31 - 1)
+        if low < 0 or high < 0 or low > high:
+            errors.append(f"{group_name}: minReplicas {low} / maxReplicas {high}")
+        replicas = group.get("replicas")
+        if replicas is not None and not low <= replicas <= high:
+            errors.append(f"{group_name}: replicas {replicas} outside [{low}, {high}]")
+        if group.get("idleTimeoutSeconds") is not None and not v2:
+            errors.append(f"{group_name}: idleTimeoutSeconds needs autoscaler v2")
+        if group.get("priority"):
+            if not v2:
+                errors.append(f"{group_name}: priority needs autoscaler v2")
+            if version_tuple(cluster.get("rayVersion") or "0") < (2, 56, 0):
+                errors.append(f"{group_name}: priority needs rayVersion >= 2.56.0")
+    return errors
+
+
+def core_errors(document: dict[str, Any]) -> list[str]:
+    errors = []
+    for version in K8S_VERSIONS:
+        try:
+            kubernetes_validate.validate(document, version, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            path = ".".join(str(part) for part in error.path)
+            errors.append(f"k8s {version}: {document['kind']} {path}: {error.message}")
+    return errors
+
+
+def pod_templates(rayservice: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    cluster = rayservice["spec"]["rayClusterConfig"]
+    templates = {"head": cluster["headGroupSpec"]["template"]}
+    for group in cluster["workerGroupSpecs"]:
+        templates[group["groupName"]] = group["template"]
+    return templates
+
+
+def validate_all(files: dict[str, str], validators: dict[str, jsonschema.Draft7Validator]) -> None:
+    """Every document: CRD schema + KubeRay rules, or Kubernetes' schema; pod templates too."""
+    problems: list[str] = []
+    for name, documents in yaml_documents(files).items():
+        for document in documents:
+            if document["apiVersion"].startswith("ray.io/"):
+                problems += [f"{name}: {error}" for error in crd_errors(validators, document)]
+                problems += [f"{name}: {error}" for error in kuberay_rule_errors(document)]
+                if document["kind"] == "RayService":
+                    for group, template in pod_templates(document).items():
+                        pod_template = {
+                            "apiVersion": "v1",
+                            "kind": "PodTemplate",
+                            "metadata": {"name": group},
+                            "template": template,
+                        }
+                        problems += [f"{name} [{group}]: {error}" for error in core_errors(pod_template)]
+            else:
+                assert document["kind"] in CORE_KINDS, f"{name}: unexpected kind {document['kind']}"
+                problems += [f"{name}: {error}" for error in core_errors(document)]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.fixture(scope="module")
+def committed() -> dict[str, str]:
+    return {path.name: path.read_text() for path in sorted(K8S_DIR.iterdir()) if path.suffix in (".yaml", ".sh")}
+
+
+@pytest.fixture(scope="module")
+def replica_options():
+    """deployments.app.replica_options: how the app maps TP to placement-group bundles."""
+    from deployments.app import replica_options
+
+    return replica_options
+
+
+# ------------------------------------------------------------------------------------------
+# The committed files
+
+
+def test_committed_files_are_exactly_the_render(committed: dict[str, str]) -> None:
+    fresh = k8s_render.render()
+    assert set(committed) == set(fresh), "k8s/ holds a manifest the renderer does not produce (or misses one)"
+    assert k8s_render.check(fresh, K8S_DIR) == []
+
+
+def test_check_mode_passes_on_the_committed_files() -> None:
+    result = subprocess.run(
+        [sys.executable, str(K8S_DIR / "render.py"), "--check"], capture_output=True, text=True, cwd=PROJECT_ROOT
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_check_mode_catches_drift(tmp_path: Path) -> None:
+    assert k8s_render.main(["--out", str(tmp_path)]) == 0
+    assert k8s_render.main(["--check", "--out", str(tmp_path)]) == 0
+    path = tmp_path / "rayservice-grrm.yaml"
+    path.write_text(path.read_text().replace("max_replicas: 8", "max_replicas: 9"))
+    assert k8s_render.main(["--check", "--out", str(tmp_path)]) == 1
+    path.unlink()
+    (tmp_path / "verl-job.yaml").write_text("")
+    assert k8s_render.check(k8s_render.render(), tmp_path) == ["rayservice-grrm.yaml", "verl-job.yaml"]
+
+
+def test_committed_manifests_validate(committed: dict[str, str], crd_validators) -> None:
+    kinds = {doc["kind"] for docs in yaml_documents(committed).values() for doc in docs}
+    assert {"RayService", "RayJob", "Secret", "Service", "ConfigMap"} <= kinds
+    validate_all(committed, crd_validators)
+
+
+def test_schema_checks_are_strict(crd_validators) -> None:
+    """A misspelt field or a wrong type is caught, in the CRD part and in the Kubernetes part."""
+    rayservice = one(k8s_render.render(), "rayservice-grrm.yaml")
+    assert crd_errors(crd_validators, rayservice) == []
+    typo = copy.deepcopy(rayservice)
+    typo["spec"]["rayClusterConfig"]["enableInTreeAutoScaling"] = True
+    assert any("enableInTreeAutoScaling" in error for error in crd_errors(crd_validators, typo))
+    wrong_type = copy.deepcopy(rayservice)
+    worker_group(wrong_type, "grrm-gpus")["minReplicas"] = "1"
+    assert crd_errors(crd_validators, wrong_type)
+    bad_probe = copy.deepcopy(rayservice)
+    container = worker_group(bad_probe, "grrm-gpus")["template"]["spec"]["containers"][0]
+    container["readinessProbe"]["httpGet"]["portt"] = 8000
+    assert crd_errors(crd_validators, bad_probe)
+    service = one(k8s_render.render(), "metrics-service.yaml")
+    service["spec"]["ports"][0]["port"] = "eighty"
+    assert core_errors(service)
+
+
+# ------------------------------------------------------------------------------------------
+# One source of truth with deployments/grrm.yaml
+
+
+def test_embedded_serve_config_is_grrm_yaml(committed: dict[str, str]) -> None:
+    source = yaml.safe_load(GRRM_YAML.read_text())
+    rayservice = one(committed, "rayservice-grrm.yaml")
+    embedded = serve_config_of(rayservice)
+    assert embedded["applications"] == source["applications"]
+    assert embedded["proxy_location"] == source["proxy_location"]
+    assert embedded["http_options"]["host"] == "0.0.0.0"
+    assert embedded["http_options"]["port"] == 8000
+
+
+def test_embedded_application_validates_as_app_config(committed: dict[str, str]) -> None:
+    (application,) = serve_config_of(one(committed, "rayservice-grrm.yaml"))["applications"]
+    config = AppConfig.model_validate(application["args"])
+    assert application["name"] == "grrm"
+    assert application["import_path"] == "deployments.app:build_app"
+    assert config.replica_deployment_name == "GRRMReplica"
+
+
+def test_ray_version_matches_the_project_pin() -> None:
+    pyproject = (PROJECT_ROOT / "pyproject.toml").read_text()
+    (pinned,) = re.findall(r'"ray\[serve\]==([^"]+)"', pyproject)
+    assert k8s_render.RenderOptions().ray_version == pinned
+
+
+# ------------------------------------------------------------------------------------------
+# Other sizes
+
+
+@pytest.mark.parametrize(
+    ("tp", "low", "high", "per_worker"),
+    [(1, 0, 4, 1), (1, 2, 16, 4), (2, 1, 8, 1), (2, 3, 3, 2), (4, 1, 8, 1), (4, 0, 6, 2), (8, 2, 6, 1)],
+)
+def test_other_sizes_render_valid_manifests(tp, low, high, per_worker, crd_validators, replica_options) -> None:
+    model = "double7/GRRM-Qwen2.5-7B" if tp < 8 else "some-org/GRRM-Qwen2.5-72B"
+    files = rendered(
+        tensor_parallel_size=tp, min_replicas=low, max_replicas=high, replicas_per_worker=per_worker, model=model
+    )
+    validate_all(files, crd_validators)
+    rayservice = one(files, "rayservice-grrm.yaml")
+
+    # The application is grrm.yaml's with exactly the overrides applied.
+    expected = yaml.safe_load(GRRM_YAML.read_text())["applications"][0]
+    expected["args"]["engine"]["model"] = model
+    expected["args"]["engine"]["tensor_parallel_size"] = tp
+    expected["args"]["replicas"]["autoscaling"]["min_replicas"] = low
+    expected["args"]["replicas"]["autoscaling"]["max_replicas"] = high
+    (application,) = serve_config_of(rayservice)["applications"]
+    assert application == expected
+    config = AppConfig.model_validate(application["args"])
+
+    # GPUs: TP (x gpus_per_rank) per replica, per_worker replicas per pod.
+    group = worker_group(rayservice, "grrm-gpus")
+    container = group["template"]["spec"]["containers"][0]
+    gpus = int(config.gpus_per_replica) * per_worker
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == str(gpus)
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == str(gpus)
+    assert group["rayStartParams"]["num-gpus"] == str(gpus)
+    assert group["minReplicas"] == math.ceil(low / per_worker) == group["replicas"]
+    assert group["maxReplicas"] == math.ceil(high / per_worker)
+    assert ray_custom_resources(group["rayStartParams"]) == {k8s_render.GRRM_RESOURCE: per_worker}
+
+    # The replica's placement group (deployments/app.py) fits a worker exactly: GPUs and CPUs.
+    options = replica_options(config)
+    bundles = options.get("placement_group_bundles") or [options["ray_actor_options"]]
+    need_cpus = sum(b.get("CPU", b.get("num_cpus", 0)) for b in bundles)
+    need_gpus = sum(b.get("GPU", b.get("num_gpus", 0)) for b in bundles)
+    if tp > 1:
+        assert options["placement_group_strategy"] == "STRICT_PACK"
+    assert need_gpus * per_worker == int(group["rayStartParams"]["num-gpus"])
+    assert need_cpus * per_worker == int(group["rayStartParams"]["num-cpus"])
+    assert int(container["resources"]["limits"]["cpu"]) >= need_cpus * per_worker
+
+    # The trainer's group is unchanged by the reward sizing.
+    policy = worker_group(rayservice, "policy-gpus")
+    assert policy["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+
+
+def test_cli_renders_a_custom_size(tmp_path: Path, crd_validators) -> None:
+    argv = ["--tp", "4", "--min-replicas", "0", "--max-replicas", "4", "--gpu-product", "NVIDIA-A100-SXM4-80GB"]
+    assert k8s_render.main([*argv, "--namespace", "rl", "--out", str(tmp_path)]) == 0
+    files = {path.name: path.read_text() for path in tmp_path.iterdir()}
+    validate_all(files, crd_validators)
+    rayservice = one(files, "rayservice-grrm.yaml")
+    assert rayservice["metadata"]["namespace"] == "rl"
+    group = worker_group(rayservice, "grrm-gpus")
+    assert group["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    assert (group["minReplicas"], group["maxReplicas"], group["rayStartParams"]["num-gpus"]) == (0, 4, "4")
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"min_replicas": 5, "max_replicas": 2},  # AppConfig: min > max
+        {"tensor_parallel_size": 0},  # AppConfig: TP >= 1
+        {"replicas_per_worker": 0},
+        {"tensor_parallel_size": 1, "replicas_per_worker": 8},  # a reward pod could hold verl's node group
+        {"upgrade_strategy": "Rolling"},
+        {"name": "x" * 48},
+        {"rollout_tp": 3},
+        {"policy_nodes": 0},
+        {"policy_nodes": 2, "policy_min_nodes": 3},
+    ],
+)
+def test_render_refuses_bad_sizes(overrides: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        rendered(**overrides)
+
+
+def test_fractional_gpus_per_pod_are_refused() -> None:
+    application = k8s_render.find_application(k8s_render.load_serve_config())
+    application = copy.deepcopy(application)
+    application["args"]["replicas"]["gpus_per_rank"] = 0.5
+    application["args"]["engine"]["tensor_parallel_size"] = 1
+    with pytest.raises(ValueError, match="whole number"):
+        k8s_render.sizing_for(k8s_render.RenderOptions(), application)
+    options = k8s_render.RenderOptions(replicas_per_worker=2)
+    assert k8s_render.sizing_for(options, application).gpus_per_worker == 1
+
+
+# ------------------------------------------------------------------------------------------
+# Design properties
+
+
+def test_head_takes_no_work_and_no_traffic(committed: dict[str, str]) -> None:
+    rayservice = one(committed, "rayservice-grrm.yaml")
+    head = rayservice["spec"]["rayClusterConfig"]["headGroupSpec"]
+    assert head["rayStartParams"]["num-cpus"] == "0"
+    assert head["rayStartParams"]["num-gpus"] == "0"
+    container = head["template"]["spec"]["containers"][0]
+    assert "nvidia.com/gpu" not in container["resources"]["limits"]
+    assert rayservice["spec"]["excludeHeadPodFromServeSvc"] is True
+    # Scale to zero: the head's proxy is the only one left to receive the request that scales up.
+    assert one(rendered(min_replicas=0), "rayservice-grrm.yaml")["spec"]["excludeHeadPodFromServeSvc"] is False
+
+
+def test_autoscaling_and_probes(committed: dict[str, str]) -> None:
+    rayservice = one(committed, "rayservice-grrm.yaml")
+    cluster = rayservice["spec"]["rayClusterConfig"]
+    assert cluster["enableInTreeAutoscaling"] is True
+    assert cluster["autoscalerOptions"]["version"] == "v2"
+    reward, policy = worker_group(rayservice, "grrm-gpus"), worker_group(rayservice, "policy-gpus")
+    assert reward["priority"] > policy.get("priority", 0)
+    for name, template in pod_templates(rayservice).items():
+        container = template["spec"]["containers"][0]
+        assert container["livenessProbe"]["httpGet"] == {"path": "/api/healthz", "port": 52365}, name
+        assert container["resources"]["requests"] == container["resources"]["limits"], name
+        if name != "head":
+            assert container["readinessProbe"]["httpGet"] == {"path": "/-/healthz", "port": 8000}, name
+            assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in template["spec"][
+                "tolerations"
+            ]
+
+
+def test_secrets_are_referenced_by_name_and_key(committed: dict[str, str]) -> None:
+    secrets = {
+        doc["metadata"]["name"]: doc
+        for docs in yaml_documents(committed).values()
+        for doc in docs
+        if doc["kind"] == "Secret"
+    }
+    assert set(secrets) == {"hf-token", "grrm-api-token"}
+    rayservice = one(committed, "rayservice-grrm.yaml")
+    seen: dict[str, set[str]] = {}
+    for name, template in pod_templates(rayservice).items():
+        for env in template["spec"]["containers"][0].get("env", []):
+            ref = (env.get("valueFrom") or {}).get("secretKeyRef")
+            if ref:
+                assert ref["name"] in secrets, ref
+                assert ref["key"] in secrets[ref["name"]]["stringData"], ref
+                seen.setdefault(env["name"], set()).add(name)
+    assert seen["HF_TOKEN"] == seen["HUGGING_FACE_HUB_TOKEN"] == {"grrm-gpus", "policy-gpus"}
+    # The ingress (0 CPUs) may run on the head or a worker: both need the bearer token.
+    assert {"head", "grrm-gpus"} <= seen["GRRM_API_TOKEN"]
+
+
+def test_metrics_service_and_scrape_config_cover_every_ray_pod(committed: dict[str, str]) -> None:
+    rayservice = one(committed, "rayservice-grrm.yaml")
+    service = one(committed, "metrics-service.yaml")
+    selector = service["spec"]["selector"]
+    assert not any(key.startswith("ray.io/") for key in selector)  # survives cluster renames
+    assert "app.kubernetes.io/name" not in selector  # KubeRay owns that label on its pods
+    for name, template in pod_templates(rayservice).items():
+        assert selector.items() <= template["metadata"]["labels"].items(), name
+        ports = {p["name"]: p["containerPort"] for p in template["spec"]["containers"][0]["ports"]}
+        assert ports["metrics"] == 8080, name
+    cluster = rayservice["spec"]["rayClusterConfig"]
+    for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+        assert group["rayStartParams"]["metrics-export-port"] == "8080"
+    configmap = one(committed, "prometheus-scrape-config.yaml")
+    (job,) = yaml.safe_load(configmap["data"]["grrm-ray-scrape.yml"])["scrape_configs"]
+    rules = job["relabel_configs"]
+    keeps = {tuple(rule["source_labels"]): rule["regex"] for rule in rules if rule.get("action") == "keep"}
+    assert keeps[("__meta_kubernetes_service_name",)] == service["metadata"]["name"]
+    assert keeps[("__meta_kubernetes_endpoint_port_name",)] == service["spec"]["ports"][0]["name"] == "metrics"
+    assert job["kubernetes_sd_configs"][0]["namespaces"]["names"] == [service["metadata"]["namespace"]]
+
+
+# ------------------------------------------------------------------------------------------
+# The verl job on the same Ray cluster
+
+
+def _verl_config() -> dict[str, Any] | None:
+    spec = importlib.util.find_spec("verl")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "trainer" / "config" / "_generated_ppo_trainer.yaml"
+    return yaml.load(path.read_text(), Loader=_Loader) if path.is_file() else None
+
+
+def test_verl_job_targets_the_service_cluster_and_the_bridge(committed: dict[str, str]) -> None:
+    job = one(committed, "verl-job.yaml")
+    spec = job["spec"]
+    assert spec["clusterSelector"] == {"ray.io/cluster": "${GRRM_RAY_CLUSTER}"}
+    assert spec["shutdownAfterJobFinishes"] is False
+    assert "rayClusterSpec" not in spec
+    entrypoint = spec["entrypoint"]
+    for override in (
+        "reward.reward_manager.source=importlib",
+        "reward.reward_manager.module.path=pkg://trainer_bridge.reward_manager",
+        "reward.reward_manager.name=GRRMRewardManager",
+        "+reward.reward_kwargs.app_name=grrm",
+        "+reward.reward_kwargs.replica_deployment=GRRMReplica",
+        "trainer.n_gpus_per_node=8",
+    ):
+        assert override in entrypoint.split(), override
+    assert entrypoint.split()[:3] == ["python3", "-m", "verl.trainer.main_ppo"]
+
+    # The driver is placed on a trainer node: only the policy group advertises that resource.
+    rayservice = one(committed, "rayservice-grrm.yaml")
+    wanted = json.loads(spec["entrypointResources"])
+    policy = ray_custom_resources(worker_group(rayservice, "policy-gpus")["rayStartParams"])
+    reward = ray_custom_resources(worker_group(rayservice, "grrm-gpus")["rayStartParams"])
+    assert all(policy.get(key, 0) >= amount for key, amount in wanted.items())
+    assert not set(wanted) & set(reward)
+    policy_gpus = worker_group(rayservice, "policy-gpus")["rayStartParams"]["num-gpus"]
+    assert f"trainer.n_gpus_per_node={policy_gpus}" in entrypoint.split()
+
+
+def test_verl_overrides_exist_in_verls_config() -> None:
+    """Plain overrides name existing keys of verl's ppo_trainer config; `+` overrides add new ones."""
+    config = _verl_config()
+    if config is None:
+        pytest.skip("verl is not installed")
+    sizing = k8s_render.sizing_for(
+        k8s_render.RenderOptions(), k8s_render.find_application(k8s_render.load_serve_config())
+    )
+    for override in k8s_render.verl_overrides(k8s_render.RenderOptions(), sizing):
+        key = override.split("=", 1)[0]
+        node: Any = config
+        exists = True
+        for part in key.lstrip("+").split("."):
+            if not (isinstance(node, dict) and part in node):
+                exists = False
+                break
+            node = node[part]
+        if key.startswith("+"):
+            assert not exists, f"{key}: exists in verl's config, drop the '+' (Hydra refuses to add it)"
+        else:
+            assert exists, f"{key}: not a key of verl's ppo_trainer config (Hydra refuses to override it)"
+
+
+def test_reward_manager_module_is_the_bridge() -> None:
+    module = k8s_render.REWARD_MANAGER_MODULE.removeprefix("pkg://")
+    path = PROJECT_ROOT / (module.replace(".", "/") + ".py")
+    if not path.is_file():
+        pytest.skip("trainer_bridge/reward_manager.py is not there yet")
+    assert re.search(rf"^class {k8s_render.REWARD_MANAGER_CLASS}\b", path.read_text(), re.M)
+
+
+def test_submit_script_runs_the_same_job(committed: dict[str, str]) -> None:
+    script = K8S_DIR / "submit-verl-job.sh"
+    assert script.stat().st_mode & 0o111, "submit-verl-job.sh is not executable"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    job_entrypoint = one(committed, "verl-job.yaml")["spec"]["entrypoint"]
+    text = committed["submit-verl-job.sh"]
+    assert text.rstrip().endswith(job_entrypoint.rstrip().splitlines()[-1].strip())
+    assert "-- " + job_entrypoint.splitlines()[0] in text
+    assert "grrm-head-svc.grrm.svc.cluster.local:8265" in text
+    assert "--entrypoint-resources '{\"verl_trainer\": 1}'" in text
