@@ -64,11 +64,23 @@ class Usage(BaseModel):
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Prompt tokens the engine served from its prefix cache (engines that report it: vLLM).
+    cached_prompt_tokens: int = 0
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             completion_tokens=self.completion_tokens + other.completion_tokens,
+            cached_prompt_tokens=self.cached_prompt_tokens + other.cached_prompt_tokens,
+        )
+
+    @classmethod
+    def of(cls, generation) -> Usage:
+        """The usage of one engine generation."""
+        return cls(
+            prompt_tokens=generation.prompt_tokens,
+            completion_tokens=generation.completion_tokens,
+            cached_prompt_tokens=int(generation.extra.get("cached_tokens", 0)),
         )
 
 

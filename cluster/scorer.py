@@ -281,9 +281,7 @@ class GroupScorer:
                 )
             parse_started = time.perf_counter()
             stages["generation"] += parse_started - generation_started
-            usage = usage + Usage(
-                prompt_tokens=generation.prompt_tokens, completion_tokens=generation.completion_tokens
-            )
+            usage = usage + Usage.of(generation)
             answer = generation.text
             scores = read_verdict(answer, len(candidates), config.prompt_type)
             stages["parse"] += time.perf_counter() - parse_started
@@ -330,7 +328,7 @@ class GroupScorer:
         except Exception:  # noqa: BLE001 - a failed repair falls back to resampling
             return None
         repaired = f"{analysis}\n\n{generation.text}" if analysis else generation.text
-        usage = Usage(prompt_tokens=generation.prompt_tokens, completion_tokens=generation.completion_tokens)
+        usage = Usage.of(generation)
         return repaired, usage, read_verdict(repaired, n, self.config.prompt_type)
 
     async def _generate(self, prompt: str, sampling: SamplingSettings) -> Generation:

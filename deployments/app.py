@@ -50,7 +50,9 @@ def replica_options(config: AppConfig) -> dict[str, Any]:
         "health_check_timeout_s": replicas.health_check_timeout_s,
         "graceful_shutdown_timeout_s": replicas.graceful_shutdown_timeout_s,
         "logging_config": {"enable_access_log": replicas.access_log},
-        "request_router_config": RequestRouterConfig(
+    }
+    if config.routing.router == "group_aware":
+        options["request_router_config"] = RequestRouterConfig(
             request_router_class=ROUTER_CLASS,
             request_router_kwargs={
                 "load_factor": config.routing.load_factor,
@@ -58,8 +60,7 @@ def replica_options(config: AppConfig) -> dict[str, Any]:
                 "virtual_nodes": config.routing.virtual_nodes,
             },
             request_routing_stats_period_s=config.routing.stats_period_s,
-        ),
-    }
+        )
     actor_options: dict[str, Any] = {"num_cpus": replicas.num_cpus, **_runtime_env(replicas.env_vars)}
     if replicas.gpus_per_rank > 0 and tensor_parallel > 1:
         options["placement_group_bundles"] = [{"CPU": replicas.num_cpus}] + [

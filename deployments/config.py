@@ -7,7 +7,7 @@ start, not a crash later. Everything below this layer receives these objects, no
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -73,6 +73,9 @@ class ReplicaSettings(_Strict):
 class RoutingSettings(_Strict):
     """The group-aware router (``deployments/router.py``)."""
 
+    # `serve_default` (Serve's power-of-two-choices router) exists for comparison benchmarks
+    # only: members of a group would scatter, so member requests need `group_aware`.
+    router: Literal["group_aware", "serve_default"] = "group_aware"
     load_factor: float = Field(1.25, ge=1)
     headroom: float = Field(8.0, ge=0)
     virtual_nodes: int = Field(100, ge=1)
