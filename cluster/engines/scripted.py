@@ -579,6 +579,9 @@ class ScriptedEngine:
             raise
         self.generate_calls += 1
         self.generations_served += len(results)
+        limit = self.options.die_after_generations
+        if limit is not None and self.generations_served >= limit:
+            self.kill()
         return list(results)
 
     # ----------------------------------------------------------------- internals

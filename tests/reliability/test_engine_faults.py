@@ -1,0 +1,118 @@
+"""Engine faults on real Ray Serve (issue 7, part 2): an engine that raises, returns garbage,
+hangs or dies. Deadlines fire, callers get a clear error or a flagged failure, nothing waits
+forever, and Serve replaces a replica whose engine is dead. The engine is scripted with
+injected failures: these tests are about how the service handles a failing engine."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+from ray import serve
+
+from cluster.config import ScoringConfig
+from cluster.engines import EngineConfig, ScriptedEngineOptions
+from deployments.app import build_app
+from deployments.config import AppConfig, ReplicaSettings
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+GROUP = {"source": "Hello there.", "candidates": ["Hallo.", "Servus."], "src_lang": "en", "trg_lang": "de"}
+
+
+def faulty_app(name: str, serve_instance: str, **options) -> str:
+    config = AppConfig(
+        engine=EngineConfig(kind="scripted", scripted=ScriptedEngineOptions(**options)),
+        scoring=ScoringConfig(retries=2, generation_timeout_s=1.0),
+        replicas=ReplicaSettings(num_replicas=1, num_cpus=0.5, gpus_per_rank=0,
+                                 health_check_period_s=1.0, health_check_timeout_s=5.0),
+        assembly_timeout_s=10,
+    )
+    serve.run(build_app(config), name=name, route_prefix=f"/{name}")
+    return f"{serve_instance}/{name}"
+
+
+def score(url: str, timeout: float = 30) -> tuple[int, dict]:
+    response = httpx.post(f"{url}/v1/score", json={"groups": [GROUP]}, timeout=timeout)
+    return response.status_code, response.json()
+
+
+def test_raising_engine_gives_a_flagged_failure(serve_instance):
+    url = faulty_app("raises", serve_instance, error_rate=1.0)
+    try:
+        status, body = score(url)
+        result = body["results"][0]
+        assert status == 200 and not result["valid"] and result["scores"] is None
+        assert result["failure"] == "engine_error" and "scripted" in result["error"]
+    finally:
+        serve.delete("raises")
+
+
+def test_garbage_answers_are_retried_then_flagged(serve_instance):
+    url = faulty_app("garbage", serve_instance, malformed_rate=1.0)
+    try:
+        status, body = score(url)
+        result = body["results"][0]
+        assert status == 200 and result["failure"] == "parse_failed" and result["attempts"] == 3
+        assert result["scores"] is None
+    finally:
+        serve.delete("garbage")
+
+
+def test_hanging_engine_hits_the_deadline_for_groups_and_members(serve_instance):
+    url = faulty_app("hangs", serve_instance, hang_rate=1.0)
+    try:
+        started = time.monotonic()
+        status, body = score(url)
+        assert time.monotonic() - started < 10
+        assert status == 200 and body["results"][0]["failure"] == "timeout"
+        member = {"group_id": "h", "group_size": 1, "index": 0, "source": "s", "candidate": "c", "src_lang": "en", "trg_lang": "de"}
+        # A group of one never reaches the engine; a group of two does, and times out.
+        single = httpx.post(f"{url}/v1/score/member", json=member, timeout=30)
+        assert single.status_code == 200 and single.json()["failure"] == "too_few_distinct"
+
+        async def pair():
+            async with httpx.AsyncClient(timeout=30) as http:
+                return await asyncio.gather(*(
+                    http.post(f"{url}/v1/score/member", json={**member, "group_id": "h2", "group_size": 2,
+                                                              "index": i, "candidate": f"c{i}"})
+                    for i in range(2)
+                ))
+
+        started = time.monotonic()
+        answers = asyncio.run(pair())
+        assert time.monotonic() - started < 15
+        for answer in answers:
+            assert answer.status_code == 504 and answer.json()["failure"] == "timeout"
+            assert answer.json()["score"] is None
+    finally:
+        serve.delete("hangs")
+
+
+def test_dead_engine_makes_serve_replace_the_replica(serve_instance):
+    url = faulty_app("dies", serve_instance, die_after_generations=1)
+    handle = serve.get_deployment_handle("GRRMReplica", app_name="dies")
+    try:
+        first_replica = handle.info.remote().result(timeout_s=30)["replica"]
+        status, body = score(url)
+        assert status == 200 and body["results"][0]["valid"]  # served, then the engine died
+        status, body = score(url)
+        assert body["results"][0]["failure"] == "engine_error"  # flagged, never a made-up score
+        deadline = time.monotonic() + 120
+        replaced = None
+        while time.monotonic() < deadline:
+            try:
+                replica = handle.info.remote().result(timeout_s=10)["replica"]
+                if replica != first_replica:
+                    replaced = replica
+                    break
+            except Exception:  # noqa: BLE001 - the replica may be going away right now
+                pass
+            time.sleep(1)
+        assert replaced, "Serve did not replace the replica whose engine died"
+        status, body = score(url)
+        assert status == 200 and body["results"][0]["valid"] and body["results"][0]["replica"] == replaced
+    finally:
+        serve.delete("dies")
