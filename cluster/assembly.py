@@ -17,6 +17,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from cluster import gqm
 from cluster.schema import FailureReason, GroupRequest, GroupResult, MemberRequest, MemberResult
@@ -28,7 +29,7 @@ _INVALID_DIGEST = b""
 
 
 @dataclass(frozen=True, slots=True)
-class _Verdict:
+class Verdict:
     """What every member of one group is told; the per-member score is picked from it."""
 
     scores: tuple[int | None, ...] | None  # None at invalid members' positions
@@ -46,14 +47,14 @@ class _Assembly:
     group_id: str
     first: MemberRequest  # the member every later one must agree with
     deadline: float  # on the assembler's clock
-    outcome: asyncio.Future[_Verdict]
+    outcome: asyncio.Future[Verdict]
     candidates: dict[int, str | None] = field(default_factory=dict)  # None: an invalid member
     timer: asyncio.TimerHandle | None = None
     scoring: asyncio.Task[None] | None = None
 
 
 @dataclass(slots=True)
-class _Completed:
+class CompletedGroup:
     """A scored group, kept so a retried member gets the same answer without re-scoring.
 
     Texts are kept as digests: the entry only has to recognise a retry, and many thousand
@@ -65,8 +66,22 @@ class _Completed:
     trg_lang: str
     source_digest: bytes
     candidate_digests: tuple[bytes, ...]
-    verdict: _Verdict
+    verdict: Verdict
     expires_at: float
+
+
+class CompletedGroupLedger(Protocol):
+    """Somewhere outside this replica where scored groups outlive it (injected; may be absent).
+
+    A replica publishes each scored group before answering its members; a replica that starts
+    collecting a group it does not know looks it up. So a member whose answer died with its
+    replica (the group was scored, the answer lost) gets the group's answer when it is re-sent,
+    although its group-mates, already answered, will never be sent again.
+    """
+
+    async def put(self, group_id: str, record: CompletedGroup) -> None: ...
+
+    async def get(self, group_id: str) -> CompletedGroup | None: ...
 
 
 def _digest(text: str) -> bytes:
@@ -104,6 +119,8 @@ class GroupAssembler:
         max_completed_groups: int = 100_000,
         clock: Callable[[], float] = time.monotonic,
         replica: str = "",
+        ledger: CompletedGroupLedger | None = None,
+        ledger_timeout_s: float = 2.0,
     ):
         """Set up an empty assembler.
 
@@ -124,13 +141,16 @@ class GroupAssembler:
         self.max_pending_groups = max_pending_groups
         self.max_completed_groups = max_completed_groups
         self.replica = replica
+        self._ledger = ledger
+        self._ledger_timeout_s = ledger_timeout_s
         self._clock = clock
         # Insertion order is deadline (and expiry) order, so sweeps only look at the front.
         self._assembling: OrderedDict[str, _Assembly] = OrderedDict()
         self._scoring: dict[str, _Assembly] = {}
-        self._completed: OrderedDict[str, _Completed] = OrderedDict()
+        self._completed: OrderedDict[str, CompletedGroup] = OrderedDict()
         self._members_waiting = 0
         self._closed = False
+        self._background: set[asyncio.Task[None]] = set()
         self._counters = dict.fromkeys(
             (
                 "members_received",
@@ -146,6 +166,8 @@ class GroupAssembler:
                 "single_member_groups",
                 "invalid_members",  # members without a translation (not shown to the model)
                 "cancelled_waiters",
+                "ledger_adopted",  # groups answered from the ledger (scored by a replica now gone)
+                "ledger_errors",  # ledger calls that failed or timed out (scoring goes on without)
             ),
             0,
         )
@@ -235,6 +257,8 @@ class GroupAssembler:
             task.cancel()
         # The scoring tasks' done callbacks answer their members when the cancellation lands.
         await asyncio.gather(*scoring, return_exceptions=True)
+        for lookup in list(self._background):
+            lookup.cancel()
         self._completed.clear()
 
     # ---------------------------------------------------------------------------- collect
@@ -252,7 +276,50 @@ class GroupAssembler:
         self._add(assembly, member)
         if assembly.scoring is None:
             assembly.timer = loop.call_later(self.assembly_timeout_s, self._on_timer, assembly)
+            if self._ledger is not None:
+                # Off the critical path: the group waits for its other members anyway.
+                lookup = loop.create_task(self._look_up(assembly), name=f"ledger-{member.group_id}")
+                self._background.add(lookup)
+                lookup.add_done_callback(self._background.discard)
         return assembly
+
+    async def _look_up(self, assembly: _Assembly) -> None:
+        """Adopt a group another replica scored (and died before answering all of it)."""
+        try:
+            record = await asyncio.wait_for(self._ledger.get(assembly.group_id), self._ledger_timeout_s)
+        except Exception:  # noqa: BLE001 - no ledger answer: the group is assembled as usual
+            self._counters["ledger_errors"] += 1
+            return
+        if record is None or self._assembling.get(assembly.group_id) is not assembly:
+            return
+        first = assembly.first
+        agrees = not _disagreements(
+            first,
+            group_size=record.group_size,
+            src_lang=record.src_lang,
+            trg_lang=record.trg_lang,
+            same_source=_digest(first.source) == record.source_digest,
+        ) and all(
+            _candidate_digest(text) == record.candidate_digests[index] for index, text in assembly.candidates.items()
+        )
+        if not agrees:
+            return  # the same id for a different group: assemble it afresh
+        self._counters["ledger_adopted"] += 1
+        self._drop_assembling(assembly)
+        record.expires_at = self._clock() + self.completed_ttl_s  # another process's clock before
+        self._store_completed(assembly.group_id, record)
+        self._resolve(assembly, record.verdict)
+
+    async def _publish(self, assembly: _Assembly, verdict: Verdict) -> None:
+        """Write a scored group to the ledger before its members hear of it."""
+        if self._ledger is None:
+            return
+        try:
+            await asyncio.wait_for(
+                self._ledger.put(assembly.group_id, self._record(assembly, verdict)), self._ledger_timeout_s
+            )
+        except Exception:  # noqa: BLE001 - a ledger outage must not hold answers back
+            self._counters["ledger_errors"] += 1
 
     def _join(self, assembly: _Assembly, member: MemberRequest) -> MemberResult | None:
         """Add a member to a known group; a MemberResult when it is refused instead."""
@@ -340,6 +407,7 @@ class GroupAssembler:
                 f"group {assembly.group_id}: {len(shown)} of {first.group_size} members have a "
                 "translation; nothing to compare",
             )
+            await self._publish(assembly, verdict)
             self._finish(assembly, verdict, remember=True)
             return
         self._counters["groups_scored"] += 1
@@ -357,6 +425,7 @@ class GroupAssembler:
             verdict = self._verdict(
                 "engine_error", f"group {assembly.group_id}: scoring failed: {type(error).__name__}: {error}"
             )
+        await self._publish(assembly, verdict)
         self._finish(assembly, verdict, remember=True)
 
     def _on_scoring_done(self, assembly: _Assembly, task: asyncio.Task[None]) -> None:
@@ -373,7 +442,7 @@ class GroupAssembler:
             )
         self._finish(assembly, verdict, remember=False)
 
-    def _verdict_from_result(self, assembly: _Assembly, result: GroupResult, shown: list[int]) -> _Verdict:
+    def _verdict_from_result(self, assembly: _Assembly, result: GroupResult, shown: list[int]) -> Verdict:
         """The members' verdict from the result for the shown members (``shown``: their indices)."""
         size = len(shown)
         if result.valid and (result.scores is None or len(result.scores) != size):
@@ -389,7 +458,7 @@ class GroupAssembler:
             for index, score in zip(shown, result.scores, strict=True):
                 by_index[index] = score
             scores = tuple(by_index)
-        return _Verdict(
+        return Verdict(
             scores=scores,
             valid=result.valid,
             error=result.error,
@@ -398,16 +467,19 @@ class GroupAssembler:
             attempts=result.attempts,
         )
 
-    def _finish(self, assembly: _Assembly, verdict: _Verdict, *, remember: bool) -> None:
+    def _finish(self, assembly: _Assembly, verdict: Verdict, *, remember: bool) -> None:
         if self._scoring.get(assembly.group_id) is assembly:
             del self._scoring[assembly.group_id]
         if remember and not self._closed and self.max_completed_groups > 0:
             self._remember(assembly, verdict)
         self._resolve(assembly, verdict)
 
-    def _remember(self, assembly: _Assembly, verdict: _Verdict) -> None:
+    def _remember(self, assembly: _Assembly, verdict: Verdict) -> None:
+        self._store_completed(assembly.group_id, self._record(assembly, verdict))
+
+    def _record(self, assembly: _Assembly, verdict: Verdict) -> CompletedGroup:
         first = assembly.first
-        self._completed[assembly.group_id] = _Completed(
+        return CompletedGroup(
             group_size=first.group_size,
             src_lang=first.src_lang,
             trg_lang=first.trg_lang,
@@ -418,7 +490,12 @@ class GroupAssembler:
             verdict=verdict,
             expires_at=self._clock() + self.completed_ttl_s,
         )
-        self._completed.move_to_end(assembly.group_id)
+
+    def _store_completed(self, group_id: str, record: CompletedGroup) -> None:
+        if self.max_completed_groups == 0:
+            return
+        self._completed[group_id] = record
+        self._completed.move_to_end(group_id)
         while len(self._completed) > self.max_completed_groups:
             self._completed.popitem(last=False)
 
@@ -436,7 +513,7 @@ class GroupAssembler:
             self._members_waiting -= 1
         return self._member_result(member, verdict)
 
-    def _answer_from_cache(self, completed: _Completed, member: MemberRequest) -> MemberResult:
+    def _answer_from_cache(self, completed: CompletedGroup, member: MemberRequest) -> MemberResult:
         disagreements = _disagreements(
             member,
             group_size=completed.group_size,
@@ -470,14 +547,14 @@ class GroupAssembler:
             "(a retry must resend the same candidate)",
         )
 
-    def _verdict(self, failure: FailureReason, error: str) -> _Verdict:
-        return _Verdict(scores=None, valid=False, error=error, failure=failure, replica=self.replica, attempts=0)
+    def _verdict(self, failure: FailureReason, error: str) -> Verdict:
+        return Verdict(scores=None, valid=False, error=error, failure=failure, replica=self.replica, attempts=0)
 
     def _refuse(self, member: MemberRequest, failure: FailureReason, error: str) -> MemberResult:
         return self._member_result(member, self._verdict(failure, error))
 
     @staticmethod
-    def _member_result(member: MemberRequest, verdict: _Verdict) -> MemberResult:
+    def _member_result(member: MemberRequest, verdict: Verdict) -> MemberResult:
         scores = verdict.scores
         return MemberResult(
             group_id=member.group_id,
@@ -492,7 +569,7 @@ class GroupAssembler:
         )
 
     @staticmethod
-    def _resolve(assembly: _Assembly, verdict: _Verdict) -> None:
+    def _resolve(assembly: _Assembly, verdict: Verdict) -> None:
         if not assembly.outcome.done():
             assembly.outcome.set_result(verdict)
 

@@ -1,10 +1,15 @@
 """Group-aware routing decisions, as pure logic (the Ray Serve router in
 ``deployments/router.py`` only feeds it replica ids and loads).
 
-- Requests with a group id: consistent hashing of the group id over a ring of virtual nodes,
-  with bounded load (consistent hashing with bounded loads, Mirrokni et al. 2018): a replica
-  whose load would exceed ``load_factor`` times the mean hands *new* groups to the next
-  replica on the ring; groups already assigned keep their replica while it lives.
+- Whole groups with a group id: consistent hashing of the group id over a ring of virtual
+  nodes, with bounded load (consistent hashing with bounded loads, Mirrokni et al. 2018): a
+  replica far above ``load_factor`` times the mean load hands *new* groups to the next replica
+  on the ring; groups already assigned keep their replica while it lives.
+- Members of a group: pure consistent hashing. Members arrive through different routers (the
+  HTTP proxy, each trainer worker's handle), each seeing loads at a different moment; a
+  load-dependent choice would split a group across replicas, so members use the one choice
+  every router makes alike. Overload of one replica is handled by its queue limit (503) and
+  autoscaling instead.
 - Requests without a group id: the replica with the least outstanding work (candidates, not
   request count), ties broken by ring order so every router breaks them the same way.
 
@@ -117,13 +122,14 @@ class RoutingPolicy:
 
         The first entry is where the group goes; the rest are fallbacks in ring order (used by
         Serve only if the first one rejects the request). ``bounded=False`` gives the pure
-        ring order: every router agrees on it whatever the loads, so callers use it for
-        retries, which makes members of a group that was split across replicas converge.
+        ring order, ignoring loads and this router's sticky assignments: every router agrees on
+        it whatever it sees, which member requests need (a group's members come through
+        different routers) and retries use.
         """
         order = self.ring.walk(group_id)
         if not order:
             return []
-        assigned = self.assigned_replica(group_id)
+        assigned = self.assigned_replica(group_id) if bounded else None
         if assigned is not None:
             chosen = assigned
         elif bounded:

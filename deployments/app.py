@@ -15,6 +15,7 @@ from ray.serve.config import RequestRouterConfig
 
 from deployments.config import AppConfig
 from deployments.ingress import GRRMIngress
+from deployments.ledger import GroupLedger
 from deployments.replica import GRRMReplica
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -84,7 +85,14 @@ def _runtime_env(env_vars: dict[str, str]) -> dict[str, Any]:
 def build_app(args: AppConfig) -> Application:
     """Build the reward application: scorer replicas behind the group-aware router, and HTTP."""
     config = resolve_model_path(args if isinstance(args, AppConfig) else AppConfig.model_validate(args))
-    replicas = serve.deployment(GRRMReplica).options(**replica_options(config)).bind(config)
+    ledger = serve.deployment(GroupLedger).options(
+        name=config.ledger_deployment_name,
+        num_replicas=1,
+        max_ongoing_requests=100_000,
+        ray_actor_options={"num_cpus": 0},
+        logging_config={"enable_access_log": config.replicas.access_log},
+    ).bind(config.completed_ttl_s)
+    replicas = serve.deployment(GRRMReplica).options(**replica_options(config)).bind(config, ledger)
     ingress = GRRMIngress.options(
         name=config.ingress_deployment_name,
         num_replicas=1,

@@ -45,6 +45,7 @@ class ScorerClient:
         self.handle = handle
         self.policy = policy or ReplicaCallPolicy()
         self.replica_failures = 0  # calls re-sent because their replica died
+        self.timeout_retries = 0  # members re-sent once after an assembly timeout
 
     async def score_group(self, group: GroupRequest) -> GroupResult:
         """Score one whole group."""
@@ -55,6 +56,7 @@ class ScorerClient:
         return await self._call("score_member", member)
 
     async def _call(self, method: str, request: GroupRequest | MemberRequest):
+        timeout_retried = False
         for attempt in range(self.policy.max_attempts):
             if attempt:
                 await asyncio.sleep(self.policy.delay(attempt))
@@ -66,10 +68,13 @@ class ScorerClient:
                 if last:
                     raise
                 continue
-            # After a replica died, members re-sent while routers still saw different replica
-            # sets can be split over two replicas and time out; once more, in pure ring order,
-            # brings them together. A first-attempt timeout is a genuinely missing member.
-            if attempt and isinstance(result, MemberResult) and result.failure == "timeout" and not last:
+            # Members of one group sent while routers disagreed (a replica just died, or one was
+            # overloaded for one router's view) can be split over two replicas and time out.
+            # Once more in pure ring order (attempt >= 1) brings them together; only once, so a
+            # genuinely missing member costs at most two assembly timeouts.
+            if isinstance(result, MemberResult) and result.failure == "timeout" and not timeout_retried and not last:
+                timeout_retried = True
+                self.timeout_retries += 1
                 continue
             return result
         raise AssertionError("unreachable")

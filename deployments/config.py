@@ -124,6 +124,7 @@ class AppConfig(_Strict):
     # Deployment names (the trainer bridge looks the replica deployment up by name).
     replica_deployment_name: str = "GRRMReplica"
     ingress_deployment_name: str = "GRRMIngress"
+    ledger_deployment_name: str = "GRRMLedger"
 
     @model_validator(mode="after")
     def _consistent(self) -> AppConfig:

@@ -11,12 +11,14 @@ import time
 from typing import Any
 
 from ray import serve
+from ray.serve.handle import DeploymentHandle
 
 from cluster.assembly import GroupAssembler
 from cluster.engines import make_engine
 from cluster.schema import GroupRequest, GroupResult, MemberRequest, MemberResult
 from cluster.scorer import GroupScorer
 from deployments.config import AppConfig
+from deployments.ledger import ServeLedger
 from deployments.metrics import ReplicaMetrics
 from deployments.router import OUTSTANDING_WORK
 
@@ -33,7 +35,7 @@ def _replica_name() -> str:
 class GRRMReplica:
     """Scores whole groups and assembles member-by-member groups on one engine."""
 
-    async def __init__(self, config: AppConfig):
+    async def __init__(self, config: AppConfig, ledger: DeploymentHandle | None = None):
         self.config = config
         self.name = _replica_name()
         if config.build_tiny_model_if_missing:
@@ -51,6 +53,7 @@ class GRRMReplica:
             assembly_timeout_s=config.assembly_timeout_s,
             completed_ttl_s=config.completed_ttl_s,
             replica=self.name,
+            ledger=ServeLedger(ledger) if ledger is not None else None,
         )
         self._outstanding_work = 0.0
         self._groups_scored = 0  # every GQM group this replica sent to its engine path

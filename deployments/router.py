@@ -67,9 +67,10 @@ class GroupAwareRequestRouter(ConsistentHashRouter):
         elif key.group_id is None:
             order = self._policy.rank_least_loaded(loads, pending_request.metadata.internal_request_id)
         else:
-            order = self._policy.rank_for_group(key.group_id, loads, bounded=key.attempt == 0)
+            # Members must meet on one replica whichever router they come through: pure ring
+            # order, and wait for that replica rather than spill over to another.
+            order = self._policy.rank_for_group(key.group_id, loads, bounded=key.attempt == 0 and not key.member)
             if key.member:
-                # Members must meet on the group's replica: wait for it rather than spill over.
                 order = order[:1]
         ranks = [[by_name[name]] for name in order if name in by_name]
         if ranks:

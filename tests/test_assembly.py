@@ -431,3 +431,63 @@ def test_settings_are_checked():
         GroupAssembler(FakeScorer(), assembly_timeout_s=0)
     with pytest.raises(ValueError, match="max_pending_groups"):
         GroupAssembler(FakeScorer(), assembly_timeout_s=1.0, max_pending_groups=0)
+
+
+# ----------------------------------------------------------------------------- the ledger
+
+
+class MemoryLedger:
+    """An in-process ledger (the Serve one is deployments/ledger.py)."""
+
+    def __init__(self, fail: bool = False):
+        self.records = {}
+        self.fail = fail
+
+    async def put(self, group_id, record):
+        if self.fail:
+            raise ConnectionError("ledger down")
+        self.records[group_id] = record
+
+    async def get(self, group_id):
+        if self.fail:
+            raise ConnectionError("ledger down")
+        return self.records.get(group_id)
+
+
+def _member_of(group_id: str, index: int, size: int = 3, candidate: str | None = None) -> MemberRequest:
+    return MemberRequest(group_id=group_id, group_size=size, index=index, source="Quelle", candidate=candidate or f"c{index}",
+                         src_lang="de", trg_lang="en")
+
+
+async def _scores_by_length(group: GroupRequest) -> GroupResult:
+    return GroupResult(group_id=group.group_id, scores=[len(c) % 11 for c in group.candidates], valid=True, replica="r1",
+                       attempts=1)
+
+
+async def test_a_member_re_sent_after_its_replica_died_gets_the_published_answer():
+    ledger = MemoryLedger()
+    first_replica = GroupAssembler(_scores_by_length, assembly_timeout_s=5, ledger=ledger, replica="r1")
+    answers = await asyncio.gather(*(first_replica.submit(_member_of("g", i, candidate="x" * (i + 1))) for i in range(3)))
+    assert "g" in ledger.records  # published before the members were answered
+    # r1 "dies" before member 2's answer reached its caller; member 2 is re-sent to r2 alone.
+    second_replica = GroupAssembler(_scores_by_length, assembly_timeout_s=5, ledger=ledger, replica="r2")
+    resent = await asyncio.wait_for(second_replica.submit(_member_of("g", 2, candidate="xxx")), timeout=2)
+    assert resent.valid and resent.score == answers[2].score and resent.group_scores == answers[2].group_scores
+    assert resent.replica == "r1"  # the replica that scored the group
+    assert second_replica.stats()["ledger_adopted"] == 1 and second_replica.stats()["groups_scored"] == 0
+
+
+async def test_a_different_group_under_the_same_id_is_not_adopted():
+    ledger = MemoryLedger()
+    await asyncio.gather(*(GroupAssembler(_scores_by_length, assembly_timeout_s=5, ledger=ledger).submit(
+        _member_of("same-id", i)) for i in range(3)))
+    other = GroupAssembler(_scores_by_length, assembly_timeout_s=0.3, ledger=ledger)
+    answer = await other.submit(_member_of("same-id", 0, candidate="a different text"))
+    assert answer.failure == "timeout" and other.stats()["ledger_adopted"] == 0
+
+
+async def test_a_failing_ledger_never_holds_answers_back():
+    assembler = GroupAssembler(_scores_by_length, assembly_timeout_s=5, ledger=MemoryLedger(fail=True))
+    answers = await asyncio.gather(*(assembler.submit(_member_of("g", i)) for i in range(3)))
+    assert all(a.valid for a in answers)
+    assert assembler.stats()["ledger_errors"] >= 1

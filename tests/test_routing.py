@@ -77,10 +77,12 @@ def test_assigned_groups_follow_their_replica_even_when_it_becomes_overloaded():
     assert routing.rank_for_group("g-sticky", overloaded)[0] == owner
 
 
-def test_retries_use_pure_ring_order_so_split_groups_converge():
+def test_unbounded_ranking_ignores_loads_and_sticky_assignments():
+    # Members and retries: every router must agree, whatever loads it sees and remembers.
     routing = policy(headroom=0)
     order = routing.ring.walk("g-split")
-    assert routing.rank_for_group("g-split", {order[0]: 1000.0})[0] == order[1]
+    assert routing.rank_for_group("g-split", {order[0]: 1000.0})[0] == order[1]  # sticky now
+    assert routing.rank_for_group("g-split", {order[0]: 1000.0}, bounded=False)[0] == order[0]
     fresh = policy(headroom=0)
     assert fresh.rank_for_group("g-split", {order[0]: 1000.0}, bounded=False)[0] == order[0]
 
