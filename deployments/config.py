@@ -47,9 +47,10 @@ class ReplicaSettings(_Strict):
     # Fixed replica count; leave None and set `autoscaling` to scale on load.
     num_replicas: int | None = Field(None, ge=1)
     autoscaling: AutoscalingSettings | None = None
-    # Concurrent requests one replica takes (the engine batches them); Serve's default of 5
-    # starves a batching engine.
-    max_ongoing_requests: int = Field(128, ge=1)
+    # Concurrent requests one replica takes. Serve's default of 5 starves a batching engine, and
+    # members waiting for their group hold a slot each: a low limit fills up with incomplete
+    # groups whose other members queue behind them until the assembly timeout.
+    max_ongoing_requests: int = Field(2048, ge=1)
     # Requests a caller may queue beyond that before it gets a 503 / BackPressureError.
     max_queued_requests: int = Field(1024, ge=-1)
     num_cpus: float = Field(1.0, ge=0)

@@ -643,6 +643,11 @@ def verl_overrides(options: RenderOptions, sizing: Sizing) -> list[str]:
         "actor_rollout_ref.actor.kl_loss_coef=0.001",
         "actor_rollout_ref.rollout.name=vllm",
         f"actor_rollout_ref.rollout.n={options.rollout_n}",
+        # Validation rollouts are scored as groups too: the same group size (or members would
+        # wait for rollouts that never come), sampled (n greedy copies are one candidate).
+        f"actor_rollout_ref.rollout.val_kwargs.n={options.rollout_n}",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
         f"actor_rollout_ref.rollout.tensor_model_parallel_size={options.rollout_tp}",
         "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",

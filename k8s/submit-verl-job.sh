@@ -29,6 +29,9 @@ exec ray job submit --address "$RAY_ADDRESS" \
   actor_rollout_ref.actor.kl_loss_coef=0.001 \
   actor_rollout_ref.rollout.name=vllm \
   actor_rollout_ref.rollout.n=8 \
+  actor_rollout_ref.rollout.val_kwargs.n=8 \
+  actor_rollout_ref.rollout.val_kwargs.do_sample=true \
+  actor_rollout_ref.rollout.val_kwargs.temperature=1.0 \
   actor_rollout_ref.rollout.tensor_model_parallel_size=2 \
   actor_rollout_ref.rollout.gpu_memory_utilization=0.6 \
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 \

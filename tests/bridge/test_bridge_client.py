@@ -1,0 +1,216 @@
+"""RewardClient: retries, backoff, Retry-After, deadlines and idempotent re-sends, without a cluster.
+
+HTTP runs against httpx's MockTransport (scripted status codes); the handle transport against a
+fake handle that raises Ray Serve's own exceptions; idempotency against the real GroupAssembler
+(``LocalTransport``). Sleeping is faked, so backoff delays are observed, not waited for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+from ray.serve.exceptions import BackPressureError
+
+from cluster.schema import GroupRequest, MemberRequest, MemberResult
+from trainer_bridge.client import HandleTransport, HTTPTransport, RewardClient
+from trainer_bridge.config import BridgeConfig
+
+from .helpers import LocalTransport, quality_text
+
+MEMBER = MemberRequest(group_id="g", group_size=2, index=0, source="s", candidate="a", src_lang="en", trg_lang="de")
+GROUP = GroupRequest(group_id="g", source="s", candidates=["a [q=3]", "b [q=8]"], src_lang="en", trg_lang="de")
+
+
+class FakeTime:
+    """A clock that only sleeping advances."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def member_answer(index=0, score=7, **extra) -> dict:
+    body = {"group_id": "g", "index": index, "score": score, "valid": True, "replica": "r1", "attempts": 1,
+            "group_scores": [score, 2]}
+    body.update(extra)
+    return body
+
+
+def http_client(statuses, config: BridgeConfig | None = None, seen: list | None = None):
+    """A RewardClient over HTTP whose server answers with ``statuses`` in turn."""
+    responses = list(statuses)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if seen is not None:
+            seen.append(request)
+        status, body, headers = responses.pop(0)
+        if isinstance(body, Exception):
+            raise body
+        return httpx.Response(status, json=body, headers=headers or {})
+
+    config = config or BridgeConfig(transport="http", http_url="http://grrm.test/app", token_env="GRRM_TEST_TOKEN")
+    time = FakeTime()
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    return RewardClient(config, HTTPTransport(config, http=http), sleep=time.sleep, clock=time.clock), time
+
+
+async def test_http_member_retries_503_honouring_retry_after(monkeypatch):
+    monkeypatch.setenv("GRRM_TEST_TOKEN", "s3cret")
+    seen = []
+    overloaded = (503, {"error": "overloaded: BackPressureError; retry later"}, {"Retry-After": "3"})
+    client, time = http_client([overloaded, overloaded, (200, member_answer(), None)], seen=seen)
+    outcome = await client.score_member(MEMBER)
+    assert outcome.result is not None and outcome.result.score == 7 and outcome.failure is None
+    assert outcome.attempts == 3 and client.retries == 2
+    assert time.sleeps == [3.0, 3.0]  # Retry-After (3 s) beats the backoff (0.5 s, 1 s)
+    assert all(r.url == "http://grrm.test/app/v1/score/member" for r in seen)
+    assert all(r.headers["authorization"] == "Bearer s3cret" for r in seen)
+    assert json.loads(seen[0].content) == json.loads(seen[2].content) == MEMBER.model_dump()
+
+
+async def test_http_504_assembly_timeout_is_retried_then_reported():
+    timeout = (504, member_answer(score=None, valid=False, failure="timeout", error="assembly timed out", group_scores=None), None)
+    client, time = http_client([timeout, (200, member_answer(score=4), None)])
+    outcome = await client.score_member(MEMBER)
+    assert outcome.result.score == 4 and outcome.attempts == 2 and time.sleeps == [0.5]
+
+    client, time = http_client([timeout] * 4)
+    outcome = await client.score_member(MEMBER)
+    assert outcome.attempts == 4 and time.sleeps == [0.5, 1.0, 2.0]
+    assert outcome.result is not None and outcome.result.failure == "timeout" and outcome.failure == "timeout"
+
+
+async def test_http_refusals_are_not_retried():
+    conflict = member_answer(score=None, valid=False, failure="rejected", error="index 0 already has a different candidate", group_scores=None)
+    client, time = http_client([(409, conflict, None)])
+    outcome = await client.score_member(MEMBER)
+    assert outcome.attempts == 1 and outcome.result.failure == "rejected" and time.sleeps == []
+
+    client, _ = http_client([(422, {"error": "src_lang: unknown language code"}, None)])
+    outcome = await client.score_member(MEMBER)
+    assert outcome.result is None and outcome.failure == "rejected" and "src_lang" in outcome.error
+
+    client, _ = http_client([(401, {"error": "authorization: missing or wrong bearer token"}, None)])
+    assert (await client.score_group(GROUP)).failure == "rejected"
+
+
+async def test_http_transient_refusals_and_connection_errors_are_retried():
+    shutting_down = member_answer(score=None, valid=False, failure="rejected", error="group g: the replica is shutting down", group_scores=None)
+    client, _ = http_client([
+        (409, shutting_down, None),
+        (0, httpx.ConnectError("connection refused"), None),
+        (502, {"error": "bad gateway"}, None),
+        (200, member_answer(score=9), None),
+    ])
+    outcome = await client.score_member(MEMBER)
+    assert outcome.result.score == 9 and outcome.attempts == 4
+
+
+async def test_http_gives_up_after_max_attempts_with_the_reason():
+    config = BridgeConfig(transport="http", http_url="http://grrm.test", max_attempts=2)
+    client, time = http_client([(503, {"error": "overloaded"}, None)] * 2, config=config)
+    outcome = await client.score_group(GROUP)
+    assert outcome.result is None and outcome.failure == "unavailable" and "503" in outcome.error
+    assert outcome.attempts == 2 and time.sleeps == [0.5]
+
+
+async def test_http_whole_group():
+    result = {"group_id": "g", "scores": [3, 8], "valid": True, "attempts": 1, "replica": "r"}
+    seen = []
+    client, _ = http_client([(200, {"results": [result]}, None)], seen=seen)
+    outcome = await client.score_group(GROUP)
+    assert outcome.result.scores == [3, 8]
+    assert seen[0].url.path == "/app/v1/score" and json.loads(seen[0].content) == {"groups": [GROUP.model_dump()]}
+
+
+async def test_deadline_stops_retrying():
+    config = BridgeConfig(transport="http", http_url="http://grrm.test", deadline_s=5, max_attempts=10)
+    client, time = http_client([(503, {"error": "overloaded"}, {"Retry-After": "2"})] * 10, config=config)
+    outcome = await client.score_member(MEMBER)
+    assert outcome.failure == "deadline" and outcome.result is None
+    assert sum(time.sleeps) < 5 and outcome.attempts == 3
+
+
+async def test_deadline_cuts_a_hanging_request():
+    async def hang(request, timeout_s):
+        await asyncio.sleep(30)
+
+    class Hanging:
+        member = group = staticmethod(hang)
+
+        async def aclose(self):
+            return None
+
+    client = RewardClient(BridgeConfig(deadline_s=0.2), Hanging())
+    outcome = await client.score_member(MEMBER)
+    assert outcome.failure == "deadline" and outcome.attempts == 1 and outcome.latency_s < 5
+
+
+class FakeMethod:
+    def __init__(self, answers):
+        self.answers = answers
+        self.attempts_seen = []
+
+    def remote(self, request, attempt=0):
+        self.attempts_seen.append(attempt)
+        answer = self.answers.pop(0)
+
+        async def respond():
+            if isinstance(answer, BaseException):
+                raise answer
+            return answer
+
+        return respond()
+
+
+class FakeHandle:
+    def __init__(self, answers):
+        self.score_member = FakeMethod(answers)
+
+
+async def test_handle_transport_retries_back_pressure():
+    answer = MemberResult(group_id="g", index=0, score=5, valid=True, replica="r", attempts=1)
+    handle = FakeHandle([BackPressureError(num_queued_requests=3, max_queued_requests=2), answer])
+    time = FakeTime()
+    config = BridgeConfig()
+    client = RewardClient(config, HandleTransport(config, handle=handle), sleep=time.sleep, clock=time.clock)
+    outcome = await client.score_member(MEMBER)
+    assert outcome.result.score == 5 and outcome.attempts == 2 and time.sleeps == [0.5]
+    assert handle.score_member.attempts_seen == [0, 0]  # overload retries keep bounded-load routing
+
+
+async def test_unexpected_errors_become_a_flagged_failure():
+    handle = FakeHandle([ZeroDivisionError("boom")])
+    config = BridgeConfig()
+    outcome = await RewardClient(config, HandleTransport(config, handle=handle)).score_member(MEMBER)
+    assert outcome.result is None and outcome.failure == "transport_error" and "boom" in outcome.error
+
+
+async def test_a_retried_member_is_not_counted_twice():
+    """The answer to a member is lost after the replica took it; the retry reaches the same
+    assembler, which recognises the member (same index, same text): the group is scored once."""
+    transport = LocalTransport(drop_first_answers=1)
+    time = FakeTime()
+    client = RewardClient(BridgeConfig(), transport, sleep=time.sleep, clock=time.clock)
+    members = [
+        MemberRequest(group_id="g7", group_size=3, index=i, source="s", candidate=quality_text(7, i, q), src_lang="en", trg_lang="de")
+        for i, q in enumerate([2, 9, 5])
+    ]
+    outcomes = await asyncio.gather(*(client.score_member(m) for m in members))
+    assert [o.result.score for o in outcomes] == [2, 9, 5]
+    assert sorted(o.attempts for o in outcomes) == [1, 1, 2]
+    stats = transport.assembler.stats()
+    assert stats["groups_scored"] == 1 and stats["members_received"] == 4
+    assert stats["duplicates"] + stats["cached_answers"] == 1
+    # A late retry of an already-scored member reads the cached verdict: still one scoring.
+    again = await client.score_member(members[1])
+    assert again.result.score == 9 and transport.assembler.stats()["groups_scored"] == 1

@@ -1,0 +1,204 @@
+"""GRRMRewardManager with real verl structures: built by verl's own loader, fed the one-row
+DataProto verl's agent loop sends, members of a group in random order. The cluster is the real
+assembler + scorer + scripted engine in this process (the Ray Serve version is in
+test_bridge_cluster.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cluster.engines import ScriptedEngineOptions
+from trainer_bridge.client import RewardClient
+from trainer_bridge.rewards import EXTRA_INFO_KEYS
+
+from .helpers import LocalTransport, agent_loop_row, codeblock, quality_text, row_fields, shuffled, verl_config
+
+
+MANAGER_FILE = Path(__file__).resolve().parents[2] / "trainer_bridge" / "reward_manager.py"
+
+
+def load_manager(tokenizer, n: int, reward_kwargs: dict | None = None, module_path: str | None = None, transport=None):
+    """The manager exactly as verl 0.9.1's RewardLoopWorker builds it (load_reward_manager)."""
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    config = verl_config(n=n, reward_kwargs=reward_kwargs, module_path=module_path)
+    manager = load_reward_manager(config, tokenizer, reward_router_address=None, reward_model_tokenizer=None)
+    if transport is not None:
+        manager.client = RewardClient(manager.bridge, transport)
+    return manager
+
+
+@pytest.mark.parametrize("module_path", ["pkg://trainer_bridge.reward_manager", str(MANAGER_FILE)])
+def test_verl_loads_the_manager_by_importlib(tokenizer, module_path):
+    from verl.trainer.ppo.reward import resolve_reward_manager_cls
+
+    from trainer_bridge.reward_manager import GRRMRewardManager
+
+    resolved = resolve_reward_manager_cls(verl_config(n=6, module_path=module_path))
+    assert resolved.__name__ == "GRRMRewardManager" and issubclass(resolved, GRRMRewardManager.__mro__[1])
+    manager = load_manager(tokenizer, n=6, reward_kwargs={"extractor": "line", "default_reward": -1.0}, module_path=module_path)
+    assert type(manager).__name__ == "GRRMRewardManager"
+    assert manager.bridge.group_size == 6 and manager.bridge.extractor == "line"
+    assert manager.settings.default_reward == -1.0
+    assert manager.tokenizer is tokenizer
+
+
+def test_manager_is_also_registered_under_a_name():
+    from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls
+
+    from trainer_bridge.reward_manager import GRRMRewardManager
+
+    assert get_reward_manager_cls("grrm") is GRRMRewardManager
+
+
+async def run_rollouts(manager, tokenizer, rollouts, seed=0):
+    """Send (uid, priority, response) rollouts through run_single concurrently, in random order."""
+    order = shuffled(list(range(len(rollouts))), seed)
+    rows = {i: agent_loop_row(tokenizer, rollouts[i][2], row_fields(rollouts[i][0], rollouts[i][1])) for i in order}
+    answers = await asyncio.gather(*(manager.run_single(rows[i]) for i in order))
+    by_row = dict(zip(order, answers, strict=True))
+    return [by_row[i] for i in range(len(rollouts))]
+
+
+async def test_members_of_a_group_arriving_in_any_order_are_scored_as_one_group(tokenizer):
+    transport = LocalTransport()
+    manager = load_manager(tokenizer, n=4, reward_kwargs={"score_scale_factor": 0.1, "default_reward": -0.25}, transport=transport)
+    qualities = {"u1": [3, 8, 8, 5], "u2": [1, 10, 6, 6]}
+    rollouts = []
+    for g, uid in enumerate(qualities):
+        for j, q in enumerate(qualities[uid]):
+            text = quality_text(g, j, q)
+            if uid == "u1" and j == 2:
+                text = quality_text(g, 1, 8)  # an exact duplicate of rollout 1
+            if uid == "u2" and j == 3:
+                rollouts.append((uid, g * 4 + j, "I will not answer in a code block."))  # invalid
+                continue
+            rollouts.append((uid, g * 4 + j, codeblock(text)))
+    answers = await run_rollouts(manager, tokenizer, rollouts, seed=3)
+    rewards = [a["reward_score"] for a in answers]
+    assert rewards == pytest.approx([0.3, 0.8, 0.8, 0.5, 0.1, 1.0, 0.6, -0.25])
+    infos = [a["reward_extra_info"] for a in answers]
+    assert all(tuple(info) == EXTRA_INFO_KEYS for info in infos)
+    assert [info["valid"] for info in infos] == [True] * 7 + [False]
+    assert infos[7]["failure"] == "invalid_extraction" and not infos[7]["extracted"] and not infos[7]["failed"]
+    assert {info["replica"] for info in infos[:7]} == {"local-replica"}
+    # Two groups, each scored once; the duplicate was shown once, the invalid rollout not at all.
+    assert transport.assembler.stats()["groups_scored"] == 2
+    prompts = transport.engine.prompts_seen
+    assert len(prompts) == 2
+    u1_prompt = next(p for p in prompts if "Die Katze 0-" in p)
+    assert u1_prompt.count("Translation ") == 3 and "Translation D" not in u1_prompt
+    u2_prompt = next(p for p in prompts if "Die Katze 1-" in p)
+    assert u2_prompt.count("Translation ") == 3 and "code block" not in u2_prompt
+    metrics = manager.metrics()
+    assert metrics["grrm/rewards"] == 8 and metrics["grrm/valid"] == 7 and metrics["grrm/default/invalid_extraction"] == 1
+
+
+async def test_overlong_penalty_uses_the_rollout_token_length(tokenizer):
+    transport = LocalTransport()
+    kwargs = {"overlong": {"enable": True, "max_resp_len": 60, "buffer_len": 20}, "extractor": "codeblock"}
+    manager = load_manager(tokenizer, n=2, reward_kwargs=kwargs, transport=transport)
+    short = codeblock(quality_text(0, 0, 6), thinking="Ok.")
+    long = codeblock(quality_text(0, 1, 9), thinking="Let me think step by step about every single word here. " * 5)
+    answers = await run_rollouts(manager, tokenizer, [("o", 0, short), ("o", 1, long)])
+    lengths = [len(tokenizer.encode(r, add_special_tokens=False)) + 1 for r in (short, long)]  # + the eos token
+    assert lengths[0] <= 40 < 60 < lengths[1]
+    assert answers[0]["reward_score"] == 6.0 and answers[0]["reward_extra_info"]["overlong_penalty"] == 0.0
+    assert answers[1]["reward_score"] == pytest.approx(9.0 - 1.0)
+    assert answers[1]["reward_extra_info"]["overlong_penalty"] == 1.0
+
+
+async def test_unparseable_verdicts_give_the_default_flagged_and_masked(tokenizer):
+    transport = LocalTransport(scripted=ScriptedEngineOptions(malformed_rate=1.0))
+    kwargs = {"score_scale_factor": 10.0, "default_reward": -1.0, "mask_failed": True}
+    manager = load_manager(tokenizer, n=3, reward_kwargs=kwargs, transport=transport)
+    rollouts = [("f", j, codeblock(quality_text(0, j, 4 + j))) for j in range(3)]
+    answers = await run_rollouts(manager, tokenizer, rollouts)
+    for answer in answers:
+        info = answer["reward_extra_info"]
+        assert answer["reward_score"] == -1.0  # the default, not default * scale
+        assert info["failure"] == "parse_failed" and info["failed"] and info["masked"] and not info["valid"]
+        assert info["attempts"] == 2  # the service's first attempt and its one retry
+    assert manager.metrics()["grrm/masked"] == 3
+
+
+async def test_group_with_one_distinct_translation_is_not_scored(tokenizer):
+    transport = LocalTransport()
+    manager = load_manager(tokenizer, n=3, transport=transport)
+    same = codeblock("Die Katze sass auf der Matte.")
+    answers = await run_rollouts(manager, tokenizer, [("d", 0, same), ("d", 1, "no block"), ("d", 2, same)])
+    assert [a["reward_extra_info"]["failure"] for a in answers] == ["too_few_distinct", "invalid_extraction", "too_few_distinct"]
+    assert all(not a["reward_extra_info"]["failed"] for a in answers)
+    assert transport.engine.prompts_seen == []  # no engine call
+
+
+async def test_group_of_one_and_bad_rows(tokenizer):
+    transport = LocalTransport()
+    manager = load_manager(tokenizer, n=1, transport=transport)
+    answer = await manager.run_single(agent_loop_row(tokenizer, codeblock("x"), row_fields("solo", 0)))
+    assert answer["reward_extra_info"]["failure"] == "too_few_distinct" and transport.calls == 0
+
+    manager = load_manager(tokenizer, n=2, transport=transport)
+    fields = row_fields("nosrc", 0)
+    del fields["extra_info"]["source"]
+    with pytest.raises(KeyError, match="extra_info.source"):
+        await manager.run_single(agent_loop_row(tokenizer, codeblock("x"), fields))
+    fields = row_fields("noprio", 0)
+    del fields["priority"]
+    with pytest.raises(KeyError, match="priority"):
+        await manager.run_single(agent_loop_row(tokenizer, codeblock("x"), fields))
+    # A language the service does not know: flagged, never sent (so nobody waits for it).
+    fields = row_fields("badlang", 0)
+    fields["extra_info"]["src_lang"] = "xx"
+    answer = await manager.run_single(agent_loop_row(tokenizer, codeblock("x"), fields))
+    assert answer["reward_extra_info"]["failure"] == "rejected" and transport.calls == 0
+
+
+async def test_a_row_may_override_the_group_size(tokenizer):
+    transport = LocalTransport()
+    manager = load_manager(tokenizer, n=8, transport=transport)  # training n; validation uses 2
+    rows = [agent_loop_row(tokenizer, codeblock(quality_text(0, j, 2 + 5 * j)), row_fields("v", j, group_size=2)) for j in range(2)]
+    answers = await asyncio.gather(*(manager.run_single(row) for row in rows))
+    assert [a["reward_score"] for a in answers] == [2.0, 7.0]
+
+
+async def test_grpo_advantage_on_streamed_rewards(tokenizer):
+    """verl's compute_grpo_outcome_advantage on rewards placed by verl's own assemble_rm_scores."""
+    from verl import DataProto
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+    transport = LocalTransport()
+    manager = load_manager(tokenizer, n=4, reward_kwargs={"score_scale_factor": 0.1}, transport=transport)
+    rollouts = [(f"a{g}", 4 * g + j, codeblock(quality_text(g, j, (3 * g + 4 * j) % 11))) for g in range(3) for j in range(4)]
+    answers = await run_rollouts(manager, tokenizer, rollouts, seed=11)
+    rows = [agent_loop_row(tokenizer, r[2], row_fields(r[0], r[1])) for r in rollouts]
+    # verl's agent loop pads each row into the batch; here: rows concatenated after padding.
+    width = max(row.batch["responses"].shape[1] for row in rows)
+    plen = max(row.batch["prompts"].shape[1] for row in rows)
+    responses = torch.zeros(len(rows), width, dtype=torch.int64)
+    attention = torch.zeros(len(rows), plen + width, dtype=torch.int64)
+    for i, row in enumerate(rows):
+        r = row.batch["responses"].shape[1]
+        p = row.batch["prompts"].shape[1]
+        responses[i, :r] = row.batch["responses"][0]
+        attention[i, plen - p : plen + r] = 1
+    data = DataProto.from_dict(
+        {"prompts": torch.zeros(len(rows), plen, dtype=torch.int64), "responses": responses, "attention_mask": attention},
+        non_tensors={"uid": np.array([r[0] for r in rollouts], dtype=object)},
+    )
+    scores = [a["reward_score"] for a in answers]
+    token_rewards = type(manager).assemble_rm_scores(data, scores)
+    assert token_rewards.sum(-1).tolist() == pytest.approx(scores)
+    response_mask = attention[:, plen:]
+    advantages, _ = compute_grpo_outcome_advantage(token_rewards, response_mask, data.non_tensor_batch["uid"])
+    per_row = (advantages * response_mask).sum(-1) / response_mask.sum(-1)
+    for g in range(3):
+        group = per_row[4 * g : 4 * g + 4]
+        assert abs(float(group.mean())) < 1e-5
+        order = np.argsort([scores[4 * g + j] for j in range(4)])
+        assert list(np.argsort(group.numpy())) == list(order)

@@ -1,0 +1,216 @@
+"""The bridge's typed configuration: how to reach the reward cluster and how to turn scores into rewards.
+
+Built once, either from plain keyword arguments (``BridgeConfig(transport="http", ...)``) or
+from the config verl hands a reward manager (:meth:`BridgeConfig.from_verl_config`). verl
+0.9.1 builds managers as ``cls(config=<the whole trainer config>, tokenizer=..., ...)``; the
+bridge reads its settings from ``reward.reward_kwargs`` (the section verl's own DAPO manager
+reads), so a launch command adds them with Hydra's ``+`` prefix::
+
+    +reward.reward_kwargs.app_name=grrm +reward.reward_kwargs.extractor=codeblock
+
+DAPO's spelling of the overlong buffer (``reward_kwargs.overlong_buffer_cfg.{enable,len,
+penalty_factor}`` plus ``reward_kwargs.max_resp_len``) is accepted too. Missing values come from
+the trainer config: the group size from ``actor_rollout_ref.rollout.n``, the overlong
+``max_resp_len`` from ``actor_rollout_ref.rollout.response_length`` (or ``data.max_response_length``).
+A wrong key or value is an error naming it, at start, not a silent default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from trainer_bridge.rewards import RewardSettings
+
+Transport = Literal["handle", "http"]
+ExtractorName = Literal["codeblock", "line", "oneline", "none"]
+
+# DAPO's names for the overlong buffer (verl.experimental.reward_loop.reward_manager.dapo).
+_DAPO_OVERLONG_KEYS = {"enable": "enable", "len": "buffer_len", "penalty_factor": "penalty_factor"}
+
+
+class OverlongSettings(BaseModel):
+    """DAPO's soft overlong buffer (spec section 5): no penalty up to ``max_resp_len - buffer_len``
+    response tokens, rising linearly to ``penalty_factor`` at ``max_resp_len``, flat after."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enable: bool = False
+    max_resp_len: int | None = Field(None, ge=1)
+    buffer_len: int = Field(0, ge=0)
+    penalty_factor: float = Field(1.0, ge=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> OverlongSettings:
+        if not self.enable:
+            return self
+        if self.max_resp_len is None:
+            raise ValueError("overlong.max_resp_len: required when overlong.enable is true")
+        if self.buffer_len <= 0:
+            raise ValueError("overlong.buffer_len: must be positive when overlong.enable is true")
+        if self.buffer_len > self.max_resp_len:
+            raise ValueError(
+                f"overlong.buffer_len ({self.buffer_len}) exceeds overlong.max_resp_len ({self.max_resp_len})"
+            )
+        return self
+
+
+class BridgeConfig(BaseModel):
+    """Everything the trainer side needs: transport, retries, extraction, reward arithmetic."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # -- reaching the reward cluster ----------------------------------------------------------
+    # "handle": a Ray Serve handle on the same Ray cluster (no HTTP hop); "http": the HTTP API.
+    transport: Transport = "handle"
+    app_name: str = "grrm"
+    replica_deployment: str = "GRRMReplica"
+    # Base URL of the application (its route prefix included), for the HTTP transport.
+    http_url: str = "http://127.0.0.1:8000"
+    # Environment variable holding the bearer token (unset or empty: no Authorization header).
+    token_env: str | None = "GRRM_API_TOKEN"
+    # Deadline of one logical request, every attempt included. A member waits for its whole group
+    # (the slowest rollout of the group), so this must exceed the spread of rollout finish times.
+    deadline_s: float = Field(1800.0, gt=0)
+    # Attempts per logical request (503 / back pressure / assembly timeout / connection errors).
+    max_attempts: int = Field(4, ge=1)
+    backoff_s: float = Field(0.5, ge=0)
+    max_backoff_s: float = Field(8.0, ge=0)
+    # Groups scored at once by the whole-batch path.
+    max_concurrent_groups: int = Field(256, ge=1)
+
+    # -- reading a rollout ---------------------------------------------------------------------
+    extractor: ExtractorName = "codeblock"
+    # Where a row keeps its source text and languages: a non_tensor_batch key, then dict keys
+    # separated by dots ("extra_info.source" = non_tensor_batch["extra_info"]["source"]).
+    source_key: str = "extra_info.source"
+    src_lang_key: str = "extra_info.src_lang"
+    trg_lang_key: str = "extra_info.trg_lang"
+    # Languages used when a row does not carry them (None: the row must carry them).
+    src_lang: str | None = None
+    trg_lang: str | None = None
+    # GRPO group id (verl puts a uuid per prompt in non_tensor_batch["uid"]).
+    uid_key: str = "uid"
+    # The rollout's position in its group, for the member API: int(row[index_key]) % group_size.
+    # verl 0.9.1 numbers the repeated (interleaved) batch 0..N-1 in "priority" before dispatching
+    # it to the agent loops, so priority % n is the rollout's index j within its prompt's n rollouts.
+    index_key: str = "priority"
+    # Rollouts per group (None: actor_rollout_ref.rollout.n of the trainer config).
+    group_size: int | None = Field(None, ge=1, le=1024)
+    # A row may override the group size (e.g. validation with val_kwargs.n != rollout.n).
+    group_size_key: str | None = "extra_info.group_size"
+    # Longer translations are not sent (the service refuses texts over its limits.max_text_chars);
+    # they count as invalid, so the rest of the group is not left waiting.
+    max_text_chars: int = Field(20_000, ge=1)
+
+    # -- reward arithmetic (spec section 5) ----------------------------------------------------
+    default_reward: float = 0.0
+    score_scale_factor: float = 1.0
+    overlong: OverlongSettings = Field(default_factory=OverlongSettings)
+    # Flag rows whose reward could not be obtained (service failures) as masked: the trainer can
+    # drop them from the loss with trainer_bridge.batch.mask_failed_rows.
+    mask_failed: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> BridgeConfig:
+        if self.max_backoff_s < self.backoff_s:
+            raise ValueError(f"max_backoff_s ({self.max_backoff_s}) is less than backoff_s ({self.backoff_s})")
+        return self
+
+    def reward_settings(self) -> RewardSettings:
+        """The pure arithmetic's settings."""
+        overlong = self.overlong
+        return RewardSettings(
+            default_reward=self.default_reward,
+            score_scale_factor=self.score_scale_factor,
+            overlong_enable=overlong.enable,
+            max_resp_len=overlong.max_resp_len or 0,
+            buffer_len=overlong.buffer_len,
+            penalty_factor=overlong.penalty_factor,
+        )
+
+    def backoff(self, attempt: int) -> float:
+        """Delay before retry number ``attempt`` (1-based): exponential, capped."""
+        return min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
+
+    @classmethod
+    def from_verl_config(cls, config: Any, **overrides: Any) -> BridgeConfig:
+        """Build from the config verl passes to a reward manager (a DictConfig, or a plain dict).
+
+        A :class:`BridgeConfig` is returned as is (with ``overrides`` applied); a mapping that is
+        not a trainer config (no ``reward`` section) is read as the bridge's own keys.
+        """
+        if isinstance(config, BridgeConfig):
+            return config.model_copy(update=overrides) if overrides else config
+        if not (isinstance(config, Mapping) or hasattr(config, "get")):
+            raise TypeError(f"config: expected a mapping or DictConfig, got {type(config).__name__}")
+        # Only the nodes read here are resolved: the rest of a trainer config may hold values
+        # (interpolations, ???) that cannot be resolved in a reward worker.
+        tree = config
+        if lookup(tree, "reward") is None:
+            return cls.model_validate({**dict(to_plain(config)), **overrides})
+        kwargs = dict(to_plain(lookup(tree, "reward.reward_kwargs")) or {})
+        kwargs = _translate_dapo_keys(kwargs)
+        overlong = dict(kwargs.get("overlong") or {})
+        if overlong.get("enable") and overlong.get("max_resp_len") is None:
+            response_length = lookup(tree, "actor_rollout_ref.rollout.response_length")
+            if response_length is None:
+                response_length = lookup(tree, "data.max_response_length")
+            if response_length is not None:
+                overlong["max_resp_len"] = int(response_length)
+        if overlong:
+            kwargs["overlong"] = overlong
+        if kwargs.get("group_size") is None:
+            rollout_n = lookup(tree, "actor_rollout_ref.rollout.n")
+            if rollout_n is not None:
+                kwargs["group_size"] = int(rollout_n)
+        kwargs.update(overrides)
+        return cls.model_validate(kwargs)
+
+
+def _translate_dapo_keys(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Accept DAPO's ``overlong_buffer_cfg`` / ``max_resp_len`` next to the bridge's ``overlong``."""
+    dapo = kwargs.pop("overlong_buffer_cfg", None)
+    max_resp_len = kwargs.pop("max_resp_len", None)
+    if dapo is None and max_resp_len is None:
+        return kwargs
+    overlong = dict(kwargs.get("overlong") or {})
+    for key, value in dict(dapo or {}).items():
+        if key == "log":
+            continue  # DAPO's logging switch: the bridge always reports the penalty
+        if key not in _DAPO_OVERLONG_KEYS:
+            raise ValueError(f"reward_kwargs.overlong_buffer_cfg.{key}: unknown key")
+        overlong.setdefault(_DAPO_OVERLONG_KEYS[key], value)
+    if max_resp_len is not None:
+        overlong.setdefault("max_resp_len", max_resp_len)
+    kwargs["overlong"] = overlong
+    return kwargs
+
+
+def to_plain(value: Any) -> Any:
+    """An OmegaConf node as plain Python containers (anything else unchanged)."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # the trainer side may build the config without omegaconf
+        return value
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def lookup(tree: Any, dotted: str, default: Any = None) -> Any:
+    """``tree["a"]["b"]`` for ``"a.b"``, through mappings and attribute access; ``default`` if absent."""
+    node = tree
+    for part in dotted.split("."):
+        if node is None:
+            return default
+        if isinstance(node, Mapping) or hasattr(node, "get"):
+            try:
+                node = node.get(part, None)
+            except Exception:  # noqa: BLE001 - a structured config may raise for unknown keys
+                return default
+        else:
+            node = getattr(node, part, None)
+    return default if node is None else node
