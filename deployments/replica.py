@@ -7,6 +7,7 @@ on GPU machines). Callers reach it through the group-aware router (``deployments
 from __future__ import annotations
 
 import logging
+import resource
 import time
 from typing import Any
 
@@ -103,6 +104,8 @@ class GRRMReplica:
             "prompt_type": self.config.scoring.prompt_type,
             "tensor_parallel_size": self.config.engine.tensor_parallel_size,
             "groups_scored": self._groups_scored,
+            # Peak resident memory of this replica process so far (Linux reports KiB).
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "assembler": self.assembler.stats(),
         }
 
