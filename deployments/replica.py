@@ -26,6 +26,14 @@ from deployments.router import OUTSTANDING_WORK
 logger = logging.getLogger("ray.serve")
 
 
+def _current_rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * resource.getpagesize()
+    except OSError:  # not Linux
+        return None
+
+
 def _replica_name() -> str:
     try:
         return serve.get_replica_context().replica_id.unique_id
@@ -104,7 +112,8 @@ class GRRMReplica:
             "prompt_type": self.config.scoring.prompt_type,
             "tensor_parallel_size": self.config.engine.tensor_parallel_size,
             "groups_scored": self._groups_scored,
-            # Peak resident memory of this replica process so far (Linux reports KiB).
+            # Resident memory of this replica process now, and its peak so far (Linux: KiB).
+            "rss_bytes": _current_rss_bytes(),
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "assembler": self.assembler.stats(),
         }
