@@ -75,7 +75,10 @@ async def soak(url: str, handle, seconds: float, window_s: float):
             window = list(latencies)
             latencies.clear()
             if names is None:
-                names = {handle.info.remote().result()["replica"] for _ in range(20)}
+                import ray
+
+                names = {a["name"].rsplit("#", 1)[-1] for a in ray.util.list_named_actors(all_namespaces=True)
+                         if a.get("namespace") == "serve" and "soak#GRRMReplica" in a["name"]}
             infos = [await handle.info.remote(target_replica=name) for name in sorted(names)]
             windows.append({
                 "t_s": round(time.monotonic() - started, 1),

@@ -259,20 +259,13 @@ class GroupScorer:
             generation_started = time.perf_counter()
             try:
                 generation = await self._generate(prompt, self.sampling_for_attempt(attempt))
-            except TimeoutError:
-                return PromptOutcome(
-                    failure="timeout",
-                    error=f"generation ran past generation_timeout_s {config.generation_timeout_s}",
-                    attempts=attempt + 1,
-                    repairs=repairs,
-                    usage=usage,
-                    stages=stages,
-                    answer=answer,
-                )
             except Exception as error:  # noqa: BLE001 - any engine failure is reported, not raised
+                timed_out = isinstance(error, TimeoutError)
                 return PromptOutcome(
-                    failure="engine_error",
-                    error=f"engine {self.engine.name} failed: {type(error).__name__}: {error}",
+                    failure="timeout" if timed_out else "engine_error",
+                    error=f"generation ran past generation_timeout_s {config.generation_timeout_s}"
+                    if timed_out
+                    else f"engine {self.engine.name} failed: {type(error).__name__}: {error}",
                     attempts=attempt + 1,
                     repairs=repairs,
                     usage=usage,

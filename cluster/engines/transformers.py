@@ -226,17 +226,13 @@ class TransformersEngine:
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task[None] | None = None
         self._closing = False
-        self._lifecycle_lock: asyncio.Lock | None = None
+        # Serializes start/stop (an asyncio.Lock binds to the loop of its first use).
+        self._lifecycle_lock = asyncio.Lock()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def _lock(self) -> asyncio.Lock:
-        if self._lifecycle_lock is None:
-            self._lifecycle_lock = asyncio.Lock()
-        return self._lifecycle_lock
-
     async def start(self) -> None:
-        async with self._lock():
+        async with self._lifecycle_lock:
             if self._model is not None:
                 return
             if not self.config.model:
@@ -299,7 +295,7 @@ class TransformersEngine:
         logger.info("transformers engine: loaded %s on %s (vocab %d)", config.model, device, vocab_size)
 
     async def stop(self) -> None:
-        async with self._lock():
+        async with self._lifecycle_lock:
             if self._model is None and self._worker is None:
                 return
             self._closing = True  # in-flight rows end at their next token as "abort"

@@ -150,17 +150,13 @@ class VLLMEngine:
         self._engine: Any = None
         self._tokenizer: Any = None
         self._vllm: dict[str, Any] = {}
-        self._lifecycle_lock: asyncio.Lock | None = None
-
-    def _lock(self) -> asyncio.Lock:
-        if self._lifecycle_lock is None:
-            self._lifecycle_lock = asyncio.Lock()
-        return self._lifecycle_lock
+        # Serializes start/stop (an asyncio.Lock binds to the loop of its first use).
+        self._lifecycle_lock = asyncio.Lock()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        async with self._lock():
+        async with self._lifecycle_lock:
             if self._engine is not None:
                 return
             if not self.config.model:
@@ -197,7 +193,7 @@ class VLLMEngine:
         return AutoTokenizer.from_pretrained(self.config.tokenizer or self.config.model, trust_remote_code=trust)
 
     async def stop(self) -> None:
-        async with self._lock():
+        async with self._lifecycle_lock:
             engine, self._engine = self._engine, None
             self._tokenizer = None
             if engine is not None:
