@@ -43,7 +43,9 @@ from cluster.engines.scripted import count_scripted_tokens, group_scores, noise_
 from cluster.schema import GroupRequest, GroupResult
 from cluster.scorer import GroupScorer
 
-RESULTS = Path(__file__).resolve().parent / "results" / "ensemble.json"
+from bench.common import RESULTS as RESULTS_DIR
+
+RESULTS = RESULTS_DIR / "ensemble.json"
 LABEL = "simulated (scripted engine)"
 
 _WORDS = (
@@ -293,7 +295,10 @@ def print_table(title: str, rows: list[dict], gap: bool = True) -> None:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--groups", type=int, default=200, help="groups per setting")
+    parser.add_argument("--quick", action="store_true", help="a few groups per setting (CI smoke run)")
     args = parser.parse_args()
+    if args.quick:
+        args.groups = 8
     started = time.perf_counter()
     large = await part_large(args.groups)
     shift = await part_shift(args.groups)

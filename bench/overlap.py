@@ -154,7 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--swap-s", type=float, default=2.0, help="colocated: reward model swap in+out per step")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-real", action="store_true", help="skip the real CPU vLLM run")
+    parser.add_argument("--quick", action="store_true", help="small grid, no real run (CI smoke run)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.n, args.ratios, args.steps, args.prompts, args.skip_real = [4, 8], [0.5, 1.0], 3, 16, True
 
     real_path = RESULTS / "grpo_overlap.json"
     if not args.skip_real:

@@ -74,7 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--answer-tokens", type=int, default=256, help="budget of a full answer (analysis + verdict)")
     parser.add_argument("--repair-max-tokens", type=int, default=160)
     parser.add_argument("--retries", type=int, default=3, help="resamples after the first failure")
+    parser.add_argument("--quick", action="store_true", help="2 groups of 4, short answers (CI smoke run)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.sizes, args.groups, args.answer_tokens, args.retries = [4], 2, 48, 1
     rows = asyncio.run(run(args))
     print_table(rows, ["method", "group_size", "groups", "parsed_share", "generations_per_group",
                        "recovery_completion_tokens_per_failure", "prompt_tokens_computed_per_group"])

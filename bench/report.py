@@ -96,30 +96,30 @@ def main() -> int:
     if routing:
         sections.append(section(
             "3. Routing and prefix caching", ".venv/bin/python -m bench.routing",
-            table(routing, ["router", "replicas", "groups", "requests_per_group", "prefix_cache_hit_rate",
+            table(routing["rows"], ["router", "replicas", "groups", "requests_per_group", "prefix_cache_hit_rate",
                             "repeat_hit_rate", "tokens_computed_per_group", "tokens_computed_vs_default",
                             "groups_on_one_replica"]),
             "routing",
             "Real vLLM-CPU replicas (2) with prefix caching; each group asked for 3 times with the same id.",
         ))
-    autoscaling = load("autoscaling")
+    autoscaling = load("autoscale")
     if autoscaling:
         sections.append(section(
-            "4. Autoscaling", ".venv/bin/python -m bench.autoscaling",
-            table([autoscaling["summary"]], ["rate", "load_s", "capacity_per_replica_rps", "sent", "answered", "dropped",
+            "4. Autoscaling", ".venv/bin/python -m bench.autoscale",
+            table([autoscaling], ["rate", "load_s", "capacity_per_replica_rps", "sent", "answered", "dropped",
                                              "max_replicas_seen_serving", "first_new_replica_serving_s",
                                              "scaled_back_to_1_after_load_s", "peak_in_flight"])
-            + "\n\nPlot: `bench/results/autoscaling.png`.",
-            "autoscaling",
+            + "\n\nPlot: `bench/results/autoscale.png`.",
+            "autoscale",
             "Real Serve autoscaling (1 to 4 replicas, fractional CPUs), scripted engine with a fixed service time.",
         ))
-    cost = load("protocol_cost")
+    cost = load("gqm_vs_sqm")
     if cost:
         sections.append(section(
-            "5. GQM vs SQM cost", ".venv/bin/python -m bench.protocol_cost",
-            table(cost, ["protocol", "group_size", "prompts", "answer_tokens", "tokens_per_candidate",
+            "5. GQM vs SQM cost", ".venv/bin/python -m bench.gqm_vs_sqm",
+            table(cost["rows"], ["protocol", "group_size", "prompts", "answer_tokens", "tokens_per_candidate",
                          "computed_tokens_per_candidate", "wall_ms_per_candidate", "tokens_vs_sqm", "wall_vs_sqm"]),
-            "protocol_cost",
+            "gqm_vs_sqm",
             "Real vLLM-CPU, fixed answer lengths (GQM: 64 + 48 per candidate; SQM: 96). GQM spends fewer tokens "
             "per candidate as groups grow; on this CPU its wall time per candidate is higher because fewer, "
             "longer sequences batch less well than many short SQM prompts.",

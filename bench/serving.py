@@ -74,7 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 128])
     parser.add_argument("--scale", type=float, default=1.0, help="multiply request counts")
+    parser.add_argument("--quick", action="store_true", help="concurrency 1 and 16, few requests (CI smoke run)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.concurrency, args.scale = [1, 16], 0.25
 
     import ray
     from ray import serve

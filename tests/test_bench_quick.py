@@ -1,0 +1,74 @@
+"""Every benchmark runs in --quick mode, so none can rot (issue 6), and writes the output
+contract that outside checks read. Results go to a temporary directory: the committed
+bench/results/ keep the full runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+
+def run_quick(module: str, results: Path) -> None:
+    env = {**os.environ, "GRRM_BENCH_RESULTS": str(results), "RAY_USAGE_STATS_ENABLED": "0"}
+    completed = subprocess.run(
+        [sys.executable, "-m", f"bench.{module}", "--quick"], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=360,
+    )
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+
+
+def test_overlap_quick(tmp_path):
+    run_quick("overlap", tmp_path)
+    rows = json.loads((tmp_path / "overlap.json").read_text())
+    assert {r["mode"] for r in rows} == {"colocated_sequential", "separate_after_batch", "streamed"}
+    for row in rows:
+        assert {"n", "reward_to_generation", "mode", "step_s", "exposed_reward_s", "limit_exposed_s", "simulated"} <= set(row)
+    for row in (r for r in rows if r["mode"] == "streamed"):
+        assert row["exposed_reward_s"] >= row["limit_exposed_s"] - 1e-9  # nothing beats the limit
+        colocated = next(r for r in rows if r["mode"] == "colocated_sequential" and r["n"] == row["n"]
+                         and r["reward_to_generation"] == row["reward_to_generation"])
+        assert row["step_s"] < colocated["step_s"]
+    assert (tmp_path / "overlap.png").stat().st_size > 0
+
+
+def test_serving_quick(tmp_path):
+    run_quick("serving", tmp_path)
+    rows = json.loads((tmp_path / "serving.json").read_text())
+    assert {r["path"] for r in rows} == {"in_process", "handle", "http"}
+    assert all({"concurrency", "engine", "groups_per_s", "p50_ms", "p99_ms"} <= set(r) for r in rows)
+
+
+def test_routing_quick(tmp_path):
+    run_quick("routing", tmp_path)
+    result = json.loads((tmp_path / "routing.json").read_text())
+    assert result["prefix_cache_hit_rate_group_aware"] > result["prefix_cache_hit_rate_serve_default"]
+
+
+def test_autoscale_quick(tmp_path):
+    run_quick("autoscale", tmp_path)
+    result = json.loads((tmp_path / "autoscale.json").read_text())
+    assert result["requests_dropped"] == 0 and result["answered"] == result["sent"]
+    assert result["max_replicas_seen_serving"] >= 2 and result["first_new_replica_serving_s"] is not None
+
+
+def test_gqm_vs_sqm_quick(tmp_path):
+    run_quick("gqm_vs_sqm", tmp_path)
+    result = json.loads((tmp_path / "gqm_vs_sqm.json").read_text())
+    assert set(result["by_group_size"]) == {"2", "4"}
+    # One GQM prompt per group spends fewer tokens per candidate than one SQM prompt per candidate.
+    assert result["by_group_size"]["4"]["gqm_tokens_over_sqm"] < 1
+
+
+@pytest.mark.parametrize("module", ["ensemble", "repair", "soak"])
+def test_other_benchmarks_quick(tmp_path, module):
+    run_quick(module, tmp_path)
+    assert (tmp_path / f"{module}.json").exists()
