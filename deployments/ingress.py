@@ -206,7 +206,6 @@ class GRRMIngress:
     def __init__(self, replicas: DeploymentHandle, config: AppConfig):
         self.config = config
         self.client = ScorerClient(replicas)
-        self.replicas = replicas
         app.state.config = config
 
     @app.post(

@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
-
-def free_port() -> int:
-    """A free TCP port on the loopback interface."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from bench.common import free_port
 
 
 @pytest.fixture(scope="session")

@@ -9,17 +9,11 @@ left running.
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from bench.common import free_port
 
 
 @pytest.fixture(scope="package")
