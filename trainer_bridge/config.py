@@ -93,10 +93,10 @@ class BridgeConfig(BaseModel):
     trg_lang: str | None = None
     # GRPO group id (verl puts a uuid per prompt in non_tensor_batch["uid"]).
     uid_key: str = "uid"
-    # The rollout's position in its group, for the member API: int(row[index_key]) % group_size.
-    # verl 0.9.1 numbers the repeated (interleaved) batch 0..N-1 in "priority" before dispatching
-    # it to the agent loops, so priority % n is the rollout's index j within its prompt's n rollouts.
-    index_key: str = "priority"
+    # The rollout's position in its group, for the member API. None: what the trainer provides,
+    # "session_id" (verl's default trainer) else "priority" % group_size (legacy agent loop); see
+    # trainer_bridge/rollout.py. A key name: int(row[index_key]) % group_size.
+    index_key: str | None = None
     # Rollouts per group (None: actor_rollout_ref.rollout.n of the trainer config).
     group_size: int | None = Field(None, ge=1, le=1024)
     # A row may override the group size (e.g. validation with val_kwargs.n != rollout.n).
@@ -168,6 +168,29 @@ class BridgeConfig(BaseModel):
                 kwargs["group_size"] = int(rollout_n)
         kwargs.update(overrides)
         return cls.model_validate(kwargs)
+
+
+def validation_group_warning(trainer_config: Any, bridge: BridgeConfig) -> str | None:
+    """Why validation rewards would wait and fall back to the default, when they would.
+
+    verl's validation samples ``val_kwargs.n`` rollouts per prompt, and a row does not say whether
+    it is a validation row: with another n than the bridge's group size, a validation group never
+    completes on the service (its members time out and get the default reward) unless the
+    validation data carries its group size (``group_size_key``).
+    """
+    if not hasattr(trainer_config, "get") or lookup(trainer_config, "reward") is None:
+        return None
+    validates = lookup(trainer_config, "trainer.val_before_train", True) or (
+        (lookup(trainer_config, "trainer.test_freq", -1) or -1) > 0
+    )
+    val_n = lookup(trainer_config, "actor_rollout_ref.rollout.val_kwargs.n")
+    if not validates or val_n is None or bridge.group_size is None or int(val_n) == bridge.group_size:
+        return None
+    return (
+        f"validation samples actor_rollout_ref.rollout.val_kwargs.n={val_n} rollouts per prompt but the bridge "
+        f"groups {bridge.group_size}: validation rewards will time out and be the default unless the "
+        f"validation data sets {bridge.group_size_key or 'a group size key'} (or val_kwargs.n={bridge.group_size})"
+    )
 
 
 def _translate_dapo_keys(kwargs: dict[str, Any]) -> dict[str, Any]:

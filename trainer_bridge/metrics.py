@@ -26,6 +26,7 @@ class RewardCounters:
     failed: int = 0
     masked: int = 0
     retried: int = 0  # rewards whose request needed more than one transport attempt
+    retries: int = 0  # transport attempts beyond the first, over all requests
     defaults: Counter[str] = field(default_factory=Counter)  # default rewards by reason
 
     def record(self, outcome: RewardOutcome, *, masked: bool = False, request_attempts: int = 1) -> None:
@@ -35,30 +36,43 @@ class RewardCounters:
         self.failed += outcome.failed
         self.masked += masked
         self.retried += request_attempts > 1
+        self.retries += max(0, request_attempts - 1)
         if outcome.failure:
             self.defaults[outcome.failure] += 1
 
     def as_metrics(self, prefix: str = PREFIX) -> dict[str, float]:
-        """Flat metrics for a logger: counts, rates, and defaults per reason."""
-        return _metrics(self.total, self.valid, self.failed, self.masked, self.defaults, prefix)
+        """Flat metrics for a logger: counts, rates, retries, and defaults per reason."""
+        return _metrics(
+            self.total, self.valid, self.failed, self.masked, self.retried, self.retries, self.defaults, prefix
+        )
 
 
 def metrics_from_extra_info(extra: Mapping[str, Sequence[Any]], prefix: str = PREFIX) -> dict[str, float]:
     """The :class:`RewardCounters` metrics from per-row extra-info columns (lists or arrays)."""
     valid = list(extra.get("valid", ()))
     failures = [str(reason) for reason in extra.get("failure", ()) if reason]
+    attempts = [int(value) for value in extra.get("request_attempts", ())]
     return _metrics(
         len(valid),
         sum(bool(v) for v in valid),
         sum(bool(v) for v in extra.get("failed", ())),
         sum(bool(v) for v in extra.get("masked", ())),
+        sum(value > 1 for value in attempts),
+        sum(max(0, value - 1) for value in attempts),
         Counter(failures),
         prefix,
     )
 
 
 def _metrics(
-    total: int, valid: int, failed: int, masked: int, defaults: Iterable[tuple[str, int]] | Counter[str], prefix: str
+    total: int,
+    valid: int,
+    failed: int,
+    masked: int,
+    retried: int,
+    retries: int,
+    defaults: Iterable[tuple[str, int]] | Counter[str],
+    prefix: str,
 ) -> dict[str, float]:
     items = defaults.items() if isinstance(defaults, Counter) else defaults
     metrics = {
@@ -66,6 +80,8 @@ def _metrics(
         f"{prefix}/valid": float(valid),
         f"{prefix}/failed": float(failed),
         f"{prefix}/masked": float(masked),
+        f"{prefix}/retried": float(retried),
+        f"{prefix}/retries": float(retries),
         f"{prefix}/valid_rate": valid / total if total else 0.0,
         f"{prefix}/failed_rate": failed / total if total else 0.0,
     }

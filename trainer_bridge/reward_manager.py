@@ -35,9 +35,11 @@ from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
 
 from cluster.schema import MemberRequest
 from trainer_bridge.client import CallOutcome, RewardClient
-from trainer_bridge.config import BridgeConfig
+from trainer_bridge.config import BridgeConfig, validation_group_warning
 from trainer_bridge.metrics import RewardCounters
 from trainer_bridge.rewards import (
+    BAD_ROW,
+    INTERNAL_ERROR,
     TOO_FEW_DISTINCT,
     RewardOutcome,
     default_outcome,
@@ -45,10 +47,14 @@ from trainer_bridge.rewards import (
     member_outcome,
 )
 from trainer_bridge.rollout import Rollout, group_size_of, read_rollout, rollout_index
+from trainer_bridge.verl_metrics import install_step_metrics
 
 __all__ = ["GRRMRewardManager"]
 
 logger = logging.getLogger(__name__)
+
+# What reading a row raises when the row lacks a key or holds a value of the wrong kind.
+_ROW_ERRORS = (KeyError, ValueError, TypeError, IndexError, AttributeError)
 
 
 class GRRMRewardManager(RewardManagerBase):
@@ -67,7 +73,8 @@ class GRRMRewardManager(RewardManagerBase):
     ):
         """Built by verl as ``cls(config=, tokenizer=, compute_score=, reward_router_address=,
         reward_model_tokenizer=)``; ``compute_score`` and the router address are unused (the
-        reward comes from the cluster). Tests may pass ``bridge_config`` and ``client``."""
+        reward comes from the cluster). Tests may pass ``bridge_config`` and ``client``.
+        A wrong setting raises here, at start, naming it."""
         super().__init__(config, tokenizer, compute_score)
         self.bridge = bridge_config or BridgeConfig.from_verl_config(config)
         self.settings = self.bridge.reward_settings()
@@ -75,26 +82,42 @@ class GRRMRewardManager(RewardManagerBase):
         self.counters = RewardCounters()
         self.reward_router_address = reward_router_address
         self.reward_model_tokenizer = reward_model_tokenizer
+        self._reported: set[str] = set()  # default-reward reasons already logged by this manager
+        warning = validation_group_warning(config, self.bridge)
+        if warning:
+            logger.warning("grrm: %s", warning)
 
     async def run_single(self, data: DataProto) -> dict[str, Any]:
-        """The reward of one rollout (the last sequence of ``data``, as verl's own managers do)."""
-        item = data[-1:][0]
-        rollout = read_rollout(item, self.bridge, self.tokenizer)
-        non_tensor = item.non_tensor_batch
-        group_size = group_size_of(non_tensor, self.bridge)
-        call: CallOutcome | None = None
-        if group_size < 2:
-            outcome = default_outcome(TOO_FEW_DISTINCT, self.settings)
-        else:
-            member = self._member(rollout, group_size, rollout_index(non_tensor, group_size, self.bridge.index_key))
-            if member is None:
-                outcome = default_outcome("rejected", self.settings)
-            else:
-                call = await self.client.score_member(member)
-                outcome = self._outcome(rollout, call)
-        return self._answer(rollout, outcome, call)
+        """The reward of one rollout (the last sequence of ``data``, as verl's own managers do).
 
-    def _member(self, rollout: Rollout, group_size: int, index: int) -> MemberRequest | None:
+        Never raises: a reward manager that raises ends verl's training run. Whatever goes wrong
+        (a row without what the bridge reads, an unreachable service, a bug) becomes the default
+        reward, flagged in ``reward_extra_info`` (``failed``, ``failure``), counted, and logged
+        once per reason.
+        """
+        try:
+            return await self._reward(data)
+        except Exception as error:  # noqa: BLE001 - see the docstring
+            return self._default(INTERNAL_ERROR, f"{type(error).__name__}: {error}")
+
+    async def _reward(self, data: DataProto) -> dict[str, Any]:
+        try:
+            item = data[-1:][0]
+            rollout = read_rollout(item, self.bridge, self.tokenizer)
+            group_size = group_size_of(item.non_tensor_batch, self.bridge)
+            index = rollout_index(item.non_tensor_batch, group_size, self.bridge.index_key) if group_size > 1 else 0
+        except _ROW_ERRORS as error:
+            return self._default(BAD_ROW, f"{type(error).__name__}: {error}")
+        if group_size < 2:
+            return self._answer(rollout, default_outcome(TOO_FEW_DISTINCT, self.settings))
+        member = self._member(rollout, group_size, index)
+        if isinstance(member, str):
+            return self._answer(rollout, default_outcome("rejected", self.settings), detail=member)
+        call = await self.client.score_member(member)
+        return self._answer(rollout, self._outcome(rollout, call), call, detail=self._detail(rollout, call))
+
+    def _member(self, rollout: Rollout, group_size: int, index: int) -> MemberRequest | str:
+        """The member request, or why the service would refuse it."""
         try:
             return MemberRequest(
                 group_id=rollout.uid,
@@ -109,29 +132,26 @@ class GRRMRewardManager(RewardManagerBase):
         except ValidationError as error:
             # Source or languages the service cannot take: every member of this group fails
             # the same way here, so none of them is left waiting on the cluster.
-            logger.warning("grrm: group %s cannot be sent: %s", rollout.uid, error)
-            return None
+            return f"group {rollout.uid} cannot be sent: {error}"
 
     def _outcome(self, rollout: Rollout, call: CallOutcome) -> RewardOutcome:
         result = call.result
-        if result is None:
-            logger.warning("grrm: no reward for group %s: %s (%s)", rollout.uid, call.failure, call.error)
-            return member_outcome(
-                extracted=rollout.candidate is not None,
-                score=None,
-                failure=rollout.invalid_reason or call.failure,
-                length=rollout.length,
-                settings=self.settings,
-            )
         return member_outcome(
             extracted=rollout.candidate is not None,
-            score=result.score if result.valid else None,
-            failure=rollout.invalid_reason or result.failure,
+            score=result.score if result is not None and result.valid else None,
+            failure=rollout.invalid_reason or (call.failure if result is None else result.failure),
             length=rollout.length,
             settings=self.settings,
         )
 
-    def _answer(self, rollout: Rollout, outcome: RewardOutcome, call: CallOutcome | None) -> dict[str, Any]:
+    @staticmethod
+    def _detail(rollout: Rollout, call: CallOutcome) -> str:
+        error = call.error if call.result is None else call.result.error
+        return f"group {rollout.uid}: {error or '-'} (after {call.attempts} attempts)"
+
+    def _answer(
+        self, rollout: Rollout, outcome: RewardOutcome, call: CallOutcome | None = None, detail: str = ""
+    ) -> dict[str, Any]:
         result = call.result if call is not None else None
         info = extra_info(
             outcome,
@@ -141,7 +161,23 @@ class GRRMRewardManager(RewardManagerBase):
             replica=result.replica if result is not None else "",
             mask_failed=self.bridge.mask_failed,
         )
+        return self._record(outcome, info, detail)
+
+    def _default(self, reason: str, detail: str) -> dict[str, Any]:
+        """The default reward for a row the bridge could not even read or send."""
+        outcome = default_outcome(reason, self.settings)
+        return self._record(outcome, extra_info(outcome, extracted=False, mask_failed=self.bridge.mask_failed), detail)
+
+    def _record(self, outcome: RewardOutcome, info: dict[str, Any], detail: str) -> dict[str, Any]:
         self.counters.record(outcome, masked=info["masked"], request_attempts=info["request_attempts"])
+        if outcome.failed and outcome.failure not in self._reported:
+            # Once per reason and process: a dead service must not flood the trainer's log. Every
+            # occurrence is counted (grrm/default/<reason> in verl's step metrics).
+            self._reported.add(outcome.failure)
+            logger.warning(
+                "grrm: default reward %s for %s: %s (logged once; further ones are counted in grrm/default/%s)",
+                self.settings.default_reward, outcome.failure, detail, outcome.failure,
+            )
         return {"reward_score": outcome.reward, "reward_extra_info": info}
 
     def metrics(self) -> dict[str, float]:
@@ -154,3 +190,7 @@ class GRRMRewardManager(RewardManagerBase):
 # path defines the class a second time: the first registration stays.
 if "grrm" not in REWARD_MANAGER:
     register("grrm")(GRRMRewardManager)
+
+# Importing this module in verl's trainer process (verl resolves the manager class there) adds the
+# bridge's counters to verl's step metrics; elsewhere it does nothing (trainer_bridge/verl_metrics.py).
+install_step_metrics()

@@ -25,6 +25,8 @@ __all__ = [
     "EXTRA_INFO_KEYS",
     "FAILURES",
     "GroupPlan",
+    "BAD_ROW",
+    "INTERNAL_ERROR",
     "INVALID_EXTRACTION",
     "RewardOutcome",
     "RewardSettings",
@@ -47,6 +49,10 @@ TOO_FEW_DISTINCT = "too_few_distinct"  # nothing to compare in the group
 PROMPT_TOO_LONG = "prompt_too_long"  # the group's GQM prompt is over the token limit
 SEMANTIC_DEFAULTS = frozenset({INVALID_EXTRACTION, INVALID_TEXT, TOO_FEW_DISTINCT, PROMPT_TOO_LONG})
 
+# Reasons of the bridge's own for a default reward (the others come from the service or transport).
+BAD_ROW = "bad_row"
+INTERNAL_ERROR = "internal_error"
+
 # Reasons for a default reward that mean "the reward could not be obtained".
 FAILURES = frozenset(
     {
@@ -58,6 +64,8 @@ FAILURES = frozenset(
         "unavailable",  # back pressure / no replica / connection errors after every attempt
         "transport_error",  # an unexpected error talking to the service
         "no_score",  # the service answered valid without a score for this rollout (should not happen)
+        "bad_row",  # the row lacks what the bridge reads (group, position, source, languages) or holds junk
+        "internal_error",  # the bridge itself failed unexpectedly (a bug: the reward still never raises)
     }
 )
 

@@ -2,16 +2,23 @@
 
 A row is a ``DataProtoItem`` (``data[i]``): ``batch["responses"]`` (right-padded token ids),
 ``batch["attention_mask"]`` (prompt + response), and ``non_tensor_batch`` (``uid``, the dataset's
-``extra_info``, verl's ``priority``, ...). Everything here is a plain function of the row and the
+``extra_info``, verl's ``session_id`` or ``priority``, ...). Everything here is a plain function of the row and the
 :class:`~trainer_bridge.config.BridgeConfig`.
 
-The rollout's index within its group (the member API needs one) is derived, not assigned:
-verl 0.9.1 repeats each prompt ``n`` times with ``interleave=True`` and then numbers the rows
-``0..N-1`` in ``non_tensor_batch["priority"]`` (``AgentLoopManager.generate_sequences``, before
-it splits the batch over agent-loop workers). The ``n`` rollouts of prompt ``k`` thus hold
-priorities ``k*n .. k*n+n-1`` and ``priority % n`` is the rollout's position ``j``: unique within
-the ``uid`` group, the same on every worker and every retry, and the same order the whole-batch
-path sees the rows in.
+The rollout's index within its group (the member API needs one) is derived, not assigned, from
+what each of verl 0.9.1's trainers puts in the row (:func:`rollout_index`):
+
+* the default (v1) trainer runs the ``n`` rollouts of a prompt as sessions ``0..n-1`` that share
+  the prompt's ``uid`` and gives each row its ``session_id``
+  (``verl/trainer/ppo/v1/agent_loop_tq.py``, ``_run_prompt``): the index is ``session_id``;
+* the legacy trainer (``trainer.use_v1=False``, ``experimental/agent_loop``) repeats each prompt
+  ``n`` times with ``interleave=True`` (the ``uid`` is set before, so the copies share it) and then
+  numbers the rows ``0..N-1`` in ``priority`` (``AgentLoopManager.generate_sequences``, before it
+  splits the batch over agent-loop workers): the ``n`` rollouts of prompt ``k`` hold priorities
+  ``k*n .. k*n+n-1`` and the index is ``priority % n``.
+
+Either way the index is unique within the ``uid`` group, the same on every worker and every retry.
+``BridgeConfig.index_key`` names another key instead (its value modulo the group size).
 """
 
 from __future__ import annotations
@@ -20,11 +27,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from cluster import gqm, schema
 from trainer_bridge.config import BridgeConfig, lookup
 from trainer_bridge.rewards import INVALID_EXTRACTION, INVALID_TEXT
 
-__all__ = ["Rollout", "group_size_of", "read_rollout", "response_length", "rollout_index", "row_field"]
+__all__ = [
+    "PRIORITY_KEY",
+    "Rollout",
+    "SESSION_KEY",
+    "group_size_of",
+    "read_rollout",
+    "response_length",
+    "rollout_index",
+    "row_field",
+]
 
 _MISSING = object()
 
@@ -75,10 +93,44 @@ def group_size_of(non_tensor: Mapping[str, Any], config: BridgeConfig) -> int:
     return config.group_size
 
 
-def rollout_index(non_tensor: Mapping[str, Any], group_size: int, key: str = "priority") -> int:
-    """The rollout's position in its group: ``int(row[key]) % group_size`` (see the module docstring)."""
-    value = row_field(non_tensor, key)
-    return int(value) % group_size
+# Where each verl trainer keeps the rollout's position (see the module docstring), in lookup order.
+SESSION_KEY = "session_id"  # default (v1) trainer: the position itself
+PRIORITY_KEY = "priority"  # legacy agent loop: position = priority % group size
+
+
+def rollout_index(non_tensor: Mapping[str, Any], group_size: int, key: str | None = None) -> int:
+    """The rollout's position in its group (see the module docstring).
+
+    ``key`` None: ``session_id`` when the row has one (it must be below ``group_size``), else
+    ``priority % group_size``. A named ``key``: ``int(row[key]) % group_size``. A row with neither
+    raises a KeyError naming what it has.
+    """
+    if key is None:
+        session = row_field(non_tensor, SESSION_KEY, None)
+        if session is not None:
+            index = _integer(SESSION_KEY, session)
+            if not 0 <= index < group_size:
+                raise ValueError(
+                    f"{SESSION_KEY}: {index} is not a position in a group of {group_size} rollouts "
+                    "(is the group size the trainer's rollout.n? set reward_kwargs.group_size or index_key)"
+                )
+            return index
+        key = PRIORITY_KEY
+        if row_field(non_tensor, key, None) is None:
+            raise KeyError(
+                f"row has neither {SESSION_KEY!r} (verl's default trainer) nor {PRIORITY_KEY!r} (legacy agent "
+                f"loop); non_tensor_batch keys: {sorted(non_tensor)}; set reward_kwargs.index_key"
+            )
+    return _integer(key, row_field(non_tensor, key)) % group_size
+
+
+def _integer(key: str, value: Any) -> int:
+    """An integral row value (numpy or Python, int or whole float) as an int; else a ValueError naming ``key``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{key}: expected an integer, got {type(value).__name__} {value!r}")
+    if value != int(value):
+        raise ValueError(f"{key}: expected an integer, got {value!r}")
+    return int(value)
 
 
 def _or_missing(value: Any) -> Any:

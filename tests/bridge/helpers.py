@@ -54,6 +54,27 @@ def row_fields(uid: str, priority: int, source: str = SOURCE, **extra: Any) -> d
     }
 
 
+def session_row_fields(uid: str, session_id: int, source: str = SOURCE, **extra: Any) -> dict[str, Any]:
+    """The non-tensor fields of one row as verl 0.9.1's default (v1) trainer hands it to a reward
+    manager: the n sessions of a prompt share its ``uid`` and carry ``session_id`` 0..n-1; there is
+    no ``priority`` (keys as measured on the real trainer, ``AgentLoopWorkerTQ._run_prompt``)."""
+    return {
+        "uid": uid,
+        "session_id": session_id,
+        "data_source": "wmt-test",
+        "ability": "translation",
+        "prompt": [{"role": "user", "content": f"Translate into German: {source}"}],
+        "raw_prompt": [{"role": "user", "content": f"Translate into German: {source}"}],
+        "reward_model": {"ground_truth": ""},
+        "extra_info": {"index": 0, "source": source, "src_lang": "en", "trg_lang": "de", **extra},
+        "index": 0,
+        "global_steps": 1,
+        "dummy_tensor": 0,
+        "interaction_kwargs": {},
+        "tools_kwargs": {},
+    }
+
+
 def encode_response(tokenizer: Any, response: str, eos: bool = True) -> list[int]:
     ids = tokenizer.encode(response, add_special_tokens=False)
     return ids + [tokenizer.eos_token_id] if eos else ids

@@ -13,7 +13,7 @@ from .helpers import verl_config
 def test_defaults_and_kwargs():
     config = BridgeConfig()
     assert config.transport == "handle" and config.app_name == "grrm" and config.replica_deployment == "GRRMReplica"
-    assert config.extractor == "codeblock" and config.index_key == "priority" and config.uid_key == "uid"
+    assert config.extractor == "codeblock" and config.index_key is None and config.uid_key == "uid"
     http = BridgeConfig(transport="http", http_url="http://10.0.0.1:8000/grrm", extractor="line", mask_failed=True)
     assert http.transport == "http" and http.mask_failed
     assert [config.backoff(a) for a in (1, 2, 3, 4, 5, 6)] == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0]

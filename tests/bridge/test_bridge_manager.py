@@ -6,6 +6,7 @@ test_bridge_cluster.py)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,16 @@ from cluster.engines import ScriptedEngineOptions
 from trainer_bridge.client import RewardClient
 from trainer_bridge.rewards import EXTRA_INFO_KEYS
 
-from .helpers import LocalTransport, agent_loop_row, codeblock, quality_text, row_fields, shuffled, verl_config
+from .helpers import (
+    LocalTransport,
+    agent_loop_row,
+    codeblock,
+    quality_text,
+    row_fields,
+    session_row_fields,
+    shuffled,
+    verl_config,
+)
 
 
 MANAGER_FILE = Path(__file__).resolve().parents[2] / "trainer_bridge" / "reward_manager.py"
@@ -137,26 +147,130 @@ async def test_group_with_one_distinct_translation_is_not_scored(tokenizer):
     assert transport.engine.prompts_seen == []  # no engine call
 
 
-async def test_group_of_one_and_bad_rows(tokenizer):
+async def test_group_of_one_and_bad_rows_never_raise(tokenizer, caplog):
     transport = LocalTransport()
     manager = load_manager(tokenizer, n=1, transport=transport)
     answer = await manager.run_single(agent_loop_row(tokenizer, codeblock("x"), row_fields("solo", 0)))
     assert answer["reward_extra_info"]["failure"] == "too_few_distinct" and transport.calls == 0
 
-    manager = load_manager(tokenizer, n=2, transport=transport)
+    manager = load_manager(tokenizer, n=2, reward_kwargs={"default_reward": -0.5}, transport=transport)
+    bad_rows = []
     fields = row_fields("nosrc", 0)
     del fields["extra_info"]["source"]
-    with pytest.raises(KeyError, match="extra_info.source"):
-        await manager.run_single(agent_loop_row(tokenizer, codeblock("x"), fields))
-    fields = row_fields("noprio", 0)
-    del fields["priority"]
-    with pytest.raises(KeyError, match="priority"):
-        await manager.run_single(agent_loop_row(tokenizer, codeblock("x"), fields))
+    bad_rows.append(fields)
+    fields = row_fields("noindex", 0)
+    del fields["priority"]  # neither session_id (v1) nor priority (legacy)
+    bad_rows.append(fields)
+    bad_rows.append(session_row_fields("out-of-range", 5))  # session 5 in a group of 2
+    fields = row_fields("junk-priority", 0)
+    fields["priority"] = "first"
+    bad_rows.append(fields)
+    with caplog.at_level(logging.WARNING, logger="trainer_bridge.reward_manager"):
+        answers = [await manager.run_single(agent_loop_row(tokenizer, codeblock("x"), f)) for f in bad_rows]
+    for answer in answers:
+        info = answer["reward_extra_info"]
+        assert answer["reward_score"] == -0.5
+        assert tuple(info) == EXTRA_INFO_KEYS and info["failure"] == "bad_row" and info["failed"] and not info["valid"]
+    assert transport.calls == 0
+    # Logged once for the reason (naming the first problem), counted every time.
+    logged = [r.getMessage() for r in caplog.records if "bad_row" in r.getMessage()]
+    assert len(logged) == 1 and "extra_info.source" in logged[0]
+    assert manager.metrics()["grrm/default/bad_row"] == 4 and manager.metrics()["grrm/failed"] == 4
     # A language the service does not know: flagged, never sent (so nobody waits for it).
     fields = row_fields("badlang", 0)
     fields["extra_info"]["src_lang"] = "xx"
     answer = await manager.run_single(agent_loop_row(tokenizer, codeblock("x"), fields))
     assert answer["reward_extra_info"]["failure"] == "rejected" and transport.calls == 0
+
+
+async def test_rows_of_the_default_v1_trainer_are_grouped_by_session_id(tokenizer):
+    """verl's default trainer: no priority, the n sessions of a prompt share its uid."""
+    transport = LocalTransport()
+    manager = load_manager(tokenizer, n=3, reward_kwargs={"score_scale_factor": 0.5}, transport=transport)
+    qualities = {"p0": [2, 9, 5], "p1": [7, 1, 4]}
+    rows = [
+        (uid, session, agent_loop_row(tokenizer, codeblock(quality_text(g, session, q)), session_row_fields(uid, session)))
+        for g, (uid, scores) in enumerate(qualities.items())
+        for session, q in enumerate(scores)
+    ]
+    assert all("priority" not in row.non_tensor_batch for _, _, row in rows)
+    order = shuffled(list(range(len(rows))), seed=5)
+    answers = await asyncio.gather(*(manager.run_single(rows[i][2]) for i in order))
+    by_row = dict(zip(order, answers, strict=True))
+    rewards = [by_row[i]["reward_score"] for i in range(len(rows))]
+    assert rewards == pytest.approx([1.0, 4.5, 2.5, 3.5, 0.5, 2.0])
+    assert all(by_row[i]["reward_extra_info"]["valid"] for i in range(len(rows)))
+    assert transport.assembler.stats()["groups_scored"] == 2 and transport.assembler.stats()["conflicts"] == 0
+
+
+async def test_an_explicit_index_key_overrides_what_the_trainer_provides(tokenizer):
+    transport = LocalTransport()
+    manager = load_manager(tokenizer, n=2, reward_kwargs={"index_key": "extra_info.slot"}, transport=transport)
+    rows = [
+        agent_loop_row(tokenizer, codeblock(quality_text(0, j, 3 + 4 * j)), session_row_fields("k", 0, slot=j))
+        for j in range(2)
+    ]  # both rows claim session 0: only the explicit key tells them apart
+    answers = await asyncio.gather(*(manager.run_single(row) for row in rows))
+    assert [a["reward_score"] for a in answers] == [3.0, 7.0]
+
+
+class _RaisingTransport:
+    """A transport whose every call fails the way an unreachable service (or a bug) does."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+        self.calls = 0
+
+    async def member(self, member, timeout_s):
+        self.calls += 1
+        raise self.error
+
+    async def group(self, group, timeout_s):
+        raise self.error
+
+    async def aclose(self):
+        return None
+
+
+@pytest.mark.parametrize(
+    ("error", "failure"),
+    [
+        ("unreachable", "unavailable"),
+        (RuntimeError("bug in a transport"), "transport_error"),
+    ],
+)
+async def test_an_unreachable_service_gives_flagged_defaults_after_retries(tokenizer, caplog, error, failure):
+    from trainer_bridge.client import RetryableError
+
+    if error == "unreachable":
+        error = RetryableError("unavailable", "connection refused")
+    transport = _RaisingTransport(error)
+    manager = load_manager(
+        tokenizer, n=2, reward_kwargs={"max_attempts": 3, "backoff_s": 0.01, "default_reward": -1.0}, transport=transport
+    )
+    rows = [agent_loop_row(tokenizer, codeblock(quality_text(0, j, 5)), session_row_fields("down", j)) for j in range(2)]
+    with caplog.at_level(logging.WARNING, logger="trainer_bridge.reward_manager"):
+        answers = await asyncio.gather(*(manager.run_single(row) for row in rows))
+    infos = [a["reward_extra_info"] for a in answers]
+    assert [a["reward_score"] for a in answers] == [-1.0, -1.0]
+    assert all(info["failure"] == failure and info["failed"] for info in infos)
+    attempts = 3 if failure == "unavailable" else 1  # only transient errors are retried
+    assert all(info["request_attempts"] == attempts for info in infos) and transport.calls == 2 * attempts
+    assert len([r for r in caplog.records if failure in r.getMessage()]) == 1
+    metrics = manager.metrics()
+    assert metrics[f"grrm/default/{failure}"] == 2
+    assert metrics["grrm/retries"] == 2 * (attempts - 1) and metrics["grrm/retried"] == (2 if attempts > 1 else 0)
+
+
+async def test_an_internal_error_gives_a_flagged_default(tokenizer):
+    manager = load_manager(tokenizer, n=2, transport=LocalTransport())
+
+    async def broken(member):
+        raise ZeroDivisionError("a bug")
+
+    manager.client.score_member = broken
+    answer = await manager.run_single(agent_loop_row(tokenizer, codeblock("x"), session_row_fields("bug", 0)))
+    assert answer["reward_extra_info"]["failure"] == "internal_error" and answer["reward_extra_info"]["failed"]
 
 
 async def test_a_row_may_override_the_group_size(tokenizer):

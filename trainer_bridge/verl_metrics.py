@@ -1,0 +1,118 @@
+"""The bridge's counters in verl's own step metrics, so a failing reward service shows in the curve.
+
+verl 0.9.1 computes rewards in reward-loop worker processes and logs step metrics in its trainer
+process, where nothing reads ``reward_extra_info`` during training. Every row's
+``reward_extra_info`` does reach the trainer, though: in the v1 trainer's TransferQueue
+(``extra_fields["reward_extra_info"]``), and in the legacy trainer's batch (its non-tensor
+columns). :func:`install_step_metrics` wraps the one place each trainer computes a step's metrics
+so that, for steps whose rows carry the bridge's keys (:data:`~trainer_bridge.rewards.EXTRA_INFO_KEYS`),
+the step also logs ``grrm/rewards``, ``grrm/valid``, ``grrm/failed``, ``grrm/retried``,
+``grrm/retries``, ``grrm/default/<reason>`` ... (:func:`trainer_bridge.metrics.metrics_from_extra_info`)
+for exactly that step's rollouts. Steps without them are untouched.
+
+It is installed when ``trainer_bridge.reward_manager`` is imported in the trainer process (verl
+resolves the reward manager class there when it builds its ``RewardLoopManager``), and does nothing
+in processes that have no trainer. A failure to compute the counters is logged and never reaches
+the training step.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from trainer_bridge.metrics import metrics_from_extra_info
+from trainer_bridge.rewards import EXTRA_INFO_KEYS
+
+__all__ = ["install_step_metrics", "step_metrics"]
+
+logger = logging.getLogger(__name__)
+
+V1_TRAINER = "verl.trainer.ppo.v1.trainer_base"  # PPOTrainer._compute_metrics(batch, metrics, ...)
+LEGACY_TRAINER = "verl.trainer.ppo.ray_trainer"  # fit() calls compute_data_metrics(batch=...)
+_WRAPPED = "_grrm_step_metrics"
+
+
+def step_metrics(infos: Iterable[Mapping[str, Any] | None]) -> dict[str, float]:
+    """The bridge's metrics over one step's ``reward_extra_info`` dicts; {} when none is the bridge's."""
+    ours = [info for info in infos if isinstance(info, Mapping) and all(key in info for key in EXTRA_INFO_KEYS)]
+    if not ours:
+        return {}
+    return metrics_from_extra_info({key: [info[key] for info in ours] for key in EXTRA_INFO_KEYS})
+
+
+def install_step_metrics() -> list[str]:
+    """Wrap the step-metric computation of each verl trainer already imported here; returns their names."""
+    installed = []
+    v1 = sys.modules.get(V1_TRAINER)
+    if v1 is not None and _wrap(v1.PPOTrainer, "_compute_metrics", _v1_compute_metrics):
+        installed.append(V1_TRAINER)
+    legacy = sys.modules.get(LEGACY_TRAINER)
+    if legacy is not None and _wrap(legacy, "compute_data_metrics", _legacy_compute_data_metrics):
+        installed.append(LEGACY_TRAINER)
+    return installed
+
+
+def _wrap(owner: Any, name: str, wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
+    original = getattr(owner, name, None)
+    if original is None or getattr(original, _WRAPPED, False):
+        return False
+    wrapped = functools.wraps(original)(wrapper(original))
+    setattr(wrapped, _WRAPPED, True)
+    setattr(owner, name, wrapped)
+    return True
+
+
+def _v1_compute_metrics(original: Callable[..., Any]) -> Callable[..., Any]:
+    def compute_metrics(self, batch, metrics, *args, **kwargs):
+        result = original(self, batch, metrics, *args, **kwargs)
+        _add(metrics, lambda: step_metrics(_v1_reward_infos(batch)))
+        return result
+
+    return compute_metrics
+
+
+def _v1_reward_infos(batch: Any) -> list[Any]:
+    """One ``reward_extra_info`` per rollout of a v1 step (the final output of each session)."""
+    import transfer_queue as tq
+
+    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
+    extra_fields = data["extra_fields"]
+    extra_fields = extra_fields.tolist() if hasattr(extra_fields, "tolist") else list(extra_fields)
+    final: dict[str, tuple[int, Any]] = {}  # {uid}_{session_id} -> (output index, its reward info)
+    for key, tag, fields in zip(batch.keys, batch.tags, extra_fields, strict=True):
+        if tag.get("is_padding", False):
+            continue
+        session, _, output = str(key).rpartition("_")
+        fields = getattr(fields, "data", fields)
+        info = fields.get("reward_extra_info") if isinstance(fields, Mapping) else None
+        index = int(output) if output.isdigit() else 0
+        if session not in final or index > final[session][0]:
+            final[session] = (index, info)
+    return [info for _, info in final.values()]
+
+
+def _legacy_compute_data_metrics(original: Callable[..., Any]) -> Callable[..., Any]:
+    def compute_data_metrics(batch, *args, **kwargs):
+        metrics = original(batch, *args, **kwargs)
+        _add(metrics, lambda: _legacy_metrics(batch))
+        return metrics
+
+    return compute_data_metrics
+
+
+def _legacy_metrics(batch: Any) -> dict[str, float]:
+    columns = batch.non_tensor_batch
+    if not all(key in columns for key in EXTRA_INFO_KEYS):
+        return {}
+    return metrics_from_extra_info({key: list(columns[key]) for key in EXTRA_INFO_KEYS})
+
+
+def _add(metrics: dict[str, Any], compute: Callable[[], dict[str, float]]) -> None:
+    try:
+        metrics.update(compute())
+    except Exception:  # noqa: BLE001 - counting must never break a training step
+        logger.exception("grrm: could not add the bridge's counters to this step's metrics")
