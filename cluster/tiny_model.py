@@ -129,13 +129,30 @@ def _corpus() -> list[str]:
     return texts
 
 
-def _train_tokenizer(vocab_size: int):
+# Control bytes a translation never contains (the service refuses texts with them, cluster/schema.py).
+_CONTROL_BYTES = frozenset([*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F])
+
+
+def _byte_alphabet(printable_vocab: bool) -> list[str]:
+    """The byte-level alphabet, less the characters of control bytes when ``printable_vocab``."""
+    from tokenizers import pre_tokenizers
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    if not printable_vocab:
+        return alphabet
+    control = {pre_tokenizers.ByteLevel(add_prefix_space=False).pre_tokenize_str(chr(b))[0][0] for b in _CONTROL_BYTES}
+    return [char for char in alphabet if char not in control]
+
+
+def _train_tokenizer(vocab_size: int, printable_vocab: bool = False):
     """A byte-level BPE tokenizer with Qwen2's normalizer, pre-tokenizer and decoder.
 
     transformers 5 loads any ``model_type: qwen2`` tokenizer as ``Qwen2Tokenizer``, which rebuilds
     the pipeline from the vocabulary and merges with exactly these components; training with them
     keeps the saved ``tokenizer.json`` and what ``AutoTokenizer`` (and so vLLM) loads identical.
-    Every byte is in the alphabet, so any text encodes.
+    Every byte is in the alphabet, so any text encodes; with ``printable_vocab`` the control bytes
+    are left out (the corpus has none), so no token decodes to one: a random *policy* built so
+    writes rollouts that are always valid text.
     """
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -152,7 +169,7 @@ def _train_tokenizer(vocab_size: int):
         vocab_size=vocab_size,
         min_frequency=1,
         special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        initial_alphabet=_byte_alphabet(printable_vocab),
         show_progress=False,
     )
     tokenizer.train_from_iterator(_corpus(), trainer=trainer)
@@ -164,8 +181,11 @@ def is_complete(directory: str | os.PathLike[str]) -> bool:
     return (Path(directory) / MARKER).is_file()
 
 
-def _build_key(seed: int, vocab_size: int) -> dict[str, int]:
-    return {"recipe_version": RECIPE_VERSION, "seed": seed, "vocab_size": vocab_size}
+def _build_key(seed: int, vocab_size: int, printable_vocab: bool = False) -> dict[str, int]:
+    key = {"recipe_version": RECIPE_VERSION, "seed": seed, "vocab_size": vocab_size}
+    if printable_vocab:
+        key["printable_vocab"] = True
+    return key
 
 
 def _read_key(directory: Path) -> dict | None:
@@ -175,11 +195,11 @@ def _read_key(directory: Path) -> dict | None:
         return None
 
 
-def _write_model(directory: Path, seed: int, vocab_size: int) -> None:
+def _write_model(directory: Path, seed: int, vocab_size: int, printable_vocab: bool = False) -> None:
     import torch
     from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-    backend = _train_tokenizer(vocab_size)
+    backend = _train_tokenizer(vocab_size, printable_vocab)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token=IM_END,
@@ -237,6 +257,7 @@ def build_tiny_model(
     *,
     seed: int = 0,
     vocab_size: int = 2048,
+    printable_vocab: bool = False,
     overwrite: bool = False,
 ) -> Path:
     """Build the tiny model into ``directory`` (created) and return its path.
@@ -245,12 +266,13 @@ def build_tiny_model(
     A complete build with other settings, or a non-empty directory that is not a build, raises
     :class:`FileExistsError` unless ``overwrite`` is true, in which case it is replaced.
     ``vocab_size`` is the size of the tokenizer's vocabulary (special tokens included) and of the
-    model's embedding table.
+    model's embedding table. ``printable_vocab`` leaves control characters out of the vocabulary
+    (a policy for the CPU training harness: its random rollouts are then always sendable text).
     """
     if vocab_size < 256 + len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size: must be >= {256 + len(SPECIAL_TOKENS)} (got {vocab_size})")
     target = Path(directory).expanduser().resolve()
-    key = _build_key(seed, vocab_size)
+    key = _build_key(seed, vocab_size, printable_vocab)
 
     def usable() -> bool:
         return is_complete(target) and _read_key(target) == key
@@ -270,7 +292,7 @@ def build_tiny_model(
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.build-", dir=target.parent))
     try:
-        _write_model(staging, seed, vocab_size)
+        _write_model(staging, seed, vocab_size, printable_vocab)
         (staging / MARKER).write_text(json.dumps(key, sort_keys=True) + "\n")  # written last
         # mkdtemp makes the directory private; a model directory is ordinary shared data.
         for path in staging.iterdir():
@@ -315,10 +337,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("directory", nargs="?", help=f"where to build (default: ${ENV_VAR} or <repo>/models/tiny-grrm)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vocab-size", type=int, default=2048)
+    parser.add_argument("--printable-vocab", action="store_true", help="no control characters in the vocabulary (a policy)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing build")
     args = parser.parse_args(argv)
     directory = args.directory if args.directory is not None else default_tiny_model_dir()
-    path = build_tiny_model(directory, seed=args.seed, vocab_size=args.vocab_size, overwrite=args.overwrite)
+    path = build_tiny_model(
+        directory,
+        seed=args.seed,
+        vocab_size=args.vocab_size,
+        printable_vocab=args.printable_vocab,
+        overwrite=args.overwrite,
+    )
     print(path)
     return 0
 

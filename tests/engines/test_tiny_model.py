@@ -144,3 +144,24 @@ def test_default_dir_is_project_local_and_overridable(monkeypatch: pytest.Monkey
     built = ensure_tiny_model()
     assert built == tmp_path / "elsewhere" and is_complete(built)
     assert ensure_tiny_model(built) == built
+
+
+def test_printable_vocab_policy_never_decodes_to_a_control_character(tmp_path: Path):
+    """The CPU training harness's policy: any sampled token is text the reward service accepts."""
+    from transformers import AutoTokenizer
+
+    from cluster.schema import _check_text
+
+    policy = build_tiny_model(tmp_path / "policy", seed=1, vocab_size=512, printable_vocab=True)
+    tokenizer = AutoTokenizer.from_pretrained(policy)
+    assert len(tokenizer) == 512
+    for token_id in range(len(tokenizer)):
+        _check_text(tokenizer.decode([token_id]))  # raises on a control character
+    text = "Translate: Es regnet in Strömen.\n他这个人就是嘴硬心软。"
+    assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
+    assert json.loads((policy / MARKER).read_text())["printable_vocab"] is True
+    # The default build keeps every byte (any text encodes), so it has control-byte tokens.
+    plain = AutoTokenizer.from_pretrained(build_tiny_model(tmp_path / "plain", seed=1, vocab_size=512))
+    with pytest.raises(ValueError, match="control character"):
+        for token_id in range(len(plain)):
+            _check_text(plain.decode([token_id]))
