@@ -1,0 +1,219 @@
+"""TEST SUPPORT: the whole loop on one CPU machine: reward service + verl's real GRPO training.
+
+:class:`Harness` holds what every run shares: a Ray head of its own (:class:`RayHead`), the tiny
+GRRM reward model and a tiny policy, the MT dataset, and the reward application deployed on the
+head. :meth:`Harness.train` runs ``python -m verl.trainer.main_ppo`` once on the same cluster and
+returns a :class:`TrainingReport` of what verl itself recorded (its step metrics, its rollout
+dumps) and what the reward replicas counted meanwhile.
+
+``python -m cpu_harness`` (see ``__main__.py``) runs it once and prints where the rewards came from.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cluster.tiny_model import build_tiny_model
+from cpu_harness import data, reward_service
+from cpu_harness.ray_head import RAY_ENV, RayHead, free_port
+from cpu_harness.trainer import CPU_ENV, TrainerRun, bridge_overrides, main_ppo_command, read_metrics
+
+__all__ = ["Harness", "TrainingReport", "replica_delta"]
+
+# The random tiny policy writes no code block: the harness reads its whole (stripped) response
+# as the translation (extractor `none`), and flags any default reward with an impossible value.
+HARNESS_EXTRACTOR = "none"
+HARNESS_DEFAULT_REWARD = -1.0
+
+
+@dataclass
+class TrainingReport:
+    """What one training run recorded."""
+
+    returncode: int
+    wall_s: float
+    steps: list[dict[str, Any]]  # verl's file logger: {"step": n, "data": {metric: value}}
+    rollouts: list[dict[str, Any]]  # verl's rollout dumps: {"step", "uid" ({uid}_{session}_{i}), "score", ...}
+    replicas: dict[str, dict[str, int]]  # per replica: assembler counters accrued during the run
+    log_path: Path
+    stopped: dict[str, Any] | None = None  # when the service was stopped mid-run: when and after which step
+
+    def metric(self, step: int, name: str, default: float | None = None) -> float | None:
+        """One metric of one step (``None``/``default`` when verl did not log it)."""
+        for entry in self.steps:
+            if entry["step"] == step:
+                return entry["data"].get(name, default)
+        return default
+
+    def groups(self, step: int) -> dict[str, list[float]]:
+        """Per GRPO group (``uid``) of a step, the rollouts' rewards in session order."""
+        sessions: dict[str, dict[int, float]] = defaultdict(dict)
+        for row in self.rollouts:
+            if row["step"] == step:
+                uid, session, _ = str(row["uid"]).rsplit("_", 2)
+                sessions[uid][int(session)] = float(row["score"])
+        return {uid: [scores[s] for s in sorted(scores)] for uid, scores in sessions.items()}
+
+    def log_tail(self, lines: int = 60) -> str:
+        """The end of the trainer's output, for failure messages."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def replica_delta(before: dict[str, dict], after: dict[str, dict]) -> dict[str, dict[str, int]]:
+    """Per replica, how much each assembler counter grew between two ``stats`` snapshots."""
+    delta = {}
+    for name, info in after.items():
+        old = before.get(name, {}).get("assembler", {})
+        delta[name] = {
+            key: value - old.get(key, 0)
+            for key, value in info["assembler"].items()
+            if isinstance(value, int)
+        }
+        delta[name]["groups_scored_by_engine"] = info["groups_scored"] - before.get(name, {}).get("groups_scored", 0)
+    return delta
+
+
+@dataclass
+class Harness:
+    """A Ray head with the reward service on it, and the inputs of a tiny GRPO training."""
+
+    workdir: Path
+    prompts_per_batch: int = 4
+    rollout_n: int = 4
+    head: RayHead | None = None
+    service_url: str = ""
+    models: dict[str, Path] = field(default_factory=dict)
+    files: dict[str, Path] = field(default_factory=dict)
+    runs: int = 0
+
+    def start(self) -> Harness:
+        """Build the models and data, start the head, deploy the reward service."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.models = {
+            "grrm": build_tiny_model(self.workdir / "models" / "tiny-grrm"),
+            "policy": build_tiny_model(self.workdir / "models" / "tiny-policy", seed=1, printable_vocab=True),
+        }
+        train, val = data.write_dataset(self.workdir / "data", train_rows=4 * self.prompts_per_batch)
+        self.files = {"train": train, "val": val}
+        self.head = RayHead(env=CPU_ENV).start()
+        try:
+            deployed = reward_service.run_command(
+                "deploy", self.head.address, http_port=free_port(), model_dir=self.models["grrm"]
+            )
+        except BaseException:
+            self.stop()
+            raise
+        self.service_url = deployed["url"]
+        return self
+
+    def stop(self) -> None:
+        """Stop everything the head runs (reward service and any trainer leftovers)."""
+        if self.head is not None:
+            self.head.stop()
+            self.head = None
+
+    def replica_stats(self) -> dict[str, dict]:
+        """The reward replicas' ``info`` (assembler counters, groups scored), by replica id."""
+        return reward_service.run_command("stats", self._address(), model_dir=self.models["grrm"]) or {}
+
+    def train(
+        self,
+        *,
+        transport: str = "handle",
+        steps: int = 2,
+        trainer_v1: bool = True,
+        bridge_options: dict[str, object] | None = None,
+        extra_overrides: list[str] | None = None,
+        stop_service_after_step: int | None = None,
+        timeout_s: float = 1500.0,
+    ) -> TrainingReport:
+        """Run verl's trainer once on the head; the service is left as it is (unless stopped)."""
+        self.runs += 1
+        output_dir = self.workdir / f"run-{self.runs}-{transport}"
+        bridge = bridge_overrides(
+            transport=transport,
+            http_url=self.service_url,
+            default_reward=HARNESS_DEFAULT_REWARD,
+            extractor=HARNESS_EXTRACTOR,
+            extra=bridge_options,
+        )
+        run = TrainerRun(
+            policy_dir=self.models["policy"],
+            train_file=self.files["train"],
+            val_file=self.files["val"],
+            output_dir=output_dir,
+            ray_address=self._address(),
+            steps=steps,
+            prompts_per_batch=self.prompts_per_batch,
+            rollout_n=self.rollout_n,
+            bridge=bridge,
+        )
+        argv, env = main_ppo_command(run)
+        if not trainer_v1:
+            argv.append("trainer.use_v1=False")
+        argv += list(extra_overrides or [])
+        before = self.replica_stats()
+        stopper = None
+        if stop_service_after_step is not None:
+            stopper = subprocess.Popen(
+                reward_service.command_argv(
+                    "stop-when", self._address(), metrics_file=run.metrics_file, after_step=stop_service_after_step
+                ),
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ, **RAY_ENV},
+            )
+        log_path = output_dir / "trainer.log"
+        started = time.monotonic()
+        with open(log_path, "wb") as log:
+            try:
+                returncode = subprocess.run(
+                    argv, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s, cwd=self.workdir
+                ).returncode
+            except subprocess.TimeoutExpired:
+                returncode = -9
+        wall_s = time.monotonic() - started
+        stopped = None
+        if stopper is not None:
+            try:
+                out, _ = stopper.communicate(timeout=30)
+                stopped = reward_service.last_json_line(out)
+            except subprocess.TimeoutExpired:
+                stopper.kill()
+        after = self.replica_stats() if stopped is None else {}
+        return TrainingReport(
+            returncode=returncode,
+            wall_s=wall_s,
+            steps=read_metrics(run.metrics_file),
+            rollouts=_read_rollouts(run.rollout_dir),
+            replicas=replica_delta(before, after) if after else {},
+            log_path=log_path,
+            stopped=stopped,
+        )
+
+    def _address(self) -> str:
+        if self.head is None:
+            raise RuntimeError("the harness is not started")
+        return self.head.address
+
+    def __enter__(self) -> Harness:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def _read_rollouts(directory: Path) -> list[dict[str, Any]]:
+    import json
+
+    rows = []
+    for path in sorted(directory.glob("*.jsonl")):
+        rows.extend(json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return rows
