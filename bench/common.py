@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 import platform
-import socket
 import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from cpu_harness.ray_head import free_port  # one implementation, importable wherever the project is installed
 
 # GRRM_BENCH_RESULTS redirects output (CI runs every benchmark with --quick into a temp dir).
 RESULTS = Path(os.environ.get("GRRM_BENCH_RESULTS", Path(__file__).resolve().parent / "results"))
@@ -68,10 +69,3 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-
-
-def free_port() -> int:
-    """A free TCP port on the loopback interface."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

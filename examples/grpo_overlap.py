@@ -34,7 +34,6 @@ import os
 import platform
 import random
 import re
-import socket
 import statistics
 import sys
 import time
@@ -247,12 +246,6 @@ class Step:
         )
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def reward_app(args: argparse.Namespace):
     """The reward application: scripted engine with a per-token latency model (a simulation)."""
     from cluster.engines import EngineConfig, ScriptedEngineOptions
@@ -350,6 +343,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from cluster.engines import EngineConfig, make_engine
     from cluster.tiny_model import ensure_tiny_model
+    from cpu_harness.ray_head import free_port
     from deployments.app import build_app
     from trainer_bridge.client import RewardClient
     from trainer_bridge.config import BridgeConfig

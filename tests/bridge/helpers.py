@@ -40,33 +40,32 @@ def quality_text(group: int, rollout: int, quality: int) -> str:
     return f"Die Katze {group}-{rollout} sass auf der Matte [q={quality}]."
 
 
-def row_fields(uid: str, priority: int, source: str = SOURCE, **extra: Any) -> dict[str, Any]:
-    """The non-tensor fields of one row as verl's batch carries them."""
+def _row_fields(uid: str, source: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """What every trainer's row carries: the group id and the dataset's own fields."""
     return {
         "uid": uid,
-        "priority": priority,
         "data_source": "wmt-test",
-        "agent_name": "single_turn_agent",
         "raw_prompt": [{"role": "user", "content": f"Translate into German: {source}"}],
         "reward_model": {"ground_truth": ""},
         "extra_info": {"source": source, "src_lang": "en", "trg_lang": "de", **extra},
-        "index": priority,
     }
+
+
+def row_fields(uid: str, priority: int, source: str = SOURCE, **extra: Any) -> dict[str, Any]:
+    """The non-tensor fields of one row as verl's legacy agent loop carries them (``priority``)."""
+    return {**_row_fields(uid, source, extra), "priority": priority, "agent_name": "single_turn_agent", "index": priority}
 
 
 def session_row_fields(uid: str, session_id: int, source: str = SOURCE, **extra: Any) -> dict[str, Any]:
     """The non-tensor fields of one row as verl 0.9.1's default (v1) trainer hands it to a reward
     manager: the n sessions of a prompt share its ``uid`` and carry ``session_id`` 0..n-1; there is
     no ``priority`` (keys as measured on the real trainer, ``AgentLoopWorkerTQ._run_prompt``)."""
+    fields = _row_fields(uid, source, extra)
     return {
-        "uid": uid,
+        **fields,
         "session_id": session_id,
-        "data_source": "wmt-test",
         "ability": "translation",
-        "prompt": [{"role": "user", "content": f"Translate into German: {source}"}],
-        "raw_prompt": [{"role": "user", "content": f"Translate into German: {source}"}],
-        "reward_model": {"ground_truth": ""},
-        "extra_info": {"index": 0, "source": source, "src_lang": "en", "trg_lang": "de", **extra},
+        "prompt": fields["raw_prompt"],
         "index": 0,
         "global_steps": 1,
         "dummy_tensor": 0,
