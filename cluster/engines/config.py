@@ -20,6 +20,9 @@ class ScriptedEngineOptions(BaseModel):
     per_token_s: float = Field(0.0, ge=0)
     prefill_token_s: float = Field(0.0, ge=0)
     jitter: float = Field(0.0, ge=0, le=1)
+    # Generations served at once (None: all at once). A real engine's throughput is bounded: with
+    # a limit, groups queue for the engine as they would on a busy GPU.
+    max_concurrent_prompts: int | None = Field(None, ge=1)
     # Length of the fake analysis before the verdict, in words (each counted as one token).
     analysis_words: int = Field(16, ge=0)
     # More analysis for larger groups, as a real model writes (0 = a fixed length).

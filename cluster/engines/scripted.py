@@ -490,6 +490,8 @@ class ScriptedEngine:
         self._started = False
         self._killed = False
         self._abort: asyncio.Event | None = None
+        limit = self.options.max_concurrent_prompts
+        self._slots = asyncio.Semaphore(limit) if limit is not None else None  # the latency model's capacity
         self.generations_served = 0
         self.generate_calls = 0
         self.prompts_seen: list[str] = []
@@ -666,7 +668,11 @@ class ScriptedEngine:
             + options.prefill_token_s * prompt_tokens
         ) * plan.latency_factor
         if delay > 0:
-            await asyncio.sleep(delay)
+            if self._slots is None:
+                await asyncio.sleep(delay)
+            else:
+                async with self._slots:
+                    await asyncio.sleep(delay)
         if self._killed:
             raise EngineError("scripted engine died during generation (kill() was called)")
         return Generation(

@@ -605,3 +605,30 @@ async def test_a_tokenizer_directory_is_loaded_with_transformers(tmp_path, monke
 def test_default_engine_needs_no_files():
     engine = ScriptedEngine(EngineConfig(kind="scripted", model="no/such/model"))
     assert isinstance(engine.tokenizer, ScriptedTokenizer)
+
+
+@pytest.mark.parametrize(("limit", "expected_peak"), [(None, 6), (2, 2), (1, 1)])
+async def test_max_concurrent_prompts_bounds_the_latency_model(monkeypatch, limit, expected_peak):
+    """With a limit, generations queue for the engine's capacity (a busy GPU), without one they overlap."""
+    import cluster.engines.scripted as scripted_module
+    from cluster.engines import ScriptedEngineOptions
+
+    running, peak = 0, 0
+    real_sleep = asyncio.sleep
+
+    async def counting_sleep(delay):
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await real_sleep(0)
+        await real_sleep(0)
+        running -= 1
+
+    monkeypatch.setattr(scripted_module.asyncio, "sleep", counting_sleep)
+    options = ScriptedEngineOptions(per_prompt_s=1.0, max_concurrent_prompts=limit)
+    engine = make_engine(EngineConfig(kind="scripted", scripted=options))
+    await engine.start()
+    prompt = gqm.build_group_prompt("Hello.", ["Hallo.", "Servus."], "en", "de")
+    outputs = await asyncio.gather(*(engine.generate([prompt], SamplingSettings(max_tokens=64)) for _ in range(6)))
+    assert len(outputs) == 6 and peak == expected_peak
+    await engine.stop()
