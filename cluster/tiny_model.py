@@ -181,10 +181,12 @@ def is_complete(directory: str | os.PathLike[str]) -> bool:
     return (Path(directory) / MARKER).is_file()
 
 
-def _build_key(seed: int, vocab_size: int, printable_vocab: bool = False) -> dict[str, int]:
-    key = {"recipe_version": RECIPE_VERSION, "seed": seed, "vocab_size": vocab_size}
+def _build_key(seed: int, vocab_size: int, printable_vocab: bool = False, stop_scale: float = 1.0) -> dict:
+    key: dict = {"recipe_version": RECIPE_VERSION, "seed": seed, "vocab_size": vocab_size}
     if printable_vocab:
         key["printable_vocab"] = True
+    if stop_scale != 1.0:
+        key["stop_scale"] = stop_scale
     return key
 
 
@@ -195,7 +197,9 @@ def _read_key(directory: Path) -> dict | None:
         return None
 
 
-def _write_model(directory: Path, seed: int, vocab_size: int, printable_vocab: bool = False) -> None:
+def _write_model(
+    directory: Path, seed: int, vocab_size: int, printable_vocab: bool = False, stop_scale: float = 1.0
+) -> None:
     import torch
     from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
@@ -235,6 +239,11 @@ def _write_model(directory: Path, seed: int, vocab_size: int, printable_vocab: b
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config).to(torch.float32).eval()
+        if stop_scale != 1.0:
+            # A larger end-of-turn embedding makes its (tied) logit spread wider: the random model
+            # then ends some answers early and others late, like a real policy's long tail.
+            with torch.no_grad():
+                model.get_input_embeddings().weight[im_end_id] *= stop_scale
     model.generation_config = GenerationConfig(
         bos_token_id=endoftext_id,
         eos_token_id=[im_end_id, endoftext_id],
@@ -258,6 +267,7 @@ def build_tiny_model(
     seed: int = 0,
     vocab_size: int = 2048,
     printable_vocab: bool = False,
+    stop_scale: float = 1.0,
     overwrite: bool = False,
 ) -> Path:
     """Build the tiny model into ``directory`` (created) and return its path.
@@ -267,12 +277,16 @@ def build_tiny_model(
     :class:`FileExistsError` unless ``overwrite`` is true, in which case it is replaced.
     ``vocab_size`` is the size of the tokenizer's vocabulary (special tokens included) and of the
     model's embedding table. ``printable_vocab`` leaves control characters out of the vocabulary
-    (a policy for the CPU training harness: its random rollouts are then always sendable text).
+    (a policy for the CPU training harness: its random rollouts are then always sendable text);
+    ``stop_scale`` > 1 scales the end-of-turn token's embedding so that sampled answers end at
+    widely varying lengths (a policy whose rollouts finish at different times).
     """
     if vocab_size < 256 + len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size: must be >= {256 + len(SPECIAL_TOKENS)} (got {vocab_size})")
     target = Path(directory).expanduser().resolve()
-    key = _build_key(seed, vocab_size, printable_vocab)
+    if stop_scale <= 0:
+        raise ValueError(f"stop_scale: must be positive (got {stop_scale})")
+    key = _build_key(seed, vocab_size, printable_vocab, stop_scale)
 
     def usable() -> bool:
         return is_complete(target) and _read_key(target) == key
@@ -292,7 +306,7 @@ def build_tiny_model(
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.build-", dir=target.parent))
     try:
-        _write_model(staging, seed, vocab_size, printable_vocab)
+        _write_model(staging, seed, vocab_size, printable_vocab, stop_scale)
         (staging / MARKER).write_text(json.dumps(key, sort_keys=True) + "\n")  # written last
         # mkdtemp makes the directory private; a model directory is ordinary shared data.
         for path in staging.iterdir():
@@ -338,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vocab-size", type=int, default=2048)
     parser.add_argument("--printable-vocab", action="store_true", help="no control characters in the vocabulary (a policy)")
+    parser.add_argument("--stop-scale", type=float, default=1.0, help="> 1: sampled answers end at varied lengths")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing build")
     args = parser.parse_args(argv)
     directory = args.directory if args.directory is not None else default_tiny_model_dir()
@@ -346,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         vocab_size=args.vocab_size,
         printable_vocab=args.printable_vocab,
+        stop_scale=args.stop_scale,
         overwrite=args.overwrite,
     )
     print(path)

@@ -165,3 +165,28 @@ def test_printable_vocab_policy_never_decodes_to_a_control_character(tmp_path: P
     with pytest.raises(ValueError, match="control character"):
         for token_id in range(len(plain)):
             _check_text(plain.decode([token_id]))
+
+
+def test_stop_scale_spreads_the_lengths_of_sampled_answers(tmp_path: Path):
+    """A policy whose rollouts finish at different times (the verl trainer benchmark's policy)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    def lengths(directory: Path) -> list[int]:
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+        model = AutoModelForCausalLM.from_pretrained(directory)
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "Translate into German: It's raining cats and dogs."}],
+            add_generation_prompt=True, return_tensors="pt", return_dict=True,
+        )["input_ids"]
+        torch.manual_seed(0)
+        out = model.generate(prompt.repeat(16, 1), do_sample=True, max_new_tokens=32, pad_token_id=tokenizer.pad_token_id)
+        stop = {tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.pad_token_id}
+        return [next((i for i, t in enumerate(row.tolist()) if t in stop), 32) for row in out[:, prompt.shape[1]:]]
+
+    plain = lengths(build_tiny_model(tmp_path / "plain", seed=1, vocab_size=512, printable_vocab=True))
+    spread = lengths(build_tiny_model(tmp_path / "spread", seed=1, vocab_size=512, printable_vocab=True, stop_scale=3))
+    assert min(plain) == 32  # a random model almost never samples its end-of-turn token
+    assert min(spread) < 16 and len(set(spread)) >= 6  # ends early and late
+    with pytest.raises(ValueError, match="stop_scale"):
+        build_tiny_model(tmp_path / "bad", stop_scale=0)
