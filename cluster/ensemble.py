@@ -38,7 +38,7 @@ point to where the values cluster on the integer grid (per-prompt shifts would o
 candidates the model scored alike at a rounding boundary), and by whole points back into 0..10
 when the level went past an end but the spread fits (clipping would merge distinct scores).
 For the ``ranking`` prompt type, whose scores are tiers, the rounded values are turned back into
-tiers (best tier = number of tiers, as the parser does).
+tiers as the parser does (lowest tier = 0, best tier = number of tiers - 1).
 
 Pure logic: no Ray, no torch, no I/O. numpy (a Ray dependency) does the linear algebra.
 """
@@ -384,9 +384,9 @@ def _grid_phase(values: Sequence[float]) -> float:
 
 
 def _tiers(values: Sequence[int]) -> list[int]:
-    """Tier scores like the ``ranking`` parser's: best tier = number of tiers, worst = 1."""
-    levels = sorted(set(values), reverse=True)
-    return [len(levels) - levels.index(value) for value in values]
+    """Tier scores like the ``ranking`` parser's: lowest tier = 0, best = number of tiers - 1."""
+    levels = sorted(set(values))
+    return [levels.index(value) for value in values]
 
 
 def merge_verdicts(

@@ -230,7 +230,8 @@ def _parse_ranking(line: str, n: int) -> list[int] | None:
     scores = [0] * n
     for tier_index, tier in enumerate(tiers):
         for member in tier:
-            scores[LETTERS.index(member)] = len(tiers) - tier_index
+            # Counted from the lowest tier, which scores 0 (GRRM's `_ranking_to_scores`).
+            scores[LETTERS.index(member)] = len(tiers) - 1 - tier_index
     return scores
 
 
@@ -251,7 +252,8 @@ def parse_group_answer(text: str, n: int, prompt_type: PromptType = "ranking_sco
     """Read a GRRM answer for a group of ``n`` candidates; ``None`` when it does not parse.
 
     Scores come back in candidate order (A, B, C, ...). For ``ranking`` the score of a candidate
-    is (number of tiers) - (its tier index), so the best tier scores highest.
+    is (number of tiers) - 1 - (its tier index): the lowest tier scores 0 and the best tier
+    (number of tiers) - 1, as GRRM's reference does (``C > A = B`` gives A: 0, B: 0, C: 1).
     """
     _require_str("text", text)
     _require_group_size("n", n)

@@ -18,7 +18,8 @@ from cluster.engines.base import Engine, Generation, SamplingSettings, apply_cha
 from cluster.schema import FailureReason, GroupRequest, GroupResult, Usage
 
 # Score range the prompt asks for; out-of-range answers count as unparseable for every type
-# whose scores are model-written (for `ranking` the parser derives them from tiers).
+# whose scores are model-written. `ranking` scores are derived from tiers instead: 0 (the lowest
+# tier) to tiers - 1, so up to 25 for 26 candidates, and are not held to this range.
 SCORE_RANGE = range(gqm.SCORE_MIN, gqm.SCORE_MAX + 1)
 
 

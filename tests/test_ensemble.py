@@ -211,10 +211,12 @@ def test_merge_refuses_when_the_verdicts_do_not_connect_everyone():
 
 
 def test_ranking_prompt_type_merges_into_tiers():
-    truth = [3, 1, 2, 2, 4, 1]  # tier scores as the parser gives them
-    verdicts = [((0, 1, 2, 3), (3, 1, 2, 2)), ((4, 5, 0, 2), (4, 1, 3, 2))]
+    truth = [2, 0, 1, 1, 3, 0]  # tier scores as the parser gives them: the lowest tier is 0
+    verdicts = [((0, 1, 2, 3), (2, 0, 1, 1)), ((4, 5, 0, 2), (3, 0, 2, 1))]
     merged = ensemble.merge_verdicts(6, verdicts, prompt_type="ranking")
-    assert merged is not None and merged.scores == [3, 1, 2, 2, 4, 1] == truth
+    assert merged is not None and merged.scores == [2, 0, 1, 1, 3, 0] == truth
+    # Parsed sub-prompt verdicts feed the merge unchanged: "A > C = D > B" is A: 2, B: 0, C: 1, D: 1.
+    assert gqm.parse_group_answer("A > C = D > B", 4, "ranking") == list(verdicts[0][1])
 
 
 # --------------------------------------------------------------------------- scripted engine noise

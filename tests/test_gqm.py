@@ -108,9 +108,9 @@ def reference_single_prompt(source, candidate, src_name, trg_name):
 
 
 def dense_tier_scores(scores):
-    """Spec 3 `ranking`: score = (number of tiers) - (tier index); tiers = distinct values, best first."""
+    """Spec 3 `ranking`: score = (number of tiers) - 1 - (tier index); tiers = distinct values, best first."""
     tiers = sorted(set(scores), reverse=True)
-    return [len(tiers) - tiers.index(s) for s in scores]
+    return [len(tiers) - 1 - tiers.index(s) for s in scores]
 
 
 # --------------------------------------------------------------------------------------------
@@ -490,9 +490,11 @@ def test_parse_render_ranking_gives_dense_tier_scores(scores):
 
 
 def test_dense_tier_scores_example_from_spec():
-    # "B > A = D > C": three tiers, B best.
-    assert parse_group_answer("B > A = D > C", 4, "ranking") == [2, 3, 1, 2]
-    assert dense_tier_scores([7, 9, 1, 7]) == [2, 3, 1, 2]
+    # "B > A = D > C": three tiers, B best (2), C lowest (0).
+    assert parse_group_answer("B > A = D > C", 4, "ranking") == [1, 2, 0, 1]
+    assert dense_tier_scores([7, 9, 1, 7]) == [1, 2, 0, 1]
+    # The spec's own example: "C > A = B" is C: 1, A: 0, B: 0.
+    assert parse_group_answer("C > A = B", 3, "ranking") == [0, 0, 1]
 
 
 analysis_texts = st.text(no_surrogates, max_size=200)
@@ -691,16 +693,18 @@ VALID = [
     ("ranking_score", 4, "B > A = D > C\nB: 9, A: 7, D: 7, C: 2", [7, 9, 2, 7]),  # the spec's example
     ("ranking_score", 3, "A: 5\tB: 3\nA: 5, B: 3, C: 2", [5, 3, 2]),
     # ranking
-    ("ranking", 3, "A > B > C", [3, 2, 1]),
-    ("ranking", 3, "C > B > A", [1, 2, 3]),
-    ("ranking", 3, "A>B>C", [3, 2, 1]),
-    ("ranking", 3, "B > A = C", [1, 2, 1]),
-    ("ranking", 3, "A = B > C", [2, 2, 1]),
-    ("ranking", 3, "C = A = B", [1, 1, 1]),
-    ("ranking", 3, "  \n B > C = A \r\n", [1, 2, 1]),
-    ("ranking", 3, "I compared them.\r\nB > A > C\r\n", [2, 3, 1]),
-    ("ranking", 4, "B > A = D > C", [2, 3, 1, 2]),
-    ("ranking", 2, "B > A", [1, 2]),
+    ("ranking", 3, "A > B > C", [2, 1, 0]),
+    ("ranking", 3, "C > B > A", [0, 1, 2]),
+    ("ranking", 3, "A>B>C", [2, 1, 0]),
+    ("ranking", 3, "B > A = C", [0, 1, 0]),
+    ("ranking", 3, "A = B > C", [1, 1, 0]),
+    ("ranking", 3, "C = A = B", [0, 0, 0]),  # one tier: everyone is the lowest tier
+    ("ranking", 3, "  \n B > C = A \r\n", [0, 1, 0]),
+    ("ranking", 3, "I compared them.\r\nB > A > C\r\n", [1, 2, 0]),
+    ("ranking", 3, "C > A = B", [0, 0, 1]),  # the spec's example
+    ("ranking", 3, "C > A > B", [1, 0, 2]),  # the issue's example
+    ("ranking", 4, "B > A = D > C", [1, 2, 0, 1]),
+    ("ranking", 2, "B > A", [0, 1]),
     # score
     ("score", 3, "A: 4, B: 9, C: 7", [4, 9, 7]),
     ("score", 3, "4, 9, 7", [4, 9, 7]),  # bare integers

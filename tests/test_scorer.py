@@ -39,7 +39,9 @@ def test_dedup_keeps_first_seen_order_and_maps_back():
 def test_read_verdict_applies_range_policy_to_score_type():
     assert read_verdict("A: 4, B: 9", 2, "score") == [4, 9]
     assert read_verdict("A: 4, B: 12", 2, "score") is None  # the prompt asks for 0..10
-    assert read_verdict("B > A", 2, "ranking") == [1, 2]
+    assert read_verdict("B > A", 2, "ranking") == [0, 1]  # tiers, not model-written: the lowest is 0
+    # 26 candidates in 26 tiers score 25..0: beyond 0..10, and still a verdict.
+    assert read_verdict(" > ".join(gqm.LETTERS), 26, "ranking") == list(range(25, -1, -1))
 
 
 def test_ranking_line_only_when_present():
@@ -159,5 +161,5 @@ async def test_every_prompt_type_round_trips(prompt_type):
     scorer = await scorer_with(ScoringConfig(prompt_type=prompt_type))
     result = await scorer.score_group(group("a [q=2]", "b [q=9]", "c [q=2]"))
     assert result.valid
-    expected = {"ranking": [1, 2, 1]}.get(prompt_type, [2, 9, 2])
+    expected = {"ranking": [0, 1, 0]}.get(prompt_type, [2, 9, 2])
     assert result.scores == expected

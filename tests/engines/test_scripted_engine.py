@@ -207,7 +207,7 @@ def test_ranking_answer_orders_like_the_marker_scores():
     parsed = parse_prompt(group_prompt(MARKED + ["tie [q=6]"], prompt_type="ranking"))
     answer = build_answer(parsed, analysis="")
     assert gqm.last_line(answer) == "A > C = E > B > D"
-    assert gqm.parse_group_answer(answer, 5, "ranking") == [4, 2, 3, 1, 3]
+    assert gqm.parse_group_answer(answer, 5, "ranking") == [3, 1, 2, 0, 2]
 
 
 def test_single_prompt_answer_ends_with_the_integer_score():
