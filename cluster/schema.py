@@ -4,13 +4,18 @@ The same models validate HTTP bodies (FastAPI), travel through Ray Serve handles
 pickle), and are what :class:`~cluster.scorer.GroupScorer` consumes and produces. Validation
 here is about the protocol (types, languages, shape); size limits are deployment settings and
 are checked by the service.
+
+Request fields are strict: a value of the wrong type is refused, never coerced (no ``true`` or
+``"3"`` or ``2.0`` for an integer, no ``1`` or ``"true"`` for a boolean, no bytes for a text), the
+same over HTTP (422 naming the field) and through a handle (a ``ValidationError``). Handle callers
+pass Python ``int``/``bool``/``str`` (convert numpy scalars with ``int()``/``bool()`` first).
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
 from cluster import gqm
 
@@ -89,11 +94,11 @@ class GroupRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
 
-    group_id: str | None = Field(None, min_length=1, max_length=256)
-    source: str = _TEXT
-    candidates: list[str] = Field(min_length=gqm.MIN_CANDIDATES)
-    src_lang: str = Field(max_length=64)
-    trg_lang: str = Field(max_length=64)
+    group_id: StrictStr | None = Field(None, min_length=1, max_length=256)
+    source: StrictStr = _TEXT
+    candidates: list[StrictStr] = Field(min_length=gqm.MIN_CANDIDATES)
+    src_lang: StrictStr = Field(max_length=64)
+    trg_lang: StrictStr = Field(max_length=64)
 
     validate_text = field_validator("source")(_check_text)
     validate_source = field_validator("source")(_check_not_blank)
@@ -115,17 +120,17 @@ class MemberRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    group_id: str = Field(min_length=1, max_length=256)
-    group_size: int = Field(ge=1, le=1024)
-    index: int = Field(ge=0)
-    source: str = _TEXT
-    candidate: str = _TEXT
-    src_lang: str = Field(max_length=64)
-    trg_lang: str = Field(max_length=64)
+    group_id: StrictStr = Field(min_length=1, max_length=256)
+    group_size: StrictInt = Field(ge=1, le=1024)
+    index: StrictInt = Field(ge=0)
+    source: StrictStr = _TEXT
+    candidate: StrictStr = _TEXT
+    src_lang: StrictStr = Field(max_length=64)
+    trg_lang: StrictStr = Field(max_length=64)
     # The rollout's translation could not be extracted (spec section 4): the member still
     # completes its group (nobody waits for it) but is not shown to the model and gets no score.
     # Its `candidate` is ignored (send "").
-    invalid: bool = False
+    invalid: StrictBool = False
 
     validate_text = field_validator("source", "candidate")(_check_text)
     validate_source = field_validator("source")(_check_not_blank)
