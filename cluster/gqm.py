@@ -1,6 +1,6 @@
 """The GQM wire format: what a GRRM reward model reads and writes.
 
-This module implements ``shared/spec/gqm.md`` byte for byte. It is pure Python (no I/O, no
+This module implements ``docs/gqm.md`` byte for byte. It is pure Python (no I/O, no
 Ray, no torch) so every other layer can rely on it and tests run in milliseconds.
 
 Public functions: :func:`build_group_prompt`, :func:`build_single_prompt`,

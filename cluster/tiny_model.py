@@ -57,7 +57,7 @@ NUM_HEADS = 4
 NUM_KV_HEADS = 2
 MAX_POSITIONS = 8192
 
-# (src_lang, trg_lang, source, candidates): a few groups in the spirit of shared/data/demo_groups.jsonl.
+# (src_lang, trg_lang, source, candidates): a few groups in the spirit of data/demo_groups.jsonl.
 _GROUPS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("en", "zh", "I have a frog in my throat.", ("我嗓子有点哑。", "我喉咙里有只青蛙。", "我嗓子不太舒服。")),
     ("en", "zh", "The grass is always greener on the other side.", ("这山望着那山高。", "另一边的草总是更绿。")),

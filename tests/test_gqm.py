@@ -1,4 +1,4 @@
-"""Independent tests of ``cluster.gqm`` against the wire-format spec ``shared/spec/gqm.md``.
+"""Independent tests of ``cluster.gqm`` against the wire-format spec ``docs/gqm.md``.
 
 Every expected prompt, task sentence, example sentence and language name below is typed from
 the spec (its Python-literal templates and its tables), never copied from ``cluster/gqm.py``,

@@ -1,6 +1,6 @@
 """Differential test: ``parse_group_answer`` against the reference behaviour of spec section 3.
 
-The reference below is written from the text of ``shared/spec/gqm.md`` section 3 ("Reading the
+The reference below is written from the text of ``docs/gqm.md`` section 3 ("Reading the
 model's answer"), not from ``cluster/gqm.py``: it shares no code with the project and is kept
 deliberately plain. A seeded generator writes well-formed GRRM answers for n = 2..26 and
 mutates them (character edits and structural damage); on every answer the project must give the

@@ -1,7 +1,7 @@
 """The KubeRay manifests in k8s/: schema-valid, fresh, and one source of truth with deployments/grrm.yaml.
 
 * every RayService / RayJob validates against the KubeRay v1.7 CRD's ``openAPIV3Schema``
-  (``../shared/kuberay-crds``), made strict the way ``kubectl apply --validate=strict`` is:
+  (``k8s/crds/``, copied from KubeRay), made strict the way ``kubectl apply --validate=strict`` is:
   an unknown field anywhere is an error;
 * KubeRay's own admission rules that a schema cannot express (KubeRay's Go validation, mirrored);
 * core objects (Namespace, Secret, Service, ConfigMap, and every pod template) validate against
@@ -33,7 +33,7 @@ from k8s import render as k8s_render
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 K8S_DIR = PROJECT_ROOT / "k8s"
-CRD_DIR = PROJECT_ROOT.parent / "shared" / "kuberay-crds"
+CRD_DIR = K8S_DIR / "crds"
 GRRM_YAML = PROJECT_ROOT / "deployments" / "grrm.yaml"
 # The oldest Kubernetes the manifests are checked against, and the newest kubernetes-validate ships.
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.utils.latest_version())
@@ -75,7 +75,7 @@ def strict_schema(schema: Any) -> Any:
 @pytest.fixture(scope="module")
 def crd_validators() -> dict[str, jsonschema.Draft7Validator]:
     if not CRD_DIR.is_dir():
-        pytest.fail(f"KubeRay CRDs not found at {CRD_DIR}: shared/ must sit beside the repository")
+        pytest.fail(f"KubeRay CRDs not found at {CRD_DIR} (they are part of the repository)")
     validators = {}
     for kind, name in CRD_FILES.items():
         crd = yaml.load((CRD_DIR / name).read_text(), Loader=_Loader)

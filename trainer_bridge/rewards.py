@@ -1,4 +1,4 @@
-"""GRPO rewards from GRRM scores: the reference arithmetic of ``shared/spec/gqm.md`` section 5.
+"""GRPO rewards from GRRM scores: the reference arithmetic of ``docs/gqm.md`` section 5.
 
 Pure Python (no Ray, no torch, no I/O), shared by the per-rollout reward manager and the
 whole-batch path, and tested exhaustively on its own:

