@@ -5,7 +5,9 @@ router sends every member of a group to one replica; there a :class:`GroupAssemb
 members until the last one arrives, scores the whole group as one GQM prompt and answers every
 member with its own score. A member marked ``invalid`` (its translation could not be extracted)
 counts towards completing the group but is not shown to the model and gets no score; a group with
-fewer than 2 members left to show is answered ``too_few_distinct`` without an engine call.
+fewer than 2 members left to show is answered ``too_few_distinct`` without an engine call. A group
+whose engine died while scoring it is not answered at all (:class:`EngineDeadError` reaches its
+members): it has no verdict, and must be scored elsewhere.
 Pure asyncio: no Ray, no engine, no I/O, so it is tested on its own.
 """
 
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from cluster import gqm
+from cluster.engines.base import EngineDeadError
 from cluster.schema import FailureReason, GroupRequest, GroupResult, MemberRequest, MemberResult
 
 # How many missing indices a timeout message lists before it only counts the rest.
@@ -103,6 +106,9 @@ class GroupAssembler:
     ``score_group`` is called once per complete group, in a task of its own: a caller that is
     cancelled does not cancel the scoring the other members wait for. Every outcome, good or
     bad, reaches every waiting member; nothing is made up (an invalid group gives score None).
+    The one exception is the engine's death (``score_group`` raises :class:`EngineDeadError`):
+    the group is abandoned, neither published nor remembered, and every waiting member's
+    :meth:`submit` raises it, so that all of them are re-sent together to a live engine.
 
     Time is read from ``clock`` (deadlines, cache expiry). The event loop's timer wakes the
     assembler at each deadline; :meth:`expire_overdue` (run on every submit) applies the clock
@@ -168,6 +174,7 @@ class GroupAssembler:
                 "cancelled_waiters",
                 "ledger_adopted",  # groups answered from the ledger (scored by a replica now gone)
                 "ledger_errors",  # ledger calls that failed or timed out (scoring goes on without)
+                "groups_abandoned",  # the engine died while scoring them: no verdict, not answered
             ),
             0,
         )
@@ -175,7 +182,10 @@ class GroupAssembler:
     # ----------------------------------------------------------------------------- public
 
     async def submit(self, member: MemberRequest) -> MemberResult:
-        """Add one member and wait for its group's verdict; the answer carries its own score."""
+        """Add one member and wait for its group's verdict; the answer carries its own score.
+
+        Raises :class:`EngineDeadError` when the engine died while scoring the member's group.
+        """
         self._counters["members_received"] += 1
         if self._closed:
             self._counters["rejected_closed"] += 1
@@ -420,6 +430,9 @@ class GroupAssembler:
                 trg_lang=first.trg_lang,
             )
             verdict = self._verdict_from_result(assembly, await self._score_group(request), shown)
+        except EngineDeadError as error:
+            self._abandon(assembly, error)
+            return
         except Exception as error:  # noqa: BLE001 - any failure is every member's answer, not a hang
             self._counters["scoring_failures"] += 1
             verdict = self._verdict(
@@ -427,6 +440,15 @@ class GroupAssembler:
             )
         await self._publish(assembly, verdict)
         self._finish(assembly, verdict, remember=True)
+
+    def _abandon(self, assembly: _Assembly, error: EngineDeadError) -> None:
+        """No verdict exists: nothing is published or remembered, every waiting member is told."""
+        self._counters["groups_abandoned"] += 1
+        if self._scoring.get(assembly.group_id) is assembly:
+            del self._scoring[assembly.group_id]
+        if not assembly.outcome.done():
+            assembly.outcome.set_exception(error)
+            assembly.outcome.exception()  # retrieved here: members that gave up raise nothing unseen
 
     def _on_scoring_done(self, assembly: _Assembly, task: asyncio.Task[None]) -> None:
         # Reached with the outcome still open only when the task was cancelled (close(), loop

@@ -14,7 +14,14 @@ from dataclasses import dataclass, field
 
 from cluster import ensemble, gqm
 from cluster.config import ScoringConfig
-from cluster.engines.base import Engine, Generation, SamplingSettings, apply_chat_template, count_tokens
+from cluster.engines.base import (
+    Engine,
+    EngineDeadError,
+    Generation,
+    SamplingSettings,
+    apply_chat_template,
+    count_tokens,
+)
 from cluster.schema import FailureReason, GroupRequest, GroupResult, Usage
 
 # Score range the prompt asks for; out-of-range answers count as unparseable for every type
@@ -83,6 +90,9 @@ class GroupScorer:
 
     Groups are scored concurrently: each :meth:`score_group` call awaits its own generation
     and the engine batches concurrent calls (continuous batching in vLLM/SGLang).
+
+    Engine trouble is a flagged result, except the engine's death: :class:`EngineDeadError`
+    propagates, because no verdict exists and the group must be scored on another engine.
     """
 
     def __init__(self, engine: Engine, config: ScoringConfig | None = None, replica: str = ""):
@@ -117,7 +127,10 @@ class GroupScorer:
         return list(await asyncio.gather(*(self.score_group(group) for group in groups)))
 
     async def score_group(self, group: GroupRequest) -> GroupResult:
-        """Score one group; a group that cannot be scored comes back flagged, never made up."""
+        """Score one group; a group that cannot be scored comes back flagged, never made up.
+
+        Raises :class:`EngineDeadError` when the engine died (or hung) while scoring it.
+        """
         started = time.perf_counter()
         result = await self._score(group)
         result.group_id = group.group_id
@@ -241,7 +254,9 @@ class GroupScorer:
         """Score one prompt of distinct ``candidates`` (in prompt order): the path every plan uses.
 
         Builds and measures the prompt, then generates, parses, repairs (``verdict_repair``) and
-        resamples (``retries``) until a verdict parses. Never raises for engine trouble.
+        resamples (``retries``) until a verdict parses. Raises for the engine's death only
+        (:class:`EngineDeadError`, also when a generation timed out and the engine then failed a
+        health check: it hangs); other engine trouble is a flagged outcome.
         """
         config = self.config
         prompt = self.build_prompt(group, candidates)
@@ -260,8 +275,12 @@ class GroupScorer:
             generation_started = time.perf_counter()
             try:
                 generation = await self._generate(prompt, self.sampling_for_attempt(attempt))
+            except EngineDeadError:
+                raise
             except Exception as error:  # noqa: BLE001 - any engine failure is reported, not raised
                 timed_out = isinstance(error, TimeoutError)
+                if timed_out:
+                    await self._raise_if_hung()
                 return PromptOutcome(
                     failure="timeout" if timed_out else "engine_error",
                     error=f"generation ran past generation_timeout_s {config.generation_timeout_s}"
@@ -319,11 +338,24 @@ class GroupScorer:
         )
         try:
             generation = await self._generate(continuation, sampling)
+        except EngineDeadError:
+            raise
         except Exception:  # noqa: BLE001 - a failed repair falls back to resampling
             return None
         repaired = f"{analysis}\n\n{generation.text}" if analysis else generation.text
         usage = Usage.of(generation)
         return repaired, usage, read_verdict(repaired, n, self.config.prompt_type)
+
+    async def _raise_if_hung(self) -> None:
+        """After a generation ran past its deadline: a slow prompt, or a hung engine? A hung engine
+        fails its health check too (bounded by the same deadline); that is the engine's death."""
+        try:
+            await asyncio.wait_for(self.engine.check_health(), timeout=self.config.generation_timeout_s)
+        except Exception as error:  # noqa: BLE001 - any failed or late health check means hung
+            raise EngineDeadError(
+                f"engine {self.engine.name} hung: a generation ran past generation_timeout_s "
+                f"{self.config.generation_timeout_s} and its health check failed ({type(error).__name__}: {error})"
+            ) from error
 
     async def _generate(self, prompt: str, sampling: SamplingSettings) -> Generation:
         generations = await asyncio.wait_for(

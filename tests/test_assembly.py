@@ -8,6 +8,7 @@ import random
 import pytest
 
 from cluster.assembly import GroupAssembler
+from cluster.engines.base import EngineDeadError
 from cluster.schema import GroupRequest, GroupResult, MemberRequest
 
 
@@ -306,6 +307,27 @@ async def test_when_score_group_raises_every_member_gets_the_error():
     # The error is the group's answer: a retry gets it too, without a second scoring.
     assert (await assembler.submit(member("g1", 0))).failure == "engine_error"
     assert len(scorer.calls) == 1
+
+
+async def test_a_group_whose_engine_died_is_neither_answered_nor_published_nor_cached():
+    ledger = MemoryLedger()
+    dying = GroupAssembler(FakeScorer(error=EngineDeadError("engine core died")), assembly_timeout_s=5.0,
+                           ledger=ledger, replica="r1")
+    outcomes = await asyncio.wait_for(
+        asyncio.gather(*(dying.submit(member("g1", index)) for index in range(4)), return_exceptions=True), timeout=2.0
+    )
+    # No verdict exists: every member is told so (its replica re-sends nothing itself), none is
+    # answered engine_error, and nothing is left for a retry or another replica to adopt.
+    assert all(isinstance(outcome, EngineDeadError) for outcome in outcomes), outcomes
+    stats = dying.stats()
+    assert stats["groups_abandoned"] == 1 and stats["scoring_failures"] == 0 and stats["completed_cached"] == 0
+    assert dying.scoring_groups() == 0 and dying.members_waiting() == 0 and ledger.records == {}
+    # Re-sent together to a live replica, the group is scored there once, as if never seen.
+    live_scorer = FakeScorer()
+    live = GroupAssembler(live_scorer, assembly_timeout_s=5.0, ledger=ledger, replica="r2")
+    answers = await asyncio.gather(*(live.submit(member("g1", index)) for index in range(4)))
+    assert all(answer.valid for answer in answers) and len(live_scorer.calls) == 1
+    assert ledger.records["g1"].verdict.scores == tuple(answers[0].group_scores)
 
 
 async def test_an_invalid_group_result_reaches_every_member_without_a_score():

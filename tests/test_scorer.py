@@ -9,7 +9,7 @@ import pytest
 
 from cluster import gqm
 from cluster.config import ScoringConfig
-from cluster.engines import EngineConfig, ScriptedEngineOptions, make_engine
+from cluster.engines import EngineConfig, EngineDeadError, ScriptedEngineOptions, make_engine
 from cluster.schema import GroupRequest
 from cluster.scorer import GroupScorer, dedup_candidates, ranking_line, read_verdict
 
@@ -163,3 +163,39 @@ async def test_every_prompt_type_round_trips(prompt_type):
     assert result.valid
     expected = {"ranking": [0, 1, 0]}.get(prompt_type, [2, 9, 2])
     assert result.scores == expected
+
+
+# ----------------------------------------------------------------------------- engine death
+
+
+async def test_a_dead_engine_is_raised_never_flagged():
+    scorer = await scorer_with()
+    scorer.engine.kill()
+    with pytest.raises(EngineDeadError):
+        await scorer.score_group(group("a", "b"))
+
+
+async def test_an_engine_dying_during_generation_is_raised():
+    scorer = await scorer_with(ScoringConfig(verdict_repair=True), per_prompt_s=0.2)
+    scoring = asyncio.ensure_future(scorer.score_group(group("a", "b")))
+    await asyncio.sleep(0.05)
+    scorer.engine.kill()
+    with pytest.raises(EngineDeadError):
+        await asyncio.wait_for(scoring, timeout=5)
+
+
+async def test_an_engine_dying_before_the_verdict_repair_is_raised():
+    # The first answer has no verdict; the engine dies right after it, before the repair.
+    scorer = await scorer_with(ScoringConfig(verdict_repair=True), malformed_rate=1.0, die_after_generations=1)
+    with pytest.raises(EngineDeadError):
+        await scorer.score_group(group("a", "b"))
+    assert scorer.engine.generations_served == 1
+
+
+async def test_a_generation_past_its_deadline_on_a_hung_engine_is_engine_death():
+    # A slow generation on a healthy engine stays a flagged timeout (see above); when the engine
+    # does not answer its health check either, it hangs: that is its death.
+    scorer = await scorer_with(ScoringConfig(generation_timeout_s=0.2))
+    scorer.engine.stall()
+    with pytest.raises(EngineDeadError, match="hung"):
+        await asyncio.wait_for(scorer.score_group(group("a", "b")), timeout=5)

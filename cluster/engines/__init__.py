@@ -10,6 +10,7 @@ import importlib
 
 from cluster.engines.base import (
     Engine,
+    EngineDeadError,
     EngineError,
     EngineUnsupportedError,
     Generation,
@@ -40,6 +41,7 @@ __all__ = [
     "ENGINE_CLASSES",
     "Engine",
     "EngineConfig",
+    "EngineDeadError",
     "EngineError",
     "EngineKind",
     "EngineUnsupportedError",

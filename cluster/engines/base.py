@@ -22,6 +22,16 @@ class EngineUnsupportedError(EngineError):
     """The engine cannot honour a requested feature (e.g. a regex constraint)."""
 
 
+class EngineDeadError(EngineError):
+    """The engine can serve nothing more: its process died, it failed a health check, or it hung.
+
+    Unlike other engine errors this is not an answer about one group: the group was not scored,
+    and no other group can be scored on this engine. Whoever holds the engine must give it up
+    and let the work be scored on another engine (a replica ends itself: see
+    ``deployments/replica.py``), never answer it with a failure.
+    """
+
+
 @dataclass(frozen=True)
 class SamplingSettings:
     """Sampling for one generate call; engines translate it into their own parameter objects."""
@@ -89,7 +99,8 @@ class Engine(Protocol):
         """Generate one output per prompt (prompts are final text: chat template applied)."""
 
     async def check_health(self) -> None:
-        """Raise :class:`EngineError` when the engine can no longer serve."""
+        """Raise :class:`EngineError` (preferably :class:`EngineDeadError`) when the engine can no
+        longer serve."""
 
 
 def apply_chat_template(tokenizer: Tokenizer, user_message: str) -> str:

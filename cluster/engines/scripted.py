@@ -19,8 +19,10 @@ It honours :class:`~cluster.engines.base.SamplingSettings` (max_tokens, stop str
 temperature, regex constraints), models latency (per prompt, per completion token, per prompt
 token, with seeded jitter; the prompts of one batch run concurrently), and injects failures:
 seeded random ones (``malformed_rate``, ``error_rate``, ``hang_rate``) and scripted ones
-(:meth:`ScriptedEngine.script_failures`). Token counts come from :class:`ScriptedTokenizer`,
-a pure-Python word tokenizer (one token per ``\\w+`` run or punctuation character).
+(:meth:`ScriptedEngine.script_failures`); :meth:`ScriptedEngine.kill` and
+:meth:`ScriptedEngine.stall` simulate a dead and a hung engine. Token counts come from
+:class:`ScriptedTokenizer`, a pure-Python word tokenizer (one token per ``\\w+`` run or
+punctuation character).
 
 The pure logic (prompt parsing, quality function, answer building, truncation) lives in
 module-level functions so it can be tested without asyncio.
@@ -40,6 +42,7 @@ from typing import Any, Literal
 
 from cluster import gqm
 from cluster.engines.base import (
+    EngineDeadError,
     EngineError,
     EngineUnsupportedError,
     FinishReason,
@@ -489,6 +492,7 @@ class ScriptedEngine:
         self._scripted: deque[FailureKind] = deque()
         self._started = False
         self._killed = False
+        self._stalled = False
         self._abort: asyncio.Event | None = None
         limit = self.options.max_concurrent_prompts
         self._slots = asyncio.Semaphore(limit) if limit is not None else None  # the latency model's capacity
@@ -520,7 +524,8 @@ class ScriptedEngine:
         return list(self._scripted)
 
     def kill(self) -> None:
-        """Simulate a dead engine: health checks and generations fail from now on."""
+        """Simulate a dead engine: health checks and generations fail from now on, in-flight ones
+        included, with :class:`EngineDeadError`."""
         self._killed = True
         if self._abort is not None:
             self._abort.set()
@@ -528,6 +533,11 @@ class ScriptedEngine:
     @property
     def killed(self) -> bool:
         return self._killed
+
+    def stall(self) -> None:
+        """Simulate a hung engine: from now on generations and health checks never answer (until
+        the engine is stopped or killed)."""
+        self._stalled = True
 
     # ----------------------------------------------------------------- Engine protocol
 
@@ -554,9 +564,15 @@ class ScriptedEngine:
 
     async def check_health(self) -> None:
         if self._killed:
-            raise EngineError("scripted engine is dead (kill() was called)")
+            raise EngineDeadError("scripted engine is dead (kill() was called)")
         if not self._started:
             raise EngineError("scripted engine is not started")
+        if self._stalled:
+            assert self._abort is not None
+            await self._abort.wait()
+            if self._killed:
+                raise EngineDeadError("scripted engine died while stalled (kill() was called)")
+            raise EngineError("scripted engine: stopped while stalled")
 
     async def generate(self, prompts: Sequence[str], sampling: SamplingSettings) -> list[Generation]:
         await self.check_health()
@@ -611,7 +627,9 @@ class ScriptedEngine:
         draw = self._failure_rng.random()
         factor = self._latency_rng.uniform(1 - options.jitter, 1 + options.jitter)
         kind: FailureKind
-        if self._scripted:
+        if self._stalled:
+            kind = "hang"
+        elif self._scripted:
             kind = self._scripted.popleft()
         elif draw < options.error_rate:
             kind = "error"
@@ -641,6 +659,8 @@ class ScriptedEngine:
         if plan.kind == "hang":
             assert self._abort is not None
             await self._abort.wait()  # never set unless the engine is stopped or killed
+            if self._killed:
+                raise EngineDeadError("scripted engine died while a generation hung (kill() was called)")
             raise EngineError("scripted engine: stopped while a generation hung")
         parsed = parse_prompt(plan.prompt)
         malformed = plan.kind == "malformed"
@@ -674,7 +694,7 @@ class ScriptedEngine:
                 async with self._slots:
                     await asyncio.sleep(delay)
         if self._killed:
-            raise EngineError("scripted engine died during generation (kill() was called)")
+            raise EngineDeadError("scripted engine died during generation (kill() was called)")
         return Generation(
             text=text,
             prompt_tokens=prompt_tokens,

@@ -21,13 +21,14 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from cluster.engines.base import EngineError, FinishReason, Generation, SamplingSettings, Tokenizer
+from cluster.engines.base import EngineDeadError, EngineError, FinishReason, Generation, SamplingSettings, Tokenizer
 from cluster.engines.config import EngineConfig
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "CPU_ENV_DEFAULTS",
+    "HEALTH_PROBE_TIMEOUT_S",
     "VLLMEngine",
     "apply_cpu_env_defaults",
     "engine_args_kwargs",
@@ -45,6 +46,9 @@ CPU_ENV_DEFAULTS: dict[str, str] = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
 }
+
+# A health probe is a round trip to the engine core process, answered between two engine steps.
+HEALTH_PROBE_TIMEOUT_S = 30.0
 
 # vLLM's finish reasons -> ours. "repetition" (vLLM's loop detector cut a degenerate output short)
 # is not a natural end: it reads as "length".
@@ -122,6 +126,7 @@ def _import_vllm() -> dict[str, Any]:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
     from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
 
     names: dict[str, Any] = {
         "AsyncEngineArgs": AsyncEngineArgs,
@@ -129,6 +134,7 @@ def _import_vllm() -> dict[str, Any]:
         "SamplingParams": SamplingParams,
         "StructuredOutputsParams": StructuredOutputsParams,
         "RequestOutputKind": RequestOutputKind,
+        "EngineDeadError": VLLMEngineDeadError,
         "parse_model_prompt": None,
     }
     try:  # the non-deprecated input path (vLLM >= 0.30): render prompts with the engine's renderer
@@ -213,13 +219,17 @@ class VLLMEngine:
         return self._engine
 
     async def check_health(self) -> None:
+        """Raise :class:`EngineDeadError` when the engine core process died or does not answer.
+
+        vLLM's own check only reads a flag its monitor thread sets when the core process exits;
+        a round trip to the core (a cheap utility call) also catches a core that hangs.
+        """
         engine = self._require_engine()
-        if engine.errored:
-            raise EngineError("the vLLM engine is dead")
         try:
             await engine.check_health()
-        except Exception as exc:
-            raise EngineError(f"the vLLM engine is unhealthy: {exc!r}") from exc
+            await asyncio.wait_for(engine.is_sleeping(), HEALTH_PROBE_TIMEOUT_S)
+        except Exception as exc:  # TimeoutError included
+            raise EngineDeadError(f"the vLLM engine core is dead or does not answer: {exc!r}") from exc
 
     def sampling_params(self, sampling: SamplingSettings) -> Any:
         """The ``vllm.SamplingParams`` for ``sampling`` (the engine must be started)."""
@@ -253,10 +263,12 @@ class VLLMEngine:
         if not prompts:
             return []
         engine = self._require_engine()
+        self._raise_if_dead(engine)
         params = self.sampling_params(sampling)
         try:
             inputs = await self._engine_inputs(engine, prompts)
         except Exception as exc:
+            self._raise_if_dead(engine, exc)
             raise EngineError(f"vLLM rejected a prompt: {exc}") from exc
         call_id = uuid.uuid4().hex[:12]
         tasks = [
@@ -272,6 +284,14 @@ class VLLMEngine:
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
 
+    def _raise_if_dead(self, engine: Any, cause: BaseException | None = None) -> None:
+        """Raise :class:`EngineDeadError` when the engine core is gone (its process died): every
+        request fails from then on, and the failure is the engine's, not the prompt's."""
+        dead_error = self._vllm.get("EngineDeadError")
+        if engine.errored or (dead_error is not None and isinstance(cause, dead_error)):
+            detail = f": {cause!r}" if cause is not None else ""
+            raise EngineDeadError(f"the vLLM engine core is dead{detail}") from cause
+
     async def _generate_one(self, engine: Any, item: Any, params: Any, request_id: str) -> Generation:
         final = None
         try:
@@ -280,8 +300,10 @@ class VLLMEngine:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            self._raise_if_dead(engine, exc)
             raise EngineError(f"vLLM request {request_id} failed: {exc!r}") from exc
         if final is None or not final.outputs:
+            self._raise_if_dead(engine)
             raise EngineError(f"vLLM request {request_id} ended without an output")
         completion = final.outputs[0]
         extra: dict[str, Any] = {}

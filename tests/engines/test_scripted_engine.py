@@ -19,7 +19,15 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from cluster import gqm
-from cluster.engines import Engine, EngineConfig, EngineError, EngineUnsupportedError, SamplingSettings, make_engine
+from cluster.engines import (
+    Engine,
+    EngineConfig,
+    EngineDeadError,
+    EngineError,
+    EngineUnsupportedError,
+    SamplingSettings,
+    make_engine,
+)
 from cluster.engines.base import Tokenizer, apply_chat_template, count_tokens
 from cluster.engines.scripted import (
     MALFORMED_LAST_LINE,
@@ -475,9 +483,9 @@ async def test_health_lifecycle_and_kill():
     await engine.start()  # idempotent
     await engine.check_health()
     engine.kill()
-    with pytest.raises(EngineError, match="dead"):
+    with pytest.raises(EngineDeadError, match="dead"):
         await engine.check_health()
-    with pytest.raises(EngineError):
+    with pytest.raises(EngineDeadError):
         await engine.generate([group_prompt(MARKED)], GREEDY)
     await engine.stop()
     await engine.stop()  # idempotent
@@ -488,8 +496,22 @@ async def test_kill_fails_in_flight_generations():
     task = asyncio.ensure_future(engine.generate([group_prompt(MARKED)], GREEDY))
     await asyncio.sleep(0.05)
     engine.kill()
-    with pytest.raises(EngineError):
+    with pytest.raises(EngineDeadError):
         await task
+
+
+async def test_a_stalled_engine_answers_neither_generations_nor_health_checks_until_stopped():
+    engine = await started()
+    engine.stall()
+    generation = asyncio.ensure_future(engine.generate([group_prompt(MARKED)], GREEDY))
+    health = asyncio.ensure_future(engine.check_health())
+    await asyncio.sleep(0.1)
+    assert not generation.done() and not health.done()
+    engine.kill()
+    with pytest.raises(EngineDeadError):
+        await health
+    with pytest.raises(EngineDeadError):
+        await generation
 
 
 # ----------------------------------------------------------------------------- determinism
