@@ -3,7 +3,9 @@
 Used by the HTTP ingress and by the trainer bridge (which sits on the same Ray cluster and
 skips the HTTP hop). A call whose replica dies is sent again with ``attempt + 1``: the router
 then uses pure ring order, so every member of the group lands together on the same live replica
-and the group is re-assembled there.
+and the group is re-assembled there. A replica whose engine dies ends itself
+(``deployments/replica.py``), so engine death reaches callers as replica death and is survived
+the same way.
 """
 
 from __future__ import annotations

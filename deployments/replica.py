@@ -2,20 +2,27 @@
 
 A replica is one Ray Serve actor (with its placement group of one GPU per tensor-parallel rank
 on GPU machines). Callers reach it through the group-aware router (``deployments/router.py``).
+
+A replica whose engine dies (its process killed or crashed, a failed health check, a hang) ends
+its own process at once: it answers nothing more, so every call it holds fails exactly as on a
+replica's death, the callers re-send it to a live replica (``deployments/client.py``), and Serve
+starts a new replica. No member is answered ``engine_error`` for a group a live replica can score.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import resource
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from cluster.assembly import GroupAssembler
-from cluster.engines import make_engine
+from cluster.engines import EngineDeadError, make_engine
 from cluster.schema import GroupRequest, GroupResult, MemberRequest, MemberResult
 from cluster.scorer import GroupScorer
 from deployments.config import AppConfig
@@ -24,6 +31,11 @@ from deployments.metrics import ReplicaMetrics
 from deployments.router import OUTSTANDING_WORK
 
 logger = logging.getLogger("ray.serve")
+
+# A replica that lost its engine gives the engine this long to stop before its process ends.
+ENGINE_STOP_TIMEOUT_S = 5.0
+# Exit status of a replica process that ended because its engine died.
+ENGINE_LOST_EXIT_CODE = 3
 
 
 def _current_rss_bytes() -> int | None:
@@ -65,7 +77,10 @@ class GRRMReplica:
             ledger=ServeLedger(ledger) if ledger is not None else None,
         )
         self._outstanding_work = 0.0
-        self._groups_scored = 0  # every GQM group this replica sent to its engine path
+        self._groups_scored = 0  # GQM groups whose engine path returned (a verdict or a flagged failure)
+        # Set once the engine is lost; never resolved: the process ends while calls wait on it.
+        self._engine_lost: asyncio.Future[None] | None = None
+        self._ending: asyncio.Task[NoReturn] | None = None
 
     async def score_group(self, group: GroupRequest, attempt: int = 0) -> GroupResult:
         """Score one whole group (``attempt`` is read by the router, not here)."""
@@ -73,15 +88,21 @@ class GRRMReplica:
         self._outstanding_work += work
         try:
             result = await self._score(group)
+        except EngineDeadError:
+            await self._answer_nothing()
         finally:
             self._outstanding_work -= work
         return result
 
     async def score_member(self, member: MemberRequest, attempt: int = 0) -> MemberResult:
         """Add one member to its group; answers when the group is scored (or times out)."""
+        if self._engine_lost is not None:
+            await self._answer_nothing()
         self._outstanding_work += 1.0
         try:
             result = await self.assembler.submit(member)
+        except EngineDeadError:
+            await self._answer_nothing()
         finally:
             self._outstanding_work -= 1.0
             self.metrics.members_waiting.set(self.assembler.members_waiting())
@@ -90,23 +111,75 @@ class GRRMReplica:
         return result
 
     async def _score(self, group: GroupRequest) -> GroupResult:
+        if self._engine_lost is not None:
+            raise EngineDeadError(f"replica {self.name} lost its engine")
+        try:
+            result = await self.scorer.score_group(group)
+        except EngineDeadError as error:
+            self._lose_engine(error)
+            raise
         self._groups_scored += 1
-        result = await self.scorer.score_group(group)
         self.metrics.record_group(result)
         return result
+
+    def _lose_engine(self, error: BaseException) -> None:
+        """Take no more work and end this replica's process (see the module docstring)."""
+        if self._engine_lost is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._engine_lost = loop.create_future()
+        logger.error(
+            "replica %s: engine lost (%s: %s); ending the replica: its calls are re-sent to live replicas "
+            "and Serve starts a new one",
+            self.name,
+            type(error).__name__,
+            error,
+        )
+        self._ending = loop.create_task(self._end_process(), name="end-replica")
+
+    async def _end_process(self) -> NoReturn:
+        # Stopping the engine releases its processes and memory; Ray would reap them anyway.
+        try:
+            await asyncio.wait_for(self.engine.stop(), ENGINE_STOP_TIMEOUT_S)
+        except BaseException as error:  # noqa: BLE001 - the process ends whatever happened
+            logger.warning("replica %s: engine stop after its loss failed: %r", self.name, error)
+        finally:
+            for handler in logging.getLogger().handlers + logger.handlers:
+                handler.flush()
+            # The process ends, not just the actor's work: every call held here then fails as on a
+            # replica's death (RayActorError), which callers know to re-send.
+            os._exit(ENGINE_LOST_EXIT_CODE)
+
+    async def _answer_nothing(self) -> NoReturn:
+        """Hold a call until the process ends: a replica without an engine answers nothing, not
+        even an error, so that its callers see a dead replica and re-send the call elsewhere."""
+        assert self._engine_lost is not None
+        await asyncio.shield(self._engine_lost)
+        raise AssertionError("unreachable: the replica process ends first")
 
     def record_routing_stats(self) -> dict[str, Any]:
         """Outstanding work every router reads for bounded-load and least-work decisions."""
         return {OUTSTANDING_WORK: self._outstanding_work, "pending_groups": self.assembler.pending_groups()}
 
     async def check_health(self) -> None:
-        """Serve calls this periodically; raising makes Serve replace the replica."""
-        await self.engine.check_health()
+        """Serve calls this periodically; raising makes Serve replace the replica.
+
+        A failed check is the engine's loss: the replica ends at once instead of serving on
+        until Serve has seen enough failed checks in a row.
+        """
+        if self._engine_lost is not None:
+            raise EngineDeadError(f"replica {self.name} lost its engine")
+        try:
+            await self.engine.check_health()
+        except Exception as error:
+            self._lose_engine(error)
+            raise
 
     def info(self, target_replica: str | None = None) -> dict[str, Any]:
         """What this replica runs (``target_replica`` lets the router address one replica)."""
         return {
             "replica": self.name,
+            "pid": os.getpid(),
             "model": self.config.engine.model,
             "engine": self.config.engine.kind,
             "prompt_type": self.config.scoring.prompt_type,

@@ -46,6 +46,14 @@ class GroupAwareRequestRouter(ConsistentHashRouter):
         if hasattr(self, "_policy"):
             self._policy.update_replicas(replica_name(replica) for replica in replicas)
 
+    def on_replica_actor_died(self, replica_id) -> None:
+        # Serve calls this when a call to the replica failed because it died, before the
+        # controller broadcasts the new replica set. Taking it off the ring at once sends re-sent
+        # members to its ring successor, where every router sends them once it has seen the death.
+        super().on_replica_actor_died(replica_id)
+        if hasattr(self, "_policy"):
+            self._policy.update_replicas(self._replica_id_set_names())
+
     def _load(self, replica: RunningReplica) -> float:
         reported = (replica.routing_stats or {}).get(OUTSTANDING_WORK, 0.0)
         # Reported work covers every router but lags by up to the stats period; ours is current.
