@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cluster.gqm import MAX_CANDIDATES, PromptType
+from cluster.prompt_guard import GuardMode
 
 
 class ScoringConfig(BaseModel):
@@ -16,6 +17,10 @@ class ScoringConfig(BaseModel):
 
     prompt_type: PromptType = "ranking_score"
     add_example: bool = False
+    # A source or candidate that could change the prompt's structure (a code fence, a special
+    # token of the tokenizer; cluster/prompt_guard.py) is neutralized (a space breaks the
+    # sequence), or its group refused ("reject"), or pasted as is ("off": trusted texts only).
+    prompt_guard: GuardMode = "neutralize"
     # Prompts longer than this (chat template included) are refused, not truncated.
     max_prompt_tokens: int = Field(4096, ge=16)
     max_answer_tokens: int = Field(4096, ge=1)

@@ -161,7 +161,12 @@ def build_group_prompt(
     prompt_type: PromptType = "ranking_score",
     add_example: bool = False,
 ) -> str:
-    """Build the GQM prompt for one group: the source and every candidate, labelled A, B, C, ..."""
+    """Build the GQM prompt for one group: the source and every candidate, labelled A, B, C, ...
+
+    Texts are pasted between the code fences as given, byte for byte as the spec (and GRRM's
+    reference) does: a text holding a fence or a special token could forge the prompt's
+    structure. Untrusted texts go through :mod:`cluster.prompt_guard` first (the scorer does so).
+    """
     _require_str("source", source)
     if isinstance(candidates, (str, bytes)) or not isinstance(candidates, Sequence):
         raise GQMInputError("candidates", candidates, "must be a list of strings")
@@ -183,7 +188,10 @@ def build_group_prompt(
 
 
 def build_single_prompt(source: str, candidate: str, src_lang: str, trg_lang: str) -> str:
-    """Build the single-candidate (SQM) prompt, the baseline GQM is compared against."""
+    """Build the single-candidate (SQM) prompt, the baseline GQM is compared against.
+
+    Texts are pasted as given, as in :func:`build_group_prompt` (see :mod:`cluster.prompt_guard`).
+    """
     _require_str("source", source)
     _require_str("candidate", candidate)
     return _SINGLE_TEMPLATE.format(

@@ -13,6 +13,7 @@ pass Python ``int``/``bool``/``str`` (convert numpy scalars with ``int()``/``boo
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
@@ -61,7 +62,15 @@ def _check_language(value: str) -> str:
         gqm.language_name(value)
     except gqm.GQMInputError as error:
         raise ValueError(error.problem) from None
+    # A full name goes into the prompt as given: a name is letters (with their marks), digits,
+    # spaces and - ' ( ) , . / -- never a newline or a backtick that could forge the prompt.
+    odd = next((c for c in value if unicodedata.category(c)[0] not in "LMN" and c not in _NAME_PUNCTUATION), None)
+    if odd is not None:
+        raise ValueError(f"a language name may hold letters, digits, spaces and - ' ( ) , . / only (found {odd!r})")
     return value
+
+
+_NAME_PUNCTUATION = frozenset(" -'’(),./")
 
 
 class Usage(BaseModel):
@@ -164,6 +173,10 @@ class GroupResult(BaseModel):
     stages: dict[str, float] = Field(default_factory=dict)
     # The last raw answer, for debugging (HTTP responses include it only on request).
     answer: str | None = None
+    # Texts of the group (source, candidates) that could have changed the prompt's structure, by
+    # what was done with them: {"neutralized": n}, {"rejected": n} or, with the guard off,
+    # {"unguarded": n} (scoring.prompt_guard, cluster/prompt_guard.py). Empty for most groups.
+    guarded_texts: dict[str, int] = Field(default_factory=dict)
 
 
 class MemberResult(BaseModel):

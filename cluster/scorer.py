@@ -8,11 +8,12 @@ Every prompt goes through :meth:`GroupScorer.score_prompt` (retries and verdict 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from cluster import ensemble, gqm
+from cluster import ensemble, gqm, prompt_guard
 from cluster.config import ScoringConfig
 from cluster.engines.base import (
     Engine,
@@ -101,7 +102,11 @@ class GroupScorer:
         self.replica = replica
 
     def build_prompt(self, group: GroupRequest, distinct: Sequence[str]) -> str:
-        """The GQM prompt as the model sees it (through its chat template)."""
+        """The GQM prompt as the model sees it (through its chat template).
+
+        Texts are pasted as given: :meth:`score_group` passes them through the prompt guard
+        first (:meth:`guard_texts`), so no source or candidate can change the prompt's structure.
+        """
         user_message = gqm.build_group_prompt(
             group.source,
             list(distinct),
@@ -129,14 +134,38 @@ class GroupScorer:
     async def score_group(self, group: GroupRequest) -> GroupResult:
         """Score one group; a group that cannot be scored comes back flagged, never made up.
 
+        Its texts pass the prompt guard first (:meth:`guard_texts`); ``guarded_texts`` in the
+        result counts those that could have changed the prompt's structure.
         Raises :class:`EngineDeadError` when the engine died (or hung) while scoring it.
         """
         started = time.perf_counter()
-        result = await self._score(group)
+        guarded = self.guard_texts(group)
+        if guarded.rejected:
+            result = _failed(
+                "rejected",
+                f"{', '.join(guarded.forging)}: contains a code fence (```) or a special token of the model's "
+                "tokenizer, which would change the prompt's structure (scoring.prompt_guard is reject)",
+            )
+        else:
+            if guarded.action == "neutralized" and guarded.forging:
+                group = group.model_copy(update={"source": guarded.source, "candidates": guarded.candidates})
+            result = await self._score(group)
+        result.guarded_texts = guarded.counts
         result.group_id = group.group_id
         result.replica = self.replica
         result.latency_s = time.perf_counter() - started
         return result
+
+    def guard_texts(self, group: GroupRequest) -> prompt_guard.GuardedTexts:
+        """The group's texts as its prompts will hold them, and which could forge the prompt's
+        structure (code fences, the tokenizer's special tokens): ``scoring.prompt_guard`` decides
+        whether they are neutralized, refused or left as they are (:mod:`cluster.prompt_guard`)."""
+        return prompt_guard.guard_texts(group.source, group.candidates, self.special_tokens, self.config.prompt_guard)
+
+    @functools.cached_property
+    def special_tokens(self) -> tuple[str, ...]:
+        """The strings the engine's tokenizer reads as special tokens (read at first use: after start)."""
+        return prompt_guard.special_tokens(self.engine.tokenizer)
 
     def plan(self, group: GroupRequest, distinct: Sequence[str]) -> list[ensemble.SubPrompt]:
         """The prompts that score ``distinct``: one, or subgroups and/or permutations.

@@ -26,6 +26,12 @@ class ReplicaMetrics:
         self.all_equal_groups = Counter(
             "grrm_all_equal_groups", "Valid groups whose scores are all equal (no learning signal)."
         )
+        self.guarded_texts = Counter(
+            "grrm_guarded_texts",
+            "Texts (source, candidates) that could change the GQM prompt's structure, by what was done: "
+            "neutralized, rejected or unguarded (scoring.prompt_guard off).",
+            tag_keys=("action",),
+        )
         self.members_waiting = Gauge("grrm_members_waiting", "Members waiting for the rest of their group.")
         self.stage_latency = Histogram(
             "grrm_stage_latency_s",
@@ -53,6 +59,8 @@ class ReplicaMetrics:
             self.prompt_tokens.inc(result.usage.prompt_tokens)
         if result.usage.completion_tokens:
             self.completion_tokens.inc(result.usage.completion_tokens)
+        for action, count in result.guarded_texts.items():
+            self.guarded_texts.inc(count, tags={"action": action})
         for stage, seconds in result.stages.items():
             self.stage_latency.observe(seconds, tags={"stage": stage})
         self.stage_latency.observe(result.latency_s, tags={"stage": "total"})

@@ -133,6 +133,8 @@ class ScriptedTokenizer:
 
     name_or_path = "scripted"
     eos_token = CHATML_END
+    # Its chat-turn markers, as a Hugging Face tokenizer lists them (the prompt guard reads them).
+    all_special_tokens = ("<|im_start|>", CHATML_END)
 
     def apply_chat_template(
         self,
