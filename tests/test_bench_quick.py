@@ -17,11 +17,11 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 
-def run_quick(module: str, results: Path) -> None:
+def run_quick(module: str, results: Path, timeout_s: float = 360) -> None:
     env = {**os.environ, "GRRM_BENCH_RESULTS": str(results), "RAY_USAGE_STATS_ENABLED": "0"}
     completed = subprocess.run(
         [sys.executable, "-m", f"bench.{module}", "--quick"], cwd=ROOT, env=env, capture_output=True, text=True,
-        timeout=360,
+        timeout=timeout_s,
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
 
@@ -72,3 +72,21 @@ def test_gqm_vs_sqm_quick(tmp_path):
 def test_other_benchmarks_quick(tmp_path, module):
     run_quick(module, tmp_path)
     assert (tmp_path / f"{module}.json").exists()
+
+
+@pytest.mark.verl_trainer
+@pytest.mark.timeout(900)
+def test_verl_trainer_quick(tmp_path):
+    """verl's legacy trainer both ways (its colocated after-batch reward loop, and streamed rewards)."""
+    run_quick("verl_trainer", tmp_path, timeout_s=840)
+    rows = {row["mode"]: row for row in json.loads((tmp_path / "verl_trainer.json").read_text())}
+    assert set(rows) == {"after_batch", "streamed_legacy"}
+    for row in rows.values():
+        assert row["returncode"] == 0 and row["steps"] == 1 and row["simulated_reward"]
+        valid, total = map(int, row["valid_rewards"].split("/"))
+        # Every reward is a GRRM score, except for a random rollout that came out blank.
+        assert total == 16 and row["failed_rewards"] == 0
+        assert total - valid == row["defaults"].get("invalid_text", 0) == sum(row["defaults"].values())
+    # After-batch rewards are computed in verl's reward phase; streamed ones during generation.
+    assert rows["after_batch"]["reward_s"] > 0.2 and rows["after_batch"]["exposed_reward_s"] == rows["after_batch"]["reward_s"]
+    assert rows["streamed_legacy"]["reward_s"] < 0.05 and rows["streamed_legacy"]["step_vs_after_batch"] > 0
