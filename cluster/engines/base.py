@@ -43,8 +43,8 @@ class SamplingSettings:
     stop: tuple[str, ...] = ()
     # A regular expression the whole output must match (structured outputs); None = free text.
     regex: str | None = None
-    # Generate exactly max_tokens (benchmarks with fixed answer lengths). vLLM and SGLang honour
-    # it; the transformers and scripted engines do not (their answer lengths are their own).
+    # Generate exactly max_tokens (benchmarks with fixed answer lengths). vLLM, SGLang and
+    # transformers honour it; the scripted engine does not (its answer lengths are its own).
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:

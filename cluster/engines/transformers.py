@@ -10,12 +10,19 @@ sampling settings) and runs one ``generate`` over them in a worker thread; rows 
 meanwhile form the next batch. All settings are applied per row, so rows never need to match:
 
 - greedy rows take the arg-max (``generate`` runs with ``do_sample=False``); sampled rows are drawn
-  by :class:`_RowSampler` with temperature and top-p and a per-row ``torch.Generator`` seeded
-  from ``sampling.seed``, so a seeded row's output does not depend on its batch-mates (up to
+  by :class:`_RowSampler` with temperature and top-p from per-row random streams seeded from
+  ``sampling.seed``, so a seeded row's output does not depend on its batch-mates (up to
   floating-point noise from padding);
 - regex constraints are enforced per row with xgrammar (:class:`_GrammarProcessor`);
-- :class:`_FinishTracker` ends each row on its own eos, stop string, ``max_tokens`` or abort, and
-  records why, which gives exact token counts and finish reasons.
+- :class:`_FinishTracker` ends each row on its own eos (unless ``ignore_eos``), stop string,
+  ``max_tokens`` or abort, and records why, which gives exact token counts and finish reasons.
+
+Per step, sampling and finishing are whole-batch tensor operations on the model's device, with no
+per-row Python and no device synchronisation of their own (``generate`` itself reads one flag per
+step); only regex rows (xgrammar runs on the host) and stop strings (decoded every
+:data:`STOP_CHECK_INTERVAL` steps) need tokens on the host. Attention is SDPA with backends chosen
+per device (:func:`attention_backends`): on CUDA never cuDNN, which re-plans for every new batch
+shape.
 
 ``engine_kwargs``: ``max_batch_size`` (default 32) is the engine's own; everything else goes to
 ``AutoModelForCausalLM.from_pretrained``.
@@ -24,13 +31,14 @@ meanwhile form the next batch. All settings are applied per row, so rows never n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import random
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from cluster.engines.base import (
@@ -45,7 +53,7 @@ from cluster.engines.config import EngineConfig
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TransformersEngine", "xgrammar_available"]
+__all__ = ["TransformersEngine", "attention_backends", "attention_context", "xgrammar_available"]
 
 DEFAULT_MAX_BATCH_SIZE = 32
 
@@ -71,6 +79,44 @@ class _Row:
     aborted: bool = False
 
 
+def attention_backends(device_type: str) -> tuple[str, ...]:
+    """The scaled-dot-product-attention backends ``generate`` may use on ``device_type``: names of
+    ``torch.nn.attention.SDPBackend`` members, or ``()`` for torch's own choice.
+
+    On CUDA, cuDNN attention is left out. With the mask that left padding needs, torch picks it in
+    bf16, and it plans anew for every new batch shape: seconds per batch when every batch brings new
+    shapes, as a service's batches do. Flash attention then serves unmasked calls, memory-efficient
+    attention masked ones (left padding), math the rest. On CPU the choice is what the CPU has (flash
+    and math), named so that the CPU runs the same selection code. Other devices: torch's choice.
+    """
+    if device_type == "cuda":
+        return ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+    if device_type == "cpu":
+        return ("FLASH_ATTENTION", "MATH")
+    return ()
+
+
+def attention_context(device_type: str) -> contextlib.AbstractContextManager[Any]:
+    """A context in which SDPA uses only :func:`attention_backends` (torch's flags are process-wide:
+    the engine runs one ``generate`` at a time, and the flags are restored afterwards)."""
+    names = attention_backends(device_type)
+    if not names:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([getattr(SDPBackend, name) for name in names])
+
+
+# Why a row ended (codes in the tracker's device tensor; 0 = still running).
+_RUNNING, _ABORT, _EOS, _LENGTH, _STOP = 0, 1, 2, 3, 4
+_REASONS: dict[int, FinishReason] = {_ABORT: "abort", _EOS: "stop", _LENGTH: "length", _STOP: "stop"}
+# Stop strings are looked for every this many steps (and when generate ends), not at every step:
+# decoding costs host time per row. A hit is placed at the exact token that completed the string,
+# so texts and token counts are as with a check at every step; a row with a stop string may run
+# up to this many steps longer than needed, tokens that are then dropped.
+STOP_CHECK_INTERVAL = 8
+
+
 @dataclass
 class _Finish:
     reason: FinishReason
@@ -78,124 +124,242 @@ class _Finish:
     stop_reason: str | int | None = None
 
 
-@dataclass(eq=False)
 class _FinishTracker:
-    """A stopping criterion that ends each row on its own terms and records how it ended."""
+    """A stopping criterion that ends each row on its own terms and records how it ended.
 
-    prompt_width: int
-    limits: list[int]
-    eos_ids: frozenset[int]
-    stops: list[tuple[str, ...]]
-    rows: list[_Row]
-    closing: Callable[[], bool]
-    decode: Callable[[list[int]], str]
-    finish: list[_Finish | None] = field(default_factory=list)
+    Its state lives on the model's device and each step is a few whole-batch tensor operations: no
+    per-row Python and no device synchronisation, except for rows with stop strings (decoded on the
+    host every :data:`STOP_CHECK_INTERVAL` steps). Precedence within one step: abort, eos, stop
+    string, ``max_tokens``. ``generate`` gets no eos of its own: this tracker is the only judge, so a
+    row with ``ignore_eos`` runs on past its eos tokens.
+    """
 
-    def __post_init__(self) -> None:
-        self.finish = [None] * len(self.limits)
+    def __init__(
+        self,
+        *,
+        prompt_width: int,
+        limits: list[int],
+        eos_ids: frozenset[int],
+        rows: list[_Row],
+        closing: Callable[[], bool],
+        aborts: Callable[[], int],
+        decode: Callable[[list[int]], str],
+        device: Any,
+    ):
+        import torch
+
+        self.prompt_width = prompt_width
+        self.rows = rows
+        self.closing = closing
+        self.aborts = aborts
+        self.decode = decode
+        self.device = device
+        size = len(rows)
+        self.limits = torch.tensor(limits, dtype=torch.long, device=device)
+        self.eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)
+        self.checks_eos = torch.tensor([not row.sampling.ignore_eos for row in rows], dtype=torch.bool, device=device)
+        self.reason = torch.zeros(size, dtype=torch.uint8, device=device)
+        self.ended_at = torch.zeros(size, dtype=torch.long, device=device)
+        self.finished = torch.zeros(size, dtype=torch.bool, device=device)
+        self._aborted: Any = None  # device mask of aborted rows, rebuilt when the abort count moves
+        self._aborts_seen = aborts()
+        # Stop strings: the rows that have some, how far back a hit can start, hits found.
+        self.stops = [tuple(s for s in row.sampling.stop if s) for row in rows]
+        self.stop_rows = [i for i, stops in enumerate(self.stops) if stops]
         # Enough trailing tokens to contain any stop string (each token decodes to >= 1 byte, and a
         # character is at most 4 bytes, hence the margin).
         self._windows = [max((len(s.encode()) for s in stops), default=0) + 4 for stops in self.stops]
+        self.stop_hits: dict[int, str] = {}
+        self._stops_checked = 0  # steps up to this one are checked for stop strings
 
     def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
         import torch
 
         step = input_ids.shape[1] - self.prompt_width
-        last = input_ids[:, -1].tolist()
-        closing = self.closing()
-        for i, finish in enumerate(self.finish):
-            if finish is not None:
-                continue
-            if closing or self.rows[i].aborted:
-                self.finish[i] = _Finish("abort", step)
-            elif last[i] in self.eos_ids:
-                self.finish[i] = _Finish("stop", step, last[i])
-            elif self.stops[i] and (hit := self._stop_hit(input_ids, i, step)) is not None:
-                self.finish[i] = _Finish("stop", step, hit)
-            elif step >= self.limits[i]:
-                self.finish[i] = _Finish("length", step)
-        return torch.tensor([f is not None for f in self.finish], dtype=torch.bool, device=input_ids.device)
+        code = torch.where(self.checks_eos & torch.isin(input_ids[:, -1], self.eos), _EOS, _RUNNING)
+        code = torch.where((code == _RUNNING) & (self.limits <= step), _LENGTH, code)
+        aborted = self._aborted_rows()
+        if aborted is not None:
+            code = torch.where(aborted, _ABORT, code)
+        self._record(code.to(torch.uint8), step)
+        if self.stop_rows and (step % STOP_CHECK_INTERVAL == 0):
+            self.check_stops(input_ids)
+        return self.finished.clone()
 
-    def _stop_hit(self, input_ids: Any, i: int, step: int) -> str | None:
-        window = min(step, self._windows[i])
-        tail = self.decode(input_ids[i, input_ids.shape[1] - window :].tolist())
-        return next((s for s in self.stops[i] if s in tail), None)
+    def _record(self, code: Any, step: int) -> None:
+        import torch
+
+        new = ~self.finished & (code != _RUNNING)
+        self.reason = torch.where(new, code, self.reason)
+        self.ended_at = torch.where(new, step, self.ended_at)
+        self.finished |= new
+
+    def _aborted_rows(self) -> Any:
+        import torch
+
+        if self.closing():
+            return torch.ones_like(self.finished)
+        count = self.aborts()
+        if count != self._aborts_seen:  # some call went away: which of ours?
+            self._aborts_seen = count
+            mask = [row.aborted for row in self.rows]
+            self._aborted = torch.tensor(mask, dtype=torch.bool, device=self.device) if any(mask) else None
+        return self._aborted
+
+    def check_stops(self, input_ids: Any) -> None:
+        """Look for stop strings in the steps not checked yet (host work, one transfer)."""
+        step = input_ids.shape[1] - self.prompt_width
+        first = self._stops_checked + 1
+        rows = [i for i in self.stop_rows if i not in self.stop_hits]
+        if first > step or not rows:
+            return
+        self._stops_checked = step
+        start = max(0, first - max(self._windows[i] for i in rows))  # first generated index a window needs
+        tails = input_ids[rows, self.prompt_width + start :].tolist()
+        ended = self.ended_at[rows].tolist()
+        reasons = self.reason[rows].tolist()
+        for i, tail, ended_at, reason in zip(rows, tails, ended, reasons):
+            last = step if ended_at == 0 else min(step, ended_at)
+            if last < first:
+                continue
+            hit = self._first_stop(i, tail, start, first, last)
+            if hit is None:
+                continue
+            at, stop = hit
+            if ended_at == 0 or at < ended_at or (at == ended_at and reason == _LENGTH):
+                self.stop_hits[i] = stop
+                self.reason[i] = _STOP
+                self.ended_at[i] = at
+                self.finished[i] = True
+
+    def _first_stop(self, i: int, tail: list[int], start: int, first: int, last: int) -> tuple[int, str] | None:
+        """The first step in ``first..last`` whose trailing window holds a stop string of row ``i``.
+
+        ``tail[k]`` is generated token ``start + k``; the window ending at step ``e`` is the last
+        ``min(e, window)`` tokens up to generated index ``e - 1``.
+        """
+        window = self._windows[i]
+        stops = self.stops[i]
+        coarse = self.decode(tail[max(0, first - window) - start : last - start])
+        if not any(s in coarse for s in stops):
+            return None  # one decode per row and check, in the common case
+        for at in range(first, last + 1):
+            text = self.decode(tail[at - min(at, window) - start : at - start])
+            stop = next((s for s in stops if s in text), None)
+            if stop is not None:
+                return at, stop
+        return None
+
+    def finishes(self, output_ids: Any, generated: list[list[int]]) -> list[_Finish]:
+        """Each row's end once ``generate`` returned ``output_ids`` (``generated``: its new tokens on
+        the host); the steps since the last stop-string check are checked first."""
+        self.check_stops(output_ids)
+        finishes = []
+        for i, (reason, ended_at) in enumerate(zip(self.reason.tolist(), self.ended_at.tolist())):
+            if reason == _RUNNING:  # generate stopped first (it cannot: its limit is the largest row's)
+                finishes.append(_Finish("length", len(generated[i])))
+                continue
+            stop_reason: str | int | None = None
+            if reason == _EOS:
+                stop_reason = generated[i][ended_at - 1]
+            elif reason == _STOP:
+                stop_reason = self.stop_hits[i]
+            finishes.append(_Finish(_REASONS[reason], ended_at, stop_reason))
+        return finishes
 
 
 class _RowSampler:
-    """Samples sampled rows (temperature > 0) itself and leaves a one-hot for the arg-max.
+    """Samples the sampled rows (temperature > 0) itself and leaves a one-hot for the arg-max.
 
-    ``generate`` runs greedy; for each sampled row this processor applies temperature and top-p,
-    draws from the row's own generator and masks every other token, so greedy decoding picks the
-    drawn token. Greedy rows pass through untouched.
+    ``generate`` runs greedy; for the sampled rows this processor applies temperature and top-p
+    and draws one token each by inverse transform sampling, then masks every other token, so greedy
+    decoding picks the drawn token. Greedy rows pass through untouched. All rows are processed as
+    one batch on the device; each row's uniform draws come from its own ``random.Random(seed)`` on
+    the host (one small copy per step, no synchronisation), so a seeded row's output does not
+    depend on its batch-mates.
     """
 
-    def __init__(self, rows: list[_Row], device: Any, tracker: _FinishTracker):
+    def __init__(self, rows: list[_Row], device: Any):
         import torch
 
-        self.tracker = tracker
-        self.sampled = [i for i, row in enumerate(rows) if row.sampling.temperature > 0]
-        self.temperature = {i: rows[i].sampling.temperature for i in self.sampled}
-        self.top_p = {i: rows[i].sampling.top_p for i in self.sampled}
-        self.generators = {
-            i: torch.Generator(device=device).manual_seed(rows[i].seed) for i in self.sampled
-        }
+        sampled = [i for i, row in enumerate(rows) if row.sampling.temperature > 0]
+        self.device = device
+        self.pinned = device.type == "cuda"
+        self.index = torch.tensor(sampled, dtype=torch.long, device=device)
+        self.temperature = torch.tensor(
+            [[rows[i].sampling.temperature] for i in sampled], dtype=torch.float32, device=device
+        )
+        top_p = [rows[i].sampling.top_p for i in sampled]
+        self.top_p = torch.tensor(top_p, dtype=torch.float32, device=device)[:, None] if min(top_p) < 1 else None
+        self.generators = [random.Random(rows[i].seed) for i in sampled]
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         import torch
 
-        for i in self.sampled:
-            if self.tracker.finish[i] is not None:
-                continue
-            logits = scores[i].float() / self.temperature[i]
-            if not torch.isfinite(logits).any():
-                continue
-            probs = torch.softmax(logits, dim=-1)
-            top_p = self.top_p[i]
-            if top_p < 1.0:
-                sorted_probs, order = torch.sort(probs, descending=True)
-                # Keep the smallest prefix whose mass reaches top_p (always at least one token).
-                drop = torch.cumsum(sorted_probs, dim=-1) - sorted_probs >= top_p
-                sorted_probs[drop] = 0.0
-                probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-            token = int(torch.multinomial(probs, 1, generator=self.generators[i]).item())
-            scores[i].fill_(float("-inf"))
-            scores[i, token] = 0.0
+        uniform = torch.tensor([g.random() for g in self.generators], dtype=torch.float64, pin_memory=self.pinned)
+        uniform = uniform.to(self.device, non_blocking=True)
+        original = scores.index_select(0, self.index)
+        probs = torch.softmax(original / self.temperature, dim=-1)
+        order = None
+        if self.top_p is not None:
+            probs, order = torch.sort(probs, dim=-1, descending=True)
+            # Keep the smallest prefix whose mass reaches top_p (always at least one token).
+            probs = probs.masked_fill(torch.cumsum(probs, dim=-1) - probs >= self.top_p, 0.0)
+        cumulative = torch.cumsum(probs, dim=-1, dtype=torch.float64)
+        target = (uniform * cumulative[:, -1])[:, None]
+        # The first token whose cumulative mass exceeds the target: never one of mass 0.
+        token = torch.searchsorted(cumulative, target, right=True).clamp_(max=probs.shape[-1] - 1)
+        if order is not None:
+            token = order.gather(1, token)
+        forced = torch.full_like(original, float("-inf")).scatter_(1, token, 0.0)
+        # A row whose logits are all masked (-inf) has no distribution: left as it is.
+        possible = torch.isfinite(original).any(dim=-1, keepdim=True)
+        scores.index_copy_(0, self.index, torch.where(possible, forced, original))
         return scores
 
 
 class _GrammarProcessor:
     """Masks each constrained row's logits to the tokens its xgrammar matcher allows next."""
 
-    def __init__(self, grammars: list[Any | None], vocab_size: int):
+    def __init__(self, grammars: list[Any | None], vocab_size: int, device: Any):
+        import torch
         import xgrammar as xgr
 
         self.xgr = xgr
         self.vocab_size = vocab_size
-        self.matchers = [None if g is None else xgr.GrammarMatcher(g) for g in grammars]
-        self.bitmask = xgr.allocate_token_bitmask(len(grammars), vocab_size)
+        self.constrained = [i for i, g in enumerate(grammars) if g is not None]
+        self.constrained_index = torch.tensor(self.constrained, dtype=torch.long, device=device)
+        self.matchers = {i: xgr.GrammarMatcher(grammars[i]) for i in self.constrained}
+        bitmask = xgr.allocate_token_bitmask(len(grammars), vocab_size)
+        # Pinned on CUDA: the copy to the device is then asynchronous. Reusing the buffer is safe:
+        # reading the last tokens each step waits for the previous step's copy to be done.
+        self.bitmask = bitmask.pin_memory() if device.type == "cuda" else bitmask
         self.started = False
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         xgr = self.xgr
         if self.started:
-            last = input_ids[:, -1].tolist()
-            for i, matcher in enumerate(self.matchers):
+            last = input_ids[:, -1].index_select(0, self.constrained_index).tolist()
+            for i, token in zip(self.constrained, last):
+                matcher = self.matchers.get(i)
                 if matcher is not None and not matcher.is_terminated():
-                    # A row that ended another way (stop string, length, abort) is fed padding
-                    # that the grammar rejects: stop following it.
-                    if not matcher.accept_token(last[i]):
-                        self.matchers[i] = None
+                    # A row that ended another way (stop string, length, abort) goes on with tokens
+                    # the grammar may reject: stop following it.
+                    if not matcher.accept_token(token):
+                        del self.matchers[i]
         self.started = True
         xgr.reset_token_bitmask(self.bitmask)
         indices = []
-        for i, matcher in enumerate(self.matchers):
-            if matcher is not None and not matcher.is_terminated():
+        for i, matcher in self.matchers.items():
+            if not matcher.is_terminated():
                 matcher.fill_next_token_bitmask(self.bitmask, i)
                 indices.append(i)
         if indices:
             xgr.apply_token_bitmask_inplace(
-                scores, self.bitmask.to(scores.device), vocab_size=self.vocab_size, indices=indices
+                scores,
+                self.bitmask.to(scores.device, non_blocking=True),
+                vocab_size=self.vocab_size,
+                indices=indices,
             )
         return scores
 
@@ -226,6 +390,7 @@ class TransformersEngine:
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task[None] | None = None
         self._closing = False
+        self._aborts = 0  # calls that went away while their rows were queued or generating
         # Serializes start/stop (an asyncio.Lock binds to the loop of its first use).
         self._lifecycle_lock = asyncio.Lock()
 
@@ -256,7 +421,9 @@ class TransformersEngine:
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or config.model)
-        kwargs = {"dtype": config.dtype, **self._model_kwargs}
+        # SDPA attention, with backends chosen per device for each batch (attention_backends);
+        # engine_kwargs.attn_implementation overrides it.
+        kwargs = {"dtype": config.dtype, "attn_implementation": "sdpa", **self._model_kwargs}
         model = AutoModelForCausalLM.from_pretrained(config.model, **kwargs)
         if "device_map" not in kwargs:  # a device map places the model itself
             model.to(device)
@@ -278,10 +445,9 @@ class TransformersEngine:
         if pad is None:
             pad = min(eos)
         # Our settings are the only ones: none of the checkpoint's sampling defaults (Qwen ships
-        # top_k, repetition_penalty, ...) may leak into generate, as vLLM ignores them too.
-        model.generation_config = GenerationConfig(
-            eos_token_id=sorted(eos), pad_token_id=pad, bos_token_id=generation_config.bos_token_id
-        )
+        # top_k, repetition_penalty, ...) may leak into generate, as vLLM ignores them too. Nor does
+        # generate get the eos tokens: _FinishTracker ends rows (ignore_eos is per row).
+        model.generation_config = GenerationConfig(pad_token_id=pad, bos_token_id=generation_config.bos_token_id)
         output_embeddings = model.get_output_embeddings()
         vocab_size = (
             output_embeddings.weight.shape[0] if output_embeddings is not None else model.config.vocab_size
@@ -360,6 +526,7 @@ class TransformersEngine:
         try:
             return list(await asyncio.gather(*(row.future for row in rows)))
         except BaseException:
+            self._aborts += 1
             for row in rows:  # cancelled, or one row failed: nobody waits for the others any more
                 row.aborted = True
                 if not row.future.done():
@@ -449,26 +616,27 @@ class TransformersEngine:
 
         if rows:
             width = max(len(ids) for ids in encoded)
-            input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
-            attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-            for i, ids in enumerate(encoded):  # left padding
-                input_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-                attention_mask[i, width - len(ids) :] = 1
+            # Left padding, built on the host in one piece and sent to the device once.
+            input_ids = torch.tensor(
+                [[self._pad_id] * (width - len(ids)) + ids for ids in encoded], dtype=torch.long
+            )
+            attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded])
             tracker = _FinishTracker(
                 prompt_width=width,
                 limits=limits,
                 eos_ids=self._eos_ids,
-                stops=[tuple(s for s in row.sampling.stop if s) for row in rows],
                 rows=rows,
                 closing=lambda: self._closing,
+                aborts=lambda: self._aborts,
                 decode=self._decode,
+                device=self._device,
             )
             processors = LogitsProcessorList()
             if any(g is not None for g in grammars):
-                processors.append(_GrammarProcessor(grammars, self._vocab_size))
+                processors.append(_GrammarProcessor(grammars, self._vocab_size, self._device))
             if any(row.sampling.temperature > 0 for row in rows):
-                processors.append(_RowSampler(rows, self._device, tracker))
-            with torch.inference_mode():
+                processors.append(_RowSampler(rows, self._device))
+            with torch.inference_mode(), attention_context(self._device.type):
                 output = model.generate(
                     input_ids=input_ids.to(self._device),
                     attention_mask=attention_mask.to(self._device),
@@ -477,15 +645,15 @@ class TransformersEngine:
                     logits_processor=processors,
                     stopping_criteria=StoppingCriteriaList([tracker]),
                     pad_token_id=self._pad_id,
-                    eos_token_id=sorted(self._eos_ids),
                 )
-            generated = output[:, width:].tolist()
+                generated = output[:, width:].tolist()
+                finishes = tracker.finishes(output, generated)
             done = iter(range(len(rows)))
             for index in range(len(batch)):
                 if results[index] is not None:
                     continue
                 i = next(done)
-                finish = tracker.finish[i] or _Finish("length", len(generated[i]))
+                finish = finishes[i]
                 results[index] = self._make_generation(
                     rows[i], len(encoded[i]), generated[i][: finish.tokens], finish
                 )

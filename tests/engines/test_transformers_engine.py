@@ -20,7 +20,161 @@ from cluster.engines import (
     count_tokens,
     make_engine,
 )
-from cluster.engines.transformers import TransformersEngine, xgrammar_available
+from cluster.engines.transformers import (
+    STOP_CHECK_INTERVAL,
+    TransformersEngine,
+    _FinishTracker,
+    _Row,
+    _RowSampler,
+    attention_backends,
+    attention_context,
+    xgrammar_available,
+)
+
+
+def sdpa_flags() -> dict[str, bool]:
+    """Which SDPA backends torch may use now (process-wide flags, settable on a CPU build too)."""
+    import torch
+
+    cuda = torch.backends.cuda
+    return {
+        "FLASH_ATTENTION": cuda.flash_sdp_enabled(),
+        "EFFICIENT_ATTENTION": cuda.mem_efficient_sdp_enabled(),
+        "MATH": cuda.math_sdp_enabled(),
+        "CUDNN_ATTENTION": cuda.cudnn_sdp_enabled(),
+    }
+
+
+def test_attention_backends_never_pick_cudnn_on_cuda():
+    from torch.nn.attention import SDPBackend
+
+    cuda = attention_backends("cuda")
+    # cuDNN attention re-plans for every new batch shape (seconds per batch in bf16 with padding).
+    assert "CUDNN_ATTENTION" not in cuda
+    # Left padding needs a mask: memory-efficient attention takes one; math is the fallback.
+    assert {"EFFICIENT_ATTENTION", "MATH"} <= set(cuda)
+    assert attention_backends("cpu") == ("FLASH_ATTENTION", "MATH")
+    assert attention_backends("mps") == ()
+    for name in cuda + attention_backends("cpu"):
+        assert isinstance(getattr(SDPBackend, name), SDPBackend)
+
+
+def test_attention_context_applies_the_choice_and_restores_the_flags():
+    before = sdpa_flags()
+    for device_type in ("cuda", "cpu"):
+        with attention_context(device_type):
+            assert {name for name, on in sdpa_flags().items() if on} == set(attention_backends(device_type))
+        assert sdpa_flags() == before
+    with attention_context("mps"):
+        assert sdpa_flags() == before
+
+
+def _rows(*samplings: SamplingSettings, seeds=None) -> list[_Row]:
+    return [_Row("p", sampling, seed, None) for sampling, seed in zip(samplings, seeds or [0] * len(samplings))]
+
+
+def test_row_sampler_draws_from_each_rows_own_distribution():
+    import torch
+
+    logits = torch.tensor([2.0, 1.0, 0.0, float("-inf")])
+    n = 4000
+    sampled = SamplingSettings(temperature=1.0)
+    nucleus = SamplingSettings(temperature=0.5, top_p=0.7)
+    rows = _rows(*([sampled] * n + [nucleus] * n + [SamplingSettings()]), seeds=range(2 * n + 1))
+    sampler = _RowSampler(rows, torch.device("cpu"))
+    scores = sampler(None, logits.repeat(2 * n + 1, 1))
+    # Each sampled row is left with one token at 0 and -inf elsewhere; the greedy row is untouched.
+    chosen = scores[: 2 * n].argmax(dim=-1)
+    assert torch.equal(torch.isfinite(scores[: 2 * n]).sum(dim=-1), torch.ones(2 * n, dtype=torch.long))
+    assert torch.equal(scores[-1], logits)
+    share = torch.bincount(chosen[:n], minlength=4).double() / n
+    assert torch.allclose(share, torch.softmax(logits.double(), dim=0), atol=0.03), share
+    # Temperature 0.5: probabilities 0.867, 0.117, 0.016; top-p 0.7 keeps the first token only.
+    assert torch.equal(chosen[n:], torch.zeros(n, dtype=torch.long))
+    assert share[3] == 0  # a masked (-inf) token is never drawn
+
+
+def test_row_sampler_is_reproducible_per_row_and_leaves_impossible_rows_alone():
+    import torch
+
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    logits[2] = float("-inf")  # e.g. a grammar that allows nothing
+
+    def draws(rows, scores, steps=8):
+        sampler = _RowSampler(rows, torch.device("cpu"))
+        return [sampler(None, scores.clone()).argmax(dim=-1).tolist() for _ in range(steps)]
+
+    sampling = SamplingSettings(temperature=1.0)
+    together = draws(_rows(sampling, sampling, sampling, seeds=[7, 8, 9]), logits)
+    alone = draws(_rows(sampling, seeds=[7]), logits[:1])
+    # A seeded row's draws do not depend on its batch-mates.
+    assert [step[0] for step in together] == [step[0] for step in alone]
+    assert [step[0] for step in together] != [step[1] for step in together]
+    impossible = _RowSampler(_rows(sampling, sampling, sampling), torch.device("cpu"))(None, logits.clone())
+    assert torch.equal(impossible[2], logits[2])
+
+
+def _run_tracker(tracker: _FinishTracker, tokens: list[list[int]], before_step=lambda step: None) -> list:
+    """Feed ``tokens`` (row by row, one column per step) through the tracker as ``generate`` would."""
+    import torch
+
+    ids = torch.zeros((len(tokens), tracker.prompt_width), dtype=torch.long)
+    for step in range(1, len(tokens[0]) + 1):
+        ids = torch.cat([ids, torch.tensor([[row[step - 1]] for row in tokens])], dim=1)
+        before_step(step)
+        if bool(tracker(ids, None).all()):
+            break
+    return tracker.finishes(ids, ids[:, tracker.prompt_width :].tolist())
+
+
+def test_finish_tracker_ends_each_row_on_its_own_terms():
+    def decode(ids):  # token 9 is eos (a special token: decodes to nothing); t -> the t-th letter
+        return "".join("" if t == 9 else chr(ord("a") + t) for t in ids)
+
+    aborts = [0]
+    rows = _rows(
+        SamplingSettings(max_tokens=5),  # eos at step 3
+        SamplingSettings(max_tokens=5, ignore_eos=True),  # runs past its eos to its limit
+        SamplingSettings(max_tokens=20, stop=("zz", "cde")),  # "cde" completes at step 13
+        SamplingSettings(max_tokens=20),  # its caller goes away before step 6
+        SamplingSettings(max_tokens=4, stop=("xy",)),  # "xy" completes at step 4: stop beats length
+    )
+    tracker = _FinishTracker(
+        prompt_width=2, limits=[5, 5, 20, 20, 4], eos_ids=frozenset({9}), rows=rows,
+        closing=lambda: False, aborts=lambda: aborts[0], decode=decode, device="cpu",
+    )
+    tokens = [
+        [0, 1, 9] + [0] * 17,
+        [0, 1, 9] + [0] * 17,
+        [0] * 10 + [2, 3, 4] + [0] * 7,
+        [1] * 20,
+        [0, 0, 23, 24] + [0] * 16,
+    ]
+
+    def abort_row_3(step):
+        if step == 6:
+            rows[3].aborted = True
+            aborts[0] += 1
+
+    finishes = _run_tracker(tracker, tokens, abort_row_3)
+    assert [(f.reason, f.tokens, f.stop_reason) for f in finishes] == [
+        ("stop", 3, 9),
+        ("length", 5, None),
+        ("stop", 13, "cde"),
+        ("abort", 6, None),
+        ("stop", 4, "xy"),
+    ]
+    assert 13 % STOP_CHECK_INTERVAL and 4 % STOP_CHECK_INTERVAL  # hits between periodic checks are exact
+
+
+def test_finish_tracker_aborts_every_row_when_the_engine_closes():
+    closing = [False]
+    tracker = _FinishTracker(
+        prompt_width=1, limits=[50, 50], eos_ids=frozenset({9}), rows=_rows(SamplingSettings(), SamplingSettings()),
+        closing=lambda: closing[0], aborts=lambda: 0, decode=str, device="cpu",
+    )
+    finishes = _run_tracker(tracker, [[1] * 50, [2] * 50], lambda step: closing.__setitem__(0, step >= 3))
+    assert [(f.reason, f.tokens) for f in finishes] == [("abort", 3), ("abort", 3)]
 
 
 def test_engine_kwargs_split_batch_size_from_model_kwargs():
@@ -157,6 +311,32 @@ class TestTransformersEngine:
         assert stopped.extra["stop_reason"] == stop
         assert stopped.completion_tokens < free.completion_tokens
 
+    async def test_stop_string_ends_the_row_at_the_exact_token(self, engine, prompts, pick_stop):
+        # Stop strings are looked for every few steps only; the count must still be exact: the
+        # string is complete after completion_tokens tokens and not one token earlier.
+        (free,) = await engine.generate(prompts[1:2], SamplingSettings(max_tokens=40))
+        stop = pick_stop(free.text)
+        (stopped,) = await engine.generate(prompts[1:2], SamplingSettings(max_tokens=40, stop=(stop,)))
+        assert stopped.finish_reason == "stop" and stopped.extra["stop_reason"] == stop
+        count = stopped.completion_tokens
+        assert count > 1
+        (upto,), (before,) = await asyncio.gather(
+            engine.generate(prompts[1:2], SamplingSettings(max_tokens=count)),
+            engine.generate(prompts[1:2], SamplingSettings(max_tokens=count - 1)),
+        )
+        assert stop in upto.text and stop not in before.text
+
+    async def test_generate_runs_with_the_chosen_attention_backends(self, engine, prompts):
+        seen = []
+        hook = engine._model.register_forward_pre_hook(lambda module, args: seen.append(sdpa_flags()))
+        try:
+            await engine.generate(prompts[:3], SamplingSettings(max_tokens=3))
+        finally:
+            hook.remove()
+        chosen = set(attention_backends(engine._device.type))
+        assert seen and all({name for name, on in flags.items() if on} == chosen for flags in seen)
+        assert all(sdpa_flags().values())  # restored after the batch
+
     async def test_concurrent_calls_are_batched_and_answered_correctly(self, engine, prompts, monkeypatch):
         greedy = SamplingSettings(max_tokens=10)
         seeded = SamplingSettings(temperature=1.0, max_tokens=6, seed=99)
@@ -238,3 +418,28 @@ async def test_stop_fails_waiting_calls_and_frees_the_model(tiny_model_dir: Path
     with pytest.raises(EngineError):
         await engine.check_health()
     await engine.stop()  # idempotent
+
+
+@pytest.mark.slow
+async def test_ignore_eos_is_per_row(tmp_path_factory: pytest.TempPathFactory):
+    from cluster.tiny_model import build_tiny_model
+
+    # A larger end-of-turn embedding: this random model ends its greedy answers within a few tokens.
+    model = build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-early-eos", seed=0, stop_scale=4.0)
+    engine = TransformersEngine(EngineConfig(kind="transformers", model=str(model)))
+    await engine.start()
+    try:
+        prompt = apply_chat_template(engine.tokenizer, "Hello!")
+        ending, ignoring = await asyncio.gather(
+            engine.generate([prompt], SamplingSettings(max_tokens=24)),
+            engine.generate([prompt], SamplingSettings(max_tokens=24, ignore_eos=True)),
+        )
+        (ending,), (ignoring,) = ending, ignoring
+        eos = set(engine._eos_ids)
+        assert ending.finish_reason == "stop" and ending.extra["stop_reason"] in eos
+        assert ending.completion_tokens < 24
+        # Batched with it, the ignore_eos row ran on past the same eos token to its limit.
+        assert ignoring.finish_reason == "length" and ignoring.completion_tokens == 24
+        assert ignoring.text.startswith(ending.text)
+    finally:
+        await engine.stop()
