@@ -16,6 +16,7 @@ import logging
 import os
 import resource
 import time
+from collections.abc import Awaitable
 from typing import Any, NoReturn
 
 from ray import serve
@@ -59,6 +60,16 @@ class GRRMReplica:
     async def __init__(self, config: AppConfig, ledger: DeploymentHandle | None = None):
         self.config = config
         self.name = _replica_name()
+        try:
+            await self._build(config, ledger)
+        except BaseException as error:
+            # Serve retries a failed constructor in a new actor: nothing started here may linger.
+            logger.error("replica %s: construction failed (%s: %s); releasing what it started",
+                         self.name, type(error).__name__, error)
+            await self._release()
+            raise
+
+    async def _build(self, config: AppConfig, ledger: DeploymentHandle | None) -> None:
         if config.build_tiny_model_if_missing:
             from cluster.tiny_model import ensure_tiny_model
 
@@ -191,6 +202,21 @@ class GRRMReplica:
             "assembler": self.assembler.stats(),
         }
 
+    async def _release(self) -> None:
+        """Close the assembler and stop the engine, whichever exist (a construction may have failed
+        before either); never raises: a failed step is logged and the next one still runs."""
+        assembler = getattr(self, "assembler", None)
+        engine = getattr(self, "engine", None)
+        if assembler is not None:
+            await self._logged("close the assembler", assembler.close())
+        if engine is not None:
+            await self._logged("stop the engine", engine.stop())
+
+    async def _logged(self, step: str, call: Awaitable[None]) -> None:
+        try:
+            await call
+        except Exception as error:  # noqa: BLE001 - release the rest regardless
+            logger.warning("replica %s: could not %s: %r", getattr(self, "name", "?"), step, error)
+
     async def __del__(self) -> None:
-        await self.assembler.close()
-        await self.engine.stop()
+        await self._release()

@@ -1,0 +1,92 @@
+"""A scorer replica whose construction fails releases what it had started, and its destructor
+never raises, however far the construction got (issue 15). The class is called directly, as
+Serve calls it in a replica actor."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+import deployments.replica as replica_module
+from cluster.engines import EngineConfig
+from deployments.config import AppConfig
+from deployments.replica import GRRMReplica
+
+
+# Python's garbage collector also calls the async destructor of replicas built here (Serve awaits
+# it; the collector cannot): that coroutine is dropped, as in any Serve replica object.
+pytestmark = pytest.mark.filterwarnings("ignore:coroutine 'GRRMReplica.__del__' was never awaited")
+
+
+@pytest.fixture
+def lifecycle(monkeypatch):
+    """What happens to the engines replicas make: the real factory and engines, watched."""
+    events: list[str] = []
+    make_engine = replica_module.make_engine
+
+    def watched(config):
+        engine = make_engine(config)
+        start, stop = engine.start, engine.stop
+
+        async def watched_start():
+            await start()
+            events.append("started")
+
+        async def watched_stop():
+            events.append("stop")
+            await stop()
+
+        engine.start, engine.stop = watched_start, watched_stop
+        return engine
+
+    monkeypatch.setattr(replica_module, "make_engine", watched)
+    return events
+
+
+async def construct(config: AppConfig) -> GRRMReplica:
+    replica = GRRMReplica.__new__(GRRMReplica)
+    await replica.__init__(config)
+    return replica
+
+
+async def test_a_failure_after_the_engine_started_stops_the_engine(lifecycle, caplog):
+    # Valid configs cannot say this; a config that skipped validation (model_copy) reaches the
+    # assembler, a step after the engine's start, which refuses it.
+    config = AppConfig(engine=EngineConfig(kind="scripted")).model_copy(update={"assembly_timeout_s": 0})
+    with caplog.at_level(logging.ERROR, logger="ray.serve"), pytest.raises(ValueError, match="assembly_timeout_s"):
+        await construct(config)
+    assert lifecycle == ["started", "stop"]
+    assert "construction failed" in caplog.text
+
+
+async def test_a_failing_engine_start_is_still_stopped(lifecycle):
+    # An engine whose start fails may have started processes: it is stopped all the same.
+    with pytest.raises(Exception, match="model"):
+        await construct(AppConfig(engine=EngineConfig(kind="transformers", model="/no/such/model")))
+    assert lifecycle == ["stop"]
+
+
+async def test_the_destructor_never_raises_however_far_construction_got(lifecycle):
+    bare = GRRMReplica.__new__(GRRMReplica)  # __init__ failed before anything existed
+    await bare.__del__()
+    assert lifecycle == []
+
+    replica = await construct(AppConfig(engine=EngineConfig(kind="scripted")))
+    await replica.engine.check_health()
+    await replica.__del__()
+    assert lifecycle == ["started", "stop"]
+    await replica.__del__()  # again (an engine's stop is idempotent): harmless
+
+
+async def test_a_failing_stop_is_logged_not_raised(lifecycle, caplog):
+    replica = await construct(AppConfig(engine=EngineConfig(kind="scripted")))
+
+    async def broken_stop():
+        raise RuntimeError("stop failed")
+
+    replica.engine.stop = broken_stop
+    replica.assembler.close = broken_stop  # both steps fail: each is logged, neither raises
+    with caplog.at_level(logging.WARNING, logger="ray.serve"):
+        await replica.__del__()
+    assert "could not close the assembler" in caplog.text and "could not stop the engine" in caplog.text
