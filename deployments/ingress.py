@@ -108,7 +108,10 @@ class RequestGuard:
     """ASGI middleware: bearer-token check and request-size limit, before the body is parsed.
 
     The body is read (at most ``limits.max_request_bytes``) and replayed to the app, so an
-    oversized request is refused without ever being parsed.
+    oversized request is refused without ever being parsed. A request refused before its body
+    was read (401, 413) is answered only after the rest of its body has been read and dropped
+    (:func:`refuse_unread`): clients that send the whole body before reading the answer
+    (Python's urllib and http.client) would otherwise see a connection reset, not the answer.
     """
 
     def __init__(self, app):
@@ -119,6 +122,12 @@ class RequestGuard:
             return await self.app(scope, receive, send)
         config: AppConfig = scope["app"].state.config
         headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope.get("headers", [])}
+        declared = headers.get("content-length")
+
+        async def refuse(response: JSONResponse, read: int = 0) -> None:
+            await refuse_unread(response, receive, config.limits, declared, read)
+            await response(scope, receive, send)
+
         token_env = config.http.auth_token_env
         expected = os.environ.get(token_env, "") if token_env else ""
         if expected:
@@ -126,11 +135,10 @@ class RequestGuard:
             if not hmac.compare_digest(supplied.encode(), f"Bearer {expected}".encode()):
                 response = _error_response(401, "authorization: missing or wrong bearer token")
                 response.headers["WWW-Authenticate"] = "Bearer"
-                return await response(scope, receive, send)
+                return await refuse(response)
         limit = config.limits.max_request_bytes
-        declared = headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
-            return await _too_large(limit)(scope, receive, send)
+            return await refuse(_too_large(limit))
         messages = []
         size = 0
         while True:
@@ -139,15 +147,56 @@ class RequestGuard:
             if message["type"] != "http.request":
                 break
             size += len(message.get("body", b""))
+            more_body = message.get("more_body", False)
             if size > limit:
+                if more_body:
+                    return await refuse(_too_large(limit), read=size)
                 return await _too_large(limit)(scope, receive, send)
-            if not message.get("more_body", False):
+            if not more_body:
                 break
 
         async def replay():
             return messages.pop(0) if messages else await receive()
 
         return await self.app(scope, replay, send)
+
+
+# How long a refused request may take to send the rest of its body (see refuse_unread).
+DISCARD_TIMEOUT_S = 30.0
+
+
+async def refuse_unread(response: JSONResponse, receive, limits, declared: str | None, read: int = 0) -> None:
+    """Before a refusal is sent on a request whose body is not fully read: read the rest and drop it.
+
+    A server that answers and closes while the client is still sending leaves unread bytes in
+    its socket, so the kernel resets the connection, and a client that sends its whole body
+    before reading (urllib, which also asks for ``Connection: close``) gets that reset instead
+    of the answer. Bodies of at most ``limits.max_discard_bytes`` in all (declared or counted;
+    ``read`` bytes already read) that arrive within ``DISCARD_TIMEOUT_S`` are read to their end,
+    never stored; beyond that the answer goes out at once with ``Connection: close``, so the
+    server stops reading (clients that read while sending, like curl and httpx, still get it).
+    """
+    bound = limits.max_discard_bytes
+    ended = False
+    if declared is None or (declared.isdigit() and int(declared) <= bound):
+
+        async def discard() -> bool:
+            nonlocal read
+            while read <= bound:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return False  # the client went away
+                read += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return read <= bound
+            return False
+
+        try:
+            ended = await asyncio.wait_for(discard(), DISCARD_TIMEOUT_S)
+        except TimeoutError:
+            ended = False
+    if not ended:
+        response.headers["Connection"] = "close"
 
 
 def _error_response(status: int, error: str) -> JSONResponse:
