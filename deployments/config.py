@@ -91,6 +91,10 @@ class LimitSettings(_Strict):
     max_candidates_per_group: int = Field(26, ge=2)
     max_text_chars: int = Field(20_000, ge=1)
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    # A refused body (over max_request_bytes, or unauthenticated) up to this size is read to its
+    # end and dropped before the 413/401, so clients that send everything before reading (urllib)
+    # can read the answer; a larger one is answered at once and its connection closed.
+    max_discard_bytes: int = Field(64 * 1024 * 1024, ge=0)
 
 
 class HTTPSettings(_Strict):
