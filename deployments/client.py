@@ -6,6 +6,11 @@ then uses pure ring order, so every member of the group lands together on the sa
 and the group is re-assembled there. A replica whose engine dies ends itself
 (``deployments/replica.py``), so engine death reaches callers as replica death and is survived
 the same way.
+
+A call to a deployment none of whose replicas runs or can be placed (``deployments/availability.py``)
+fails with :class:`~deployments.availability.ReplicasUnschedulableError` (a Serve
+``DeploymentUnavailableError``) that names the missing resources, instead of waiting for ever; so
+does a call already waiting when that becomes known.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from ray.serve.exceptions import ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle
 
 from cluster.schema import GroupRequest, GroupResult, MemberRequest, MemberResult
+from deployments.availability import Availability, DeploymentAvailability
 
 # Errors that mean "the replica went away", not "the request is bad": safe to send again.
 REPLICA_GONE_ERRORS: tuple[type[BaseException], ...] = (RayActorError, ReplicaUnavailableError)
@@ -43,9 +49,16 @@ class ReplicaCallPolicy:
 class ScorerClient:
     """Group and member scoring through a handle to the replica deployment."""
 
-    def __init__(self, handle: DeploymentHandle, policy: ReplicaCallPolicy | None = None):
+    def __init__(
+        self,
+        handle: DeploymentHandle,
+        policy: ReplicaCallPolicy | None = None,
+        availability: DeploymentAvailability | None = None,
+    ):
         self.handle = handle
         self.policy = policy or ReplicaCallPolicy()
+        # Whether the deployment can serve at all (None for what is not a Serve handle).
+        self.availability = availability or DeploymentAvailability.for_handle(handle)
         self.replica_failures = 0  # calls re-sent because their replica died
         self.timeout_retries = 0  # members re-sent once after an assembly timeout
 
@@ -64,7 +77,7 @@ class ScorerClient:
                 await asyncio.sleep(self.policy.delay(attempt))
             last = attempt + 1 == self.policy.max_attempts
             try:
-                result = await contextvars.copy_context().run(self._send, method, request, attempt)
+                result = await self._send_and_wait(method, request, attempt)
             except REPLICA_GONE_ERRORS:
                 self.replica_failures += 1
                 if last:
@@ -80,6 +93,31 @@ class ScorerClient:
                 continue
             return result
         raise AssertionError("unreachable")
+
+    async def _send_and_wait(self, method: str, request: GroupRequest | MemberRequest, attempt: int):
+        availability = self.availability
+        verdict: Availability | None = None
+        if availability is not None:
+            verdict = await availability.raise_if_unschedulable(self.handle.deployment_id)
+        response = contextvars.copy_context().run(self._send, method, request, attempt)
+        if availability is None or verdict is None or verdict.ready:
+            return await response
+        # No replica runs yet: the call waits in the handle's queue. Give up once none can start.
+        waiting = asyncio.ensure_future(response)
+        try:
+            while True:
+                done, _ = await asyncio.wait({waiting}, timeout=availability.refresh_s)
+                if done:
+                    return waiting.result()
+                verdict = await availability.raise_if_unschedulable(self.handle.deployment_id)
+                if verdict is None or verdict.ready:
+                    return await waiting
+        finally:
+            if not waiting.done():
+                response.cancel()
+                waiting.cancel()
+                # Its end (RequestCancelledError) is expected: read it so asyncio does not report it.
+                waiting.add_done_callback(lambda task: task.cancelled() or task.exception())
 
     def _send(self, method: str, request: GroupRequest | MemberRequest, attempt: int):
         # Calls made while serving one HTTP request inherit its internal request id, and Serve's

@@ -24,6 +24,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
 from cluster.schema import GroupRequest, GroupResult, MemberRequest, MemberResult
+from deployments.availability import Availability, ReplicasUnschedulableError
 from deployments.client import ScorerClient
 from deployments.config import AppConfig
 
@@ -237,6 +238,13 @@ def check_text_limits(texts: dict[str, str], config: AppConfig, prefix: str = ""
 
 
 def _overloaded(config: AppConfig, error: Exception) -> HTTPProblem:
+    if isinstance(error, ReplicasUnschedulableError):  # not load: no replica can run; say what is missing
+        return HTTPProblem(
+            503,
+            f"unavailable: {error}",
+            headers={"Retry-After": str(config.http.retry_after_s)},
+            detail=error.availability,
+        )
     return HTTPProblem(
         503,
         f"overloaded: {type(error).__name__}; retry later",
@@ -300,25 +308,31 @@ class GRRMIngress:
         status = _MEMBER_STATUS.get(result.failure or "", 200)
         return JSONResponse(status_code=status, content=jsonable_encoder(result))
 
-    @app.get("/healthz")
-    async def healthz(self) -> dict[str, str]:
-        """Liveness of the HTTP layer."""
+    async def _availability(self, max_age_s: float | None = None) -> Availability | None:
+        availability = self.client.availability
+        return None if availability is None else await availability.current(max_age_s)
+
+    @app.get("/healthz", responses={503: {"model": ErrorResponse}})
+    async def healthz(self):
+        """Whether this application can score: 200 while a scorer replica runs, else 503 and why."""
+        verdict = await self._availability()
+        if verdict is not None and not verdict.ready:
+            body = {"status": "unavailable", "error": verdict.describe(), "detail": verdict.as_dict()}
+            return JSONResponse(status_code=503, content=body)
         return {"status": "ok"}
 
     @app.get("/v1/info")
     async def info(self) -> dict[str, Any]:
-        """Model, engine, prompt type and replicas of this application."""
-        status = serve.status()
-        replicas: dict[str, Any] = {}
-        for application in status.applications.values():
-            deployment = application.deployments.get(self.config.replica_deployment_name)
-            if deployment is not None:
-                replicas = {str(state): count for state, count in deployment.replica_states.items()}
+        """Model, engine, prompt type and scorer replicas of this application (by state; with none
+        running, why: ``unschedulable`` names the missing resources)."""
+        verdict = await self._availability(max_age_s=0)
         return {
             "model": self.config.engine.model,
             "engine": self.config.engine.kind,
             "prompt_type": self.config.scoring.prompt_type,
             "tensor_parallel_size": self.config.engine.tensor_parallel_size,
-            "replicas": replicas,
+            "replicas": verdict.replica_states if verdict else {},
+            "replicas_running": verdict.running if verdict else None,
+            "unschedulable": verdict.unschedulable if verdict else None,
             "limits": self.config.limits.model_dump(),
         }
