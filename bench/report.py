@@ -46,6 +46,14 @@ def machine_line(name: str) -> str:
     return f"Machine: {info.get('cpus', '?')} CPUs, Python {info.get('python', '?')}, measured {info.get('when', '?')}."
 
 
+def engine_pairs(rows: list[dict]) -> list[dict]:
+    """bench/engines.py's rows (a plain row, then its engine row) as one row per case."""
+    pairs = []
+    for plain, engine in zip(rows[::2], rows[1::2]):
+        pairs.append({**engine, "plain_tokens_per_s": plain["tokens_per_s"], "engine_tokens_per_s": engine["tokens_per_s"]})
+    return pairs
+
+
 def section(title: str, command: str, body: str, name: str | None, note: str = "") -> str:
     parts = [f"## {title}", "", f"Command: `{command}`", ""]
     if name:
@@ -199,6 +207,28 @@ def main() -> int:
             "`replicas_back_s`: until 2 replicas answered again. `groups_duplicated` counts scorings beyond one "
             "per group (live replicas' counters plus the dead replica's answers). RSS: all the app's processes "
             "and their children (engine cores included).",
+        ))
+    engines = load("engines")
+    if engines:
+        targets = engines["targets"]
+        sections.append(section(
+            "11. Engines against their libraries' plain batch calls (issue 15)", ".venv/bin/python -m bench.engines",
+            f"Targets at batch {targets['batch']}, fresh shapes, no constraint: engine / plain `generate` tokens/s "
+            f"{', '.join(f'{k} {fmt(v)}' for k, v in targets['engine_vs_plain'].items())} (>= 0.7: "
+            f"{'met' if targets['engine_vs_plain_met'] else 'NOT met'}); engine bf16 / fp32 "
+            f"{', '.join(f'{k} {fmt(v)}' for k, v in targets['bf16_vs_fp32_fresh'].items())} (>= 1: "
+            f"{'met' if targets['bf16_no_slower_met'] else 'NOT met'}).\n\n"
+            + table(engine_pairs(engines["rows"]), ["engine", "dtype", "mode", "constraint", "batch", "shapes",
+                                                    "tokens", "plain_tokens_per_s", "engine_tokens_per_s",
+                                                    "engine_vs_plain"]),
+            "engines",
+            f"Device: {engines['device']}; model: {engines['model']}; {engines['answer_tokens']} answer tokens (fixed "
+            "without a constraint; with the GQM verdict regex, rows end when the verdict is complete; `tokens`: the "
+            "engine's). `engine`: the project's engine; `plain`: the library's own batch call on the same prompts "
+            "(transformers: one `model.generate`, xgrammar's HF processor for the regex; vLLM: offline "
+            "`LLM.generate`, each side in its own process). Every measured batch has prompts of new lengths (new "
+            "padded shapes); `repeated` re-runs one batch. 3 batches per row and side; transformers sides "
+            "alternate batch by batch.",
         ))
     OUT.write_text("\n".join(sections))
     print(f"wrote {OUT}")

@@ -81,6 +81,22 @@ def test_chaos_quick(tmp_path):
     assert all(row["replicas_running_after"] == row["replicas_running_before"] for row in result["bad_inputs"])
 
 
+def test_engines_quick(tmp_path):
+    run_quick("engines", tmp_path)
+    result = json.loads((tmp_path / "engines.json").read_text())
+    rows = result["rows"]
+    assert {(r["dtype"], r["mode"], r["constraint"], r["side"]) for r in rows} == {
+        (dtype, mode, constraint, side) for dtype in ("float32", "bfloat16") for mode in ("greedy", "sampled")
+        for constraint in ("none", "regex") for side in ("engine", "plain")
+    }
+    for row in rows:
+        assert row["tokens"] > 0 and row["tokens_per_s"] > 0
+        if row["constraint"] == "none":  # fixed answer lengths on both sides: the same tokens
+            assert row["tokens"] == row["batch"] * result["answer_tokens"], row
+    assert set(result["targets"]["engine_vs_plain"]) == {"float32/greedy", "float32/sampled", "bfloat16/greedy",
+                                                         "bfloat16/sampled"}
+
+
 @pytest.mark.parametrize("module", ["ensemble", "repair", "soak"])
 def test_other_benchmarks_quick(tmp_path, module):
     run_quick(module, tmp_path)
