@@ -38,6 +38,8 @@ def wait_until_serving(url: str, process: subprocess.Popen, timeout_s: float) ->
             info = httpx.get(f"{url}/v1/info", timeout=5).json()
             if info.get("replicas", {}).get("RUNNING", 0) >= 1:
                 return time.monotonic() - started
+            if info.get("unschedulable"):  # no replica can ever start here: no point waiting
+                raise SystemExit(f"no replica can start: {info['unschedulable']}")
         except (httpx.HTTPError, ValueError):
             pass
         time.sleep(1)
@@ -53,9 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     serve_cli = Path(sys.executable).with_name("serve")
+    # Ray installed without its console scripts (pip --target, an unpacked wheel): the same CLI.
+    serve_command = [str(serve_cli)] if serve_cli.exists() else [sys.executable, "-m", "ray.serve.scripts"]
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     print(f"[demo] starting: serve run {args.config}", flush=True)
-    process = subprocess.Popen([str(serve_cli), "run", args.config], cwd=PROJECT_ROOT, env=env)
+    process = subprocess.Popen([*serve_command, "run", args.config], cwd=PROJECT_ROOT, env=env)
     try:
         waited = wait_until_serving(args.url, process, args.timeout_s)
         print(f"[demo] serving after {waited:.1f} s; POST {args.url}/v1/score", flush=True)

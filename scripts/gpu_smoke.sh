@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# GPU smoke run: what to run when a machine with a CUDA GPU is lent to the project.
+#
+#   1. the transformers engine's tests with the model on cuda:0;
+#   2. bench/engines.py on CUDA (engine vs plain `model.generate`, fp32 and bf16, fresh shapes);
+#   3. a Serve replica holding one GPU (`gpus_per_rank: 1`, transformers engine, bf16) answering
+#      POST /v1/score over HTTP, then a clean stop (deployments/local_demo.py drives `serve run`).
+#
+# The lent machine seen so far has Python 3.12, torch (CUDA) and transformers, but no network
+# and no ray, fastapi, pydantic, xgrammar or pytest-asyncio. So the wheels are staged here first:
+#
+#   bash scripts/gpu_smoke.sh stage     # here, with network: build/gpu-smoke/ (~40 MB, ignored by git)
+#
+# `stage` downloads cp312 manylinux wheels of exactly the versions in .venv (the list below) and
+# repacks Ray's wheel without its Java jars (unused by Serve) as an xz tarball: the working tree
+# plus build/gpu-smoke must fit the 64 MiB one device call carries. Then, on the lent machine
+# (device call with carry: ["build/gpu-smoke"]; carry it on every call, nothing is kept between
+# calls that do not name it):
+#
+#   bash scripts/gpu_smoke.sh run           # installs build/gpu-smoke into build/gpu-smoke/site
+#                                           # (pip --no-index --no-deps --target), then runs 1-3
+#   bash scripts/gpu_smoke.sh run --quick   # the same with bench/engines.py --quick (seconds)
+#   bash scripts/gpu_smoke.sh run --dry-run # print the steps only
+#
+# Results and logs go to $OUT when set (the device tool brings that folder back), else to
+# build/gpu-smoke/out: engine-tests.log, bench/engines.json (+ the printed table in bench.log),
+# serve.log, nvidia-smi.txt. The exit status is non-zero if any step failed; every step runs.
+# Without a GPU, `run` is a CPU rehearsal of the same steps (the replica asks for no GPU), using
+# .venv's Python when there is one (PYTHON overrides).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+STAGE=build/gpu-smoke
+PY_VERSION=3.12
+# glibc >= 2.28 there (torch's CUDA wheels need it): manylinux 2014 (2.17) and 2.28 wheels both run.
+PLATFORMS=(--platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64)
+
+# What the lent machine lacks, for: the engine and scorer (pydantic; xgrammar for regex
+# constraints), the tests (pytest-asyncio, pytest-timeout, httpx), and Ray Serve with its HTTP
+# stack (ray is staged separately, see stage_ray). torch, transformers, numpy, pytest, aiohttp,
+# grpcio, pyyaml and requests are there already.
+PACKAGES=(
+  pydantic pydantic-core annotated-types typing-inspection typing-extensions
+  xgrammar apache-tvm-ffi
+  pytest-asyncio pytest-timeout httpx httpcore h11 anyio sniffio
+  fastapi annotated-doc starlette uvicorn httptools websockets watchfiles python-dotenv
+  aiohttp-cors colorful opencensus opencensus-context google-api-core google-auth
+  googleapis-common-protos proto-plus protobuf pyasn1 pyasn1-modules cryptography cffi pycparser
+  grpcio-reflection jsonschema jsonschema-specifications referencing rpds-py smart-open mmh3
+  opentelemetry-api opentelemetry-sdk opentelemetry-proto opentelemetry-semantic-conventions
+  opentelemetry-exporter-prometheus prometheus-client msgpack click filelock packaging wrapt six
+)
+
+DRY_RUN=0
+QUICK=0
+step() {  # step NAME COMMAND...: run (or print) one step, remember failures, go on
+  local name=$1
+  shift
+  echo "[gpu-smoke] $name: $*" >&2
+  [ "$DRY_RUN" = 1 ] && return 0
+  if ! "$@"; then
+    echo "[gpu-smoke] $name FAILED" >&2
+    FAILED+=("$name")
+  fi
+}
+
+stage() {
+  local py=${STAGE_PYTHON:-.venv/bin/python}
+  local pins=()
+  mkdir -p "$STAGE/wheels"
+  for package in "${PACKAGES[@]}"; do
+    version=$("$py" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$package") \
+      || { echo "[gpu-smoke] $package is not installed in $py: run scripts/setup_env.sh" >&2; return 1; }
+    pins+=("$package==$version")
+  done
+  step "download wheels" "$py" -m pip download --quiet --disable-pip-version-check --no-deps \
+    --only-binary=:all: --python-version "$PY_VERSION" --implementation cp "${PLATFORMS[@]}" \
+    --dest "$STAGE/wheels" "${pins[@]}"
+  stage_ray "$py"
+  [ "$DRY_RUN" = 1 ] && return 0
+  du -sh "$STAGE/wheels" "$STAGE"/ray-*.tar.xz >&2
+  echo "[gpu-smoke] staged; with the working tree: $(( ( $(du -sb "$STAGE" | cut -f1) + $(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1) ) / 1048576 )) MiB of the 64 MiB a call carries" >&2
+}
+
+stage_ray() {  # Ray's cp312 wheel without ray/jars, as a tarball to extract into the target dir
+  local py=$1 version tmp
+  version=$("$py" -c "import ray; print(ray.__version__)")
+  tmp=$(mktemp -d)
+  step "download ray" "$py" -m pip download --quiet --disable-pip-version-check --no-deps \
+    --only-binary=:all: --python-version "$PY_VERSION" --implementation cp "${PLATFORMS[@]}" \
+    --dest "$tmp" "ray==$version"
+  step "repack ray" bash -c "cd '$tmp' && mkdir tree && cd tree && unzip -q ../ray-*.whl && rm -rf ray/jars \
+    && tar -cJf '$ROOT/$STAGE/ray-$version-cp312-nojars.tar.xz' ."
+  rm -rf "$tmp"
+}
+
+python_for_run() {
+  if [ -n "${PYTHON:-}" ]; then echo "$PYTHON"
+  elif [ -x .venv/bin/python ]; then echo .venv/bin/python
+  else echo python3; fi
+}
+
+install_staged() {  # make the staged wheels importable (only what is missing is needed)
+  local py=$1 site=$STAGE/site
+  if "$py" -c "import ray.serve, fastapi, pydantic, xgrammar, pytest_asyncio, httpx" 2>/dev/null; then
+    return 0
+  fi
+  ls "$STAGE"/wheels/*.whl >/dev/null 2>&1 || { echo "[gpu-smoke] nothing staged: run 'stage' first" >&2; return 1; }
+  if [ ! -f "$site/.installed" ]; then
+    rm -rf "$site" && mkdir -p "$site"
+    "$py" -m pip install --quiet --disable-pip-version-check --no-index --no-deps --target "$site" \
+      "$STAGE"/wheels/*.whl || return 1
+    tar -xJf "$STAGE"/ray-*-nojars.tar.xz -C "$site" || return 1
+    touch "$site/.installed"
+  fi
+  export PYTHONPATH="$ROOT/$site:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+  "$py" -c "import ray.serve, fastapi, pydantic, xgrammar, pytest_asyncio, httpx"
+}
+
+serve_config() {  # serve_config PYTHON DEVICE FILE: local.yaml as one transformers replica; prints its URL
+  "$1" - "$2" "$3" <<'EOF'
+import sys, yaml
+from bench.common import free_port
+device, path = sys.argv[1], sys.argv[2]
+document = yaml.safe_load(open("deployments/local.yaml"))
+port = document["http_options"]["port"] = free_port()
+args = document["applications"][0]["args"]
+args["engine"] = {"kind": "transformers", "model": "models/tiny-grrm", "max_model_len": 4096,
+                  "dtype": "bfloat16" if device == "cuda" else "float32", "device": "auto"}
+args["replicas"] = {"num_replicas": 1, "num_cpus": 1, "gpus_per_rank": 1 if device == "cuda" else 0,
+                    "health_check_timeout_s": 60}
+yaml.safe_dump(document, open(path, "w"), sort_keys=False)
+print(f"http://127.0.0.1:{port}")
+EOF
+}
+
+run() {
+  local py device out
+  py=$(python_for_run)
+  out=${OUT:-$ROOT/$STAGE/out}
+  mkdir -p "$out"
+  # A token file left in ~/.ray by other Ray tools would turn on token authentication for the
+  # local cluster that `serve run` starts: this private cluster opts out (cpu_harness/ray_head.py).
+  export RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled
+  step "install staged wheels" install_staged "$py"
+  device=$("$py" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')" 2>/dev/null || echo cpu)
+  echo "[gpu-smoke] python $("$py" -V 2>&1), device $device, results in $out" >&2
+  if command -v nvidia-smi >/dev/null; then nvidia-smi > "$out/nvidia-smi.txt" 2>&1; fi
+
+  step "engine tests" bash -c "'$py' -m pytest tests/engines/test_transformers_engine.py -q -p no:cacheprovider \
+    --durations=5 2>&1 | tee '$out/engine-tests.log'"
+  local bench_args=(--device "$device" --no-vllm)
+  [ "$QUICK" = 1 ] && bench_args+=(--quick)
+  step "bench/engines.py" bash -c "GRRM_BENCH_RESULTS='$out/bench' '$py' -m bench.engines ${bench_args[*]} 2>&1 \
+    | grep -v 'Loading weights' | tee '$out/bench.log'"
+  local config=$out/serve-transformers.yaml url=http://127.0.0.1:8000
+  [ "$DRY_RUN" = 1 ] || url=$(serve_config "$py" "$device" "$config") || FAILED+=("serve config")
+  step "serve replica answers /v1/score" bash -c "'$py' -m deployments.local_demo --config '$config' --url '$url' \
+    --demo-only --timeout-s 600 > '$out/serve.log' 2>&1; status=\$?; tail -n 40 '$out/serve.log'; exit \$status"
+  if command -v nvidia-smi >/dev/null; then  # the replica's GPU memory is released after the stop
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv >> "$out/nvidia-smi.txt" 2>&1
+  fi
+}
+
+FAILED=()
+command=${1:-}
+shift || true
+for argument in "$@"; do
+  case $argument in
+    --dry-run) DRY_RUN=1 ;;
+    --quick) QUICK=1 ;;
+    *) echo "unknown option: $argument" >&2; exit 2 ;;
+  esac
+done
+case $command in
+  stage) stage ;;
+  run) run ;;
+  *) sed -n '2,32p' "$0" >&2; exit 2 ;;
+esac
+if [ ${#FAILED[@]} -gt 0 ]; then
+  echo "[gpu-smoke] failed steps: ${FAILED[*]}" >&2
+  exit 1
+fi
+echo "[gpu-smoke] all steps passed" >&2
