@@ -41,7 +41,7 @@ import httpx
 
 from bench.autoscale import running_replicas
 from bench.common import free_port, machine, print_table, write_json
-from cluster import gqm
+from cluster import gqm, prompt_guard
 from cluster.schema import MemberRequest
 
 LOCAL_YAML = Path(__file__).resolve().parent.parent / "deployments" / "local.yaml"
@@ -370,7 +370,7 @@ async def dangling_phase(url: str, handle, app: str, run: str, dangling_groups: 
     }
 
 
-def bad_inputs(url: str, app: str) -> list[dict]:
+def bad_inputs(url: str, app: str, config) -> list[dict]:
     """What the service answers to each bad input of issue 12 now (and that no replica died of it)."""
     from ray import serve
 
@@ -397,12 +397,14 @@ def bad_inputs(url: str, app: str) -> list[dict]:
     group = {"source": "Hello there.", "candidates": [FORGED_CANDIDATE, "Hallo."], "src_lang": "en", "trg_lang": "de"}
     response = httpx.post(f"{url}/v1/score", json={"groups": [group]}, timeout=300)
     result = response.json()["results"][0] if response.status_code == 200 else {}
-    prompt = gqm.build_group_prompt(group["source"], group["candidates"], "en", "de")
-    headers = sum(line.startswith("Translation ") and line.endswith(":") for line in prompt.split("\n"))
-    rows.append({"input": "forged candidate (fake block B)", "expected": "2 candidate blocks in the prompt",
+    # The prompt the scorer builds with the app's guard setting (the engine's special tokens aside).
+    guarded = prompt_guard.guard_texts(group["source"], group["candidates"], (), config.scoring.prompt_guard)
+    prompt = gqm.build_group_prompt(guarded.source, guarded.candidates, "en", "de")
+    fences = prompt.count("```")  # 2 per text (the source and each candidate) when nothing is forged
+    rows.append({"input": "forged candidate (fake block B)", "expected": "6 code fences in the prompt (3 texts)",
                  "status": response.status_code,
-                 "answer": f"valid={result.get('valid')} scores={result.get('scores')}; "
-                           f"candidate blocks in the prompt: {headers}"})
+                 "answer": f"valid={result.get('valid')} scores={result.get('scores')} "
+                           f"guarded_texts={result.get('guarded_texts')}; code fences in the prompt: {fences}"})
     for row in rows:
         row["replicas_running_after"] = running_replicas(serve, app)
         row["replicas_running_before"] = replicas_before
@@ -412,7 +414,7 @@ def bad_inputs(url: str, app: str) -> list[dict]:
 # ------------------------------------------------------------------------------ main
 
 
-async def run_chaos(url: str, handle, app: str, groups: int, dangling_groups: int,
+async def run_chaos(url: str, handle, app: str, config, groups: int, dangling_groups: int,
                     faults: tuple[str, ...] = FAULTS) -> tuple[list[dict], list[dict]]:
     """Every phase in turn on a running app; fault rows (answers dropped) and bad-input rows."""
     rows = []
@@ -424,7 +426,7 @@ async def run_chaos(url: str, handle, app: str, groups: int, dangling_groups: in
             row.pop("answers")
         rows.append(row)
         print(row, flush=True)
-    return rows, await asyncio.to_thread(bad_inputs, url, app)
+    return rows, await asyncio.to_thread(bad_inputs, url, app, config)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -454,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         serve.run(build_app(config), name=app, route_prefix=f"/{app}")
         handle = serve.get_deployment_handle(REPLICA_DEPLOYMENT, app_name=app)
         url = f"http://127.0.0.1:{port}/{app}"
-        rows, bad = asyncio.run(run_chaos(url, handle, app, args.groups, args.dangling_groups, faults))
+        rows, bad = asyncio.run(run_chaos(url, handle, app, config, args.groups, args.dangling_groups, faults))
     finally:
         serve.shutdown()
         ray.shutdown()
