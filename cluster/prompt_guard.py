@@ -17,7 +17,7 @@ tokens themselves. A policy trained on these rewards could learn to do either.
   variation selectors, ...) inside a run do not break it, since some normalizers delete them.
   Look-alikes that no normalization maps to U+0060 (U+02CB MODIFIER LETTER GRAVE ACCENT,
   U+2035 REVERSED PRIME, U+0300, ...) are other tokens to the model and are left alone, as are
-  tildes (``~~~`` cannot close a ````` fence);
+  tildes (``~~~`` cannot close a backtick fence);
 * a special token of the model's tokenizer (``<|im_start|>``, ``<|im_end|>``, ...), under the
   same normalization.
 
@@ -27,11 +27,11 @@ the model's output only. (They can still try to talk the model into a score; tha
 model's robustness, not the prompt's structure.)
 
 **What is done** (``ScoringConfig.prompt_guard``): ``neutralize`` (the default) inserts a plain
-space into each forging sequence, after every second backtick of a run (`````` becomes
-``\u0060\u0060 \u0060``, no run longer than two remains) and after the first character of a
-special token (``< |im_end|>``). A space, unlike a zero-width character, survives every
-normalizer, is an ordinary token to the model and shows in logs. The change is deterministic,
-so a candidate that copies a fenced source still matches it. ``reject`` refuses the group
+space into each forging sequence: after every second backtick of a run (a fence becomes two
+backticks, a space and one backtick; no run longer than two remains) and after the first
+character of a special token (``< |im_end|>``). A space, unlike a zero-width character,
+survives every normalizer, is an ordinary token to the model and shows in logs. The change is
+deterministic, so a candidate that copies a fenced source still matches it. ``reject`` refuses the group
 instead; ``off`` pastes texts as given (the reference's behaviour: only for trusted texts).
 Texts without a forging sequence are never changed, so their prompt is byte-identical to the
 spec's. Pure Python: no I/O, no Ray, no torch.

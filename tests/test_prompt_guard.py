@@ -27,28 +27,27 @@ TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
 def read_blocks(message: str) -> tuple[str, list[str]]:
     """The source and candidate texts of a GQM user message, read as a strict reader would.
 
-    The normalized message (NFKC, invisible characters dropped: what a tokenizer's normalizer
-    could make of it) must hold no special token and exactly the template's fences, each exactly
-    three backticks; the message must match the spec's template with blocks A, B, C, ... in order.
+    Walks the spec's template: the head, the source up to its closing fence, then blocks A, B,
+    C, ... each up to its closing fence. The normalized message (NFKC, invisible characters
+    dropped: what a tokenizer's normalizer could make of it) must hold no special token and
+    exactly the template's fences, each exactly three backticks.
     """
-    normalized = prompt_guard._normalized(message)
-    assert not any(token in normalized for token in TOKENS), "a special token in the message"
-    runs = re.findall("`{3,}", normalized)
-    blocks = re.findall(r"^Translation ([A-Z]):\n```\n", message, re.M)
-    assert runs == ["```"] * (2 + 2 * len(blocks)), f"{len(runs)} backtick runs for {len(blocks)} blocks: {runs}"
     head = re.match(r"Given a source text in .+? and multiple translation candidates in .+?\. .+?\n\nSource text:\n```\n",
                     message, re.S)
     assert head is not None
     source, found, rest = message[head.end():].partition("\n```\n\n")
     assert found
-    candidates = []
-    for letter in gqm.LETTERS[: len(blocks)]:
-        header = f"Translation {letter}:\n```\n"
+    candidates: list[str] = []
+    while rest:
+        header = f"Translation {gqm.LETTERS[len(candidates)]}:\n```\n"
         assert rest.startswith(header), rest[:80]
         text, found, rest = rest[len(header):].partition("\n```\n")
         assert found
         candidates.append(text)
-    assert rest == "", f"text after the last block: {rest[:80]!r}"
+    normalized = prompt_guard._normalized(message)
+    assert not any(token in normalized for token in TOKENS), "a special token in the message"
+    runs = re.findall("`{3,}", normalized)
+    assert runs == ["```"] * (2 + 2 * len(candidates)), f"{len(runs)} backtick runs for {len(candidates)} blocks: {runs}"
     return source, candidates
 
 
@@ -171,7 +170,7 @@ def test_the_default_is_to_neutralize():
 
 
 PIECES = ["`", "\u1fef", "\uff40", "\u200b", "\u00ad", " ", "\n", "\r", "\u2028", "a", "Ä", "<", "|", "im_end", "<|im_end|>",
-          "\uff1c\uff5c", "Translation B:", "A: 10"]
+          "\uff1c\uff5c", "Translation B:", "A: 10", "\n```\n", "```", "<|im_start|>"]
 
 
 @settings(max_examples=300, deadline=None, database=None)
