@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import httpx
+import yaml
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEMO_GROUP = {
@@ -26,6 +27,18 @@ DEMO_GROUP = {
     "src_lang": "en",
     "trg_lang": "zh",
 }
+
+
+def service_url(config_path: str | Path) -> str:
+    """The base URL a Serve config file serves its (first) application on: host, port, route prefix."""
+    document = yaml.safe_load(Path(config_path).read_text()) or {}
+    http = document.get("http_options") or {}
+    host = http.get("host") or "127.0.0.1"
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1"  # listening on every interface: reach it on loopback
+    applications = document.get("applications") or [{}]
+    prefix = (applications[0].get("route_prefix") or "/").rstrip("/")
+    return f"http://{host}:{http.get('port') or 8000}{prefix}"
 
 
 def wait_until_serving(url: str, process: subprocess.Popen, timeout_s: float) -> float:
@@ -49,10 +62,11 @@ def wait_until_serving(url: str, process: subprocess.Popen, timeout_s: float) ->
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", default=str(PROJECT_ROOT / "deployments" / "local.yaml"))
-    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--url", help="where the service answers (default: from the config's http_options)")
     parser.add_argument("--demo-only", action="store_true", help="stop the service after the demo request")
     parser.add_argument("--timeout-s", type=float, default=600)
     args = parser.parse_args(argv)
+    args.url = args.url or service_url(args.config)
 
     serve_cli = Path(sys.executable).with_name("serve")
     # Ray installed without its console scripts (pip --target, an unpacked wheel): the same CLI.

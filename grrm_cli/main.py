@@ -1,0 +1,35 @@
+"""The ``grrm`` console script: ``grrm serve``, ``grrm score``, ``grrm eval``."""
+
+from __future__ import annotations
+
+import argparse
+from importlib import metadata
+
+from grrm_cli import evaluate, score, serve
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``grrm`` parser with one sub-command per module."""
+    parser = argparse.ArgumentParser(
+        prog="grrm",
+        description=(
+            "GRRM Cluster: serve the GRRM group reward model, score whole datasets of translation groups "
+            "with it, and measure ranking accuracy. `grrm COMMAND --help` explains each command."
+        ),
+    )
+    try:
+        version = metadata.version("grrm-cluster")
+    except metadata.PackageNotFoundError:
+        version = "unknown (not installed)"
+    parser.add_argument("--version", action="version", version=f"grrm {version}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    serve.add_parser(commands)
+    score.add_parser(commands)
+    evaluate.add_parser(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the command line and run the command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    return args.handler(args)

@@ -1,0 +1,397 @@
+"""``grrm score INPUT -o OUTPUT``: score every group of a dataset, resumably.
+
+Rows are read in batches, sent with at most ``--concurrency`` groups in flight, and written as
+they finish (:mod:`grrm_cli.resume`): a rerun of the same command after a crash or Ctrl-C scores
+only the rows not yet written. A row that holds no valid group is written with ``valid: false``,
+``failure: bad_row`` and the reason; the run goes on. ``--ray`` hands the same work to Ray Data
+(:mod:`grrm_cli.ray_data`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from grrm_cli import columns as cols
+from grrm_cli.dataset import (
+    RESULT_TYPES,
+    DatasetError,
+    Format,
+    InputRow,
+    PartWriter,
+    count_rows,
+    detect_format,
+    parquet_schema,
+    read_rows,
+)
+from grrm_cli.progress import Progress, Summary
+from grrm_cli.resume import OrderedOutput, ResumeError, WorkDir, input_identity
+from grrm_cli.scorers import GroupScoring, InProcessScoring, ScoringStopped, ServiceScoring, SetupError
+from trainer_bridge.config import BridgeConfig
+
+EXAMPLES = """\
+examples:
+  grrm score data/demo_groups.jsonl -o scored.parquet --url http://127.0.0.1:8000
+  grrm score train.parquet -o scored.parquet --app grrm --candidates-column mt_texts
+  grrm score data/demo_groups.jsonl -o scored.jsonl --config deployments/local.yaml
+  grrm score groups/ -o scored/ --ray --app grrm      # folders of parquet files, on the Ray cluster
+
+Rerun the same command after a crash or Ctrl-C: rows already written are kept, the rest are
+scored. Partial output lives in OUTPUT.parts/ until the run completes.
+"""
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``grrm score``."""
+    parser = subparsers.add_parser(
+        "score",
+        help="score every group of a parquet or JSON Lines dataset",
+        description=(
+            "Score every group (a source and its candidate translations) of a dataset and write the\n"
+            "dataset back with the columns scores, ranking, valid, failure, error, attempts,\n"
+            "prompt_tokens and completion_tokens added. A row that holds no valid group is written\n"
+            "with valid false, failure bad_row and the reason in error."
+        ),
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("input", type=str, metavar="INPUT", help="a .parquet or .jsonl file (or, with --ray, a folder)")
+    parser.add_argument("-o", "--output", required=True, metavar="OUTPUT", help="a .parquet or .jsonl file (with --ray: a folder)")
+
+    where = parser.add_argument_group("where to score (exactly one)")
+    target = where.add_mutually_exclusive_group(required=True)
+    target.add_argument("--url", help="base URL of a running service, e.g. http://127.0.0.1:8000")
+    target.add_argument("--app", metavar="NAME", help="a Serve application on the current Ray cluster, e.g. grrm")
+    target.add_argument(
+        "--config", type=Path, metavar="FILE",
+        help="a Serve config file: score in this process with its engine and scoring settings (no Ray)",
+    )
+    where.add_argument("--ray", action="store_true", help="read, score and write with Ray Data (needs --app)")
+    where.add_argument("--address", help="Ray cluster to join for --app/--ray (default: RAY_ADDRESS or the local one)")
+    where.add_argument(
+        "--token-env", default="GRRM_API_TOKEN", metavar="VAR",
+        help="environment variable holding the service's bearer token, for --url (default: %(default)s)",
+    )
+
+    names = parser.add_argument_group("input columns")
+    defaults = cols.ColumnMapping()
+    names.add_argument("--source-column", default=defaults.source, metavar="NAME", help="default: %(default)s")
+    names.add_argument(
+        "--candidates-column", default=defaults.candidates, metavar="NAME",
+        help="a list of strings (default: %(default)s; GRRM's own data: mt_texts)",
+    )
+    names.add_argument("--src-lang-column", default=defaults.src_lang, metavar="NAME", help="default: %(default)s")
+    names.add_argument("--trg-lang-column", default=defaults.trg_lang, metavar="NAME", help="default: %(default)s")
+    names.add_argument("--group-id-column", default=defaults.group_id, metavar="NAME", help="optional (default: %(default)s)")
+    names.add_argument("--src-lang", metavar="LANG", help="source language of rows without a source language column")
+    names.add_argument("--trg-lang", metavar="LANG", help="target language of rows without a target language column")
+
+    files = parser.add_argument_group("files")
+    files.add_argument("--input-format", choices=["parquet", "jsonl"], help="when the name does not say")
+    files.add_argument("--output-format", choices=["parquet", "jsonl"], help="when the name does not say")
+    files.add_argument("--overwrite", action="store_true", help="replace OUTPUT (and discard partial output)")
+    files.add_argument("--batch-rows", type=int, default=1024, metavar="N", help="rows read at once (default: %(default)s)")
+    files.add_argument(
+        "--part-rows", type=int, default=1024, metavar="N",
+        help="finished rows per part file of the partial output (default: %(default)s)",
+    )
+    files.add_argument(
+        "--part-seconds", type=float, default=30.0, metavar="S",
+        help="write a part at least this often while rows finish (default: %(default)s)",
+    )
+    files.add_argument("--summary-json", type=Path, metavar="FILE", help="also write the summary as JSON")
+
+    run = parser.add_argument_group("run")
+    run.add_argument("--concurrency", type=int, default=16, metavar="N", help="groups in flight (default: %(default)s)")
+    run.add_argument(
+        "--max-attempts", type=int, default=8, metavar="N",
+        help="attempts per group on 503, back pressure or a lost replica, with backoff (default: %(default)s)",
+    )
+    run.add_argument(
+        "--deadline-s", type=float, default=1800.0, metavar="S",
+        help="per group, every attempt included (default: %(default)s)",
+    )
+    run.add_argument(
+        "--ray-workers", type=int, default=2, metavar="N",
+        help="Ray Data actors calling the service, each with --concurrency groups in flight (default: %(default)s)",
+    )
+    run.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
+    parser.set_defaults(handler=main)
+    return parser
+
+
+@dataclass(frozen=True)
+class ScoreJob:
+    """A validated ``grrm score`` command."""
+
+    input: Path
+    output: Path
+    input_format: Format
+    output_format: Format
+    mapping: cols.ColumnMapping
+    concurrency: int
+    batch_rows: int
+    part_rows: int
+    part_seconds: float
+    overwrite: bool
+    progress: bool
+
+    def identity(self) -> dict[str, Any]:
+        """What partial output must match to be continued."""
+        return {
+            **input_identity(self.input, self.input_format),
+            "output_format": self.output_format,
+            "columns": self.mapping.describe(),
+        }
+
+
+def job_from_args(args: argparse.Namespace) -> ScoreJob:
+    """Check the command line once; errors name the option."""
+    for option in ("concurrency", "batch_rows", "part_rows", "max_attempts", "ray_workers"):
+        if getattr(args, option) < 1:
+            raise SetupError(f"--{option.replace('_', '-')}: must be at least 1")
+    if args.ray and not args.app:
+        raise SetupError("--ray: needs --app NAME (Ray Data workers call the application's Serve handle)")
+    source = Path(args.input)
+    output = Path(args.output)
+    if not args.ray and source.resolve() == output.resolve():
+        raise SetupError("-o: OUTPUT must not be INPUT")
+    input_format = detect_format(source, args.input_format)
+    output_format = detect_format(output, args.output_format) if (args.output_format or output.suffix) else input_format
+    return ScoreJob(
+        input=source,
+        output=output,
+        input_format=input_format,
+        output_format=output_format,
+        mapping=cols.ColumnMapping(
+            source=args.source_column,
+            candidates=args.candidates_column,
+            src_lang=args.src_lang_column,
+            trg_lang=args.trg_lang_column,
+            group_id=args.group_id_column,
+            src_lang_value=args.src_lang,
+            trg_lang_value=args.trg_lang,
+        ),
+        concurrency=args.concurrency,
+        batch_rows=args.batch_rows,
+        part_rows=args.part_rows,
+        part_seconds=args.part_seconds,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+    )
+
+
+def scoring_from_args(args: argparse.Namespace) -> GroupScoring:
+    """The scorer the command names (``--url``, ``--app`` or ``--config``)."""
+    if args.config is not None:
+        return InProcessScoring(args.config)
+    bridge = BridgeConfig(
+        transport="http" if args.url else "handle",
+        http_url=args.url or BridgeConfig().http_url,
+        app_name=args.app or BridgeConfig().app_name,
+        token_env=args.token_env,
+        deadline_s=args.deadline_s,
+        max_attempts=args.max_attempts,
+    )
+    return ServiceScoring(bridge, ray_address=args.address)
+
+
+def part_writer(job: ScoreJob, input_schema: pa.Schema | None) -> PartWriter:
+    """How parts are written: the input's own types when it is parquet, else inferred per column."""
+    if job.output_format == "jsonl":
+        return PartWriter("jsonl")
+    if input_schema is not None:
+        fields = [pa.field(cols.kept_name(f.name), f.type) for f in input_schema]
+        return PartWriter("parquet", schema=pa.schema(fields + [pa.field(n, t) for n, t in RESULT_TYPES.items()]))
+    mapping = job.mapping
+    fixed = {
+        cols.kept_name(mapping.source): pa.string(),
+        cols.kept_name(mapping.candidates): pa.list_(pa.string()),
+        cols.kept_name(mapping.src_lang): pa.string(),
+        cols.kept_name(mapping.trg_lang): pa.string(),
+    }
+    return PartWriter("parquet", fixed_types=fixed, text_columns=frozenset({cols.kept_name(mapping.group_id)}))
+
+
+async def score_dataset(job: ScoreJob, scoring: GroupScoring) -> Summary:
+    """Score what the output does not hold yet, then merge it into OUTPUT; returns the summary."""
+    started = time.monotonic()
+    input_schema = parquet_schema(job.input) if job.input_format == "parquet" else None
+    if input_schema is not None:
+        cols.check_columns(input_schema.names, job.mapping, str(job.input))
+    work = WorkDir(job.output)
+    if job.overwrite:
+        work.discard()
+    elif job.output.exists() and not work.exists():
+        raise SetupError(f"-o: {job.output} exists; pass --overwrite to replace it")
+    identity = job.identity()
+    if work.exists():
+        work.check(identity)
+        work.remove_unfinished_writes()
+    else:
+        work.start(identity)
+    committed = work.committed_rows()
+    journaled = work.journaled(committed)
+    resumed = committed + len(journaled)
+
+    writer = part_writer(job, input_schema)
+    empty = writer.schema or pa.schema([pa.field(n, t) for n, t in RESULT_TYPES.items()])
+    show_progress = job.progress and sys.stderr.isatty()
+    total = count_rows(job.input, job.input_format) if show_progress else None
+    progress = Progress(total, done=committed, enabled=show_progress)
+    output = OrderedOutput(work, writer, job.output_format, start=committed, part_rows=job.part_rows,
+                           part_s=job.part_seconds)
+    run = _Run(job, scoring, output, journaled, progress)
+    try:
+        await run.rows(read_rows(job.input, job.input_format, batch_rows=job.batch_rows, start=committed))
+    finally:
+        output.close()
+        progress.close()
+        await run.close()
+    output.merge(job.output_format, empty)
+    ended = time.monotonic()
+    scoring_from = run.scorer_ready or started
+    return Summary.of_output(
+        job.output, job.output_format, resumed=resumed, scored_now=run.finished, seconds=ended - scoring_from,
+        startup_seconds=scoring_from - started, scorer=run.described, renamed=run.renamed,
+    )
+
+
+class _Run:
+    """One pass over the rows: bounded concurrency, a bounded reorder window, the first fatal error stops it."""
+
+    def __init__(self, job: ScoreJob, scoring: GroupScoring, output: OrderedOutput, journaled: dict, progress: Progress):
+        self.job = job
+        self.scoring = scoring
+        self.output = output
+        self.journaled = journaled
+        self.progress = progress
+        self.slots = asyncio.Semaphore(job.concurrency)
+        # Rows may finish this far ahead of the oldest unfinished one (bounds what waits in memory).
+        self.window = 8 * job.concurrency + 64
+        self.advanced = asyncio.Event()
+        self.tasks: set[asyncio.Task] = set()
+        self.fatal: BaseException | None = None
+        self.started = False
+        self.scorer_ready: float | None = None  # when the scorer had started (engine loaded, service checked)
+        self.described = ""
+        self.finished = 0  # rows written by this run
+        self.renamed: dict[str, str] = {}
+        self._columns_checked = job.input_format == "parquet"
+
+    async def rows(self, batches) -> None:
+        iterator = iter(batches)
+        try:
+            while self.fatal is None:
+                batch = await asyncio.to_thread(next, iterator, None)
+                if batch is None:
+                    break
+                self._see_columns(batch)
+                for row in batch:
+                    if not await self._row(row):
+                        break
+            if self.tasks:
+                await asyncio.gather(*self.tasks)
+        finally:
+            for task in self.tasks:
+                task.cancel()  # interrupted or stopped: unfinished rows are scored by the rerun
+            if self.tasks:
+                await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.fatal is not None:
+            raise self.fatal
+
+    def _see_columns(self, batch: list[InputRow]) -> None:
+        present = list(dict.fromkeys(column for row in batch for column in row.values))
+        if not self._columns_checked:
+            cols.check_columns(present, self.job.mapping, f"{self.job.input} (its first rows)")
+            self._columns_checked = True
+        self.renamed.update(cols.renamed_columns(present))
+
+    async def _row(self, row: InputRow) -> bool:
+        while row.index - self.output.next_row >= self.window and self.fatal is None:
+            self.advanced.clear()
+            await self.advanced.wait()
+        if self.fatal is not None:
+            return False
+        if row.index in self.journaled:
+            self.output.finish(row, self.journaled.pop(row.index), journal=False)
+            self.progress.advance(scored_here=False)
+            return True
+        group, problem = (None, row.problem) if row.problem else cols.to_group(row.values, self.job.mapping)
+        if group is None:
+            self._finish(row, cols.bad_row_fields(problem or "not a group"))
+            return True
+        await self.slots.acquire()
+        if self.fatal is not None:
+            self.slots.release()
+            return False
+        if not self.started:
+            self.started = True
+            self.described = await self.scoring.start()
+            self.scorer_ready = time.monotonic()
+        task = asyncio.create_task(self._score(row, group))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return True
+
+    async def _score(self, row: InputRow, group) -> None:
+        try:
+            fields = await self.scoring.score(group)
+            self._finish(row, fields)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:  # noqa: BLE001 - the first failure stops the run, reported once
+            if self.fatal is None:
+                self.fatal = error
+            self.advanced.set()
+        finally:
+            self.slots.release()
+
+    def _finish(self, row: InputRow, fields: dict[str, Any]) -> None:
+        self.output.finish(row, fields)
+        self.finished += 1
+        self.progress.advance()
+        self.advanced.set()
+
+    async def close(self) -> None:
+        if self.started:
+            await self.scoring.close()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``grrm score``; exit 0 when the output is complete, 1 when scoring stopped, 2 on bad usage."""
+    try:
+        job = job_from_args(args)
+        if args.ray:
+            from grrm_cli.ray_data import score_with_ray_data
+
+            summary = score_with_ray_data(job, app_name=args.app, address=args.address, workers=args.ray_workers,
+                                          max_attempts=args.max_attempts, deadline_s=args.deadline_s)
+        else:
+            summary = asyncio.run(score_dataset(job, scoring_from_args(args)))
+    except (SetupError, DatasetError, ResumeError, cols.ColumnsError) as error:
+        print(f"grrm score: error: {error}", file=sys.stderr)
+        return 2
+    except ScoringStopped as error:
+        print(
+            f"grrm score: stopped: {error}\nRows finished so far are kept in {args.output}.parts/; "
+            "rerun the same command to continue.",
+            file=sys.stderr,
+        )
+        return 1
+    except KeyboardInterrupt:
+        print(f"\ngrrm score: interrupted; rerun the same command to continue ({args.output}.parts/ keeps "
+              "every finished row)", file=sys.stderr)
+        return 130
+    print(summary.text())
+    if args.summary_json:
+        args.summary_json.write_text(json.dumps(summary.as_dict(), indent=2) + "\n")
+    return 0

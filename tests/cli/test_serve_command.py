@@ -1,0 +1,58 @@
+"""``grrm serve [CONFIG]``: the README's first command as a console script. It starts `serve run
+CONFIG`, finds the service where the config puts it, scores the demo group and (``--demo-only``)
+stops everything it started."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench.common import free_port
+from deployments.local_demo import service_url
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_service_url_comes_from_the_config(tmp_path):
+    assert service_url(ROOT / "deployments" / "local.yaml") == "http://127.0.0.1:8000"
+    config = tmp_path / "serve.yaml"
+    config.write_text(yaml.safe_dump({
+        "http_options": {"host": "0.0.0.0", "port": 8123},
+        "applications": [{"name": "grrm", "route_prefix": "/grrm/", "import_path": "deployments.app:build_app"}],
+    }))
+    assert service_url(config) == "http://127.0.0.1:8123/grrm"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_grrm_serve_starts_a_config_scores_the_demo_group_and_stops(tmp_path):
+    port = free_port()
+    config = tmp_path / "scripted.yaml"
+    config.write_text(yaml.safe_dump({
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": "127.0.0.1", "port": port},
+        "applications": [{
+            "name": "grrm", "route_prefix": "/", "import_path": "deployments.app:build_app",
+            "args": {
+                "engine": {"kind": "scripted"},
+                "replicas": {"num_replicas": 1, "num_cpus": 0.5, "gpus_per_rank": 0},
+            },
+        }],
+    }))
+    # A Ray instance of its own (not one another test or user started on this machine).
+    env = {**os.environ, "RAY_ADDRESS": "local", "RAY_USAGE_STATS_ENABLED": "0"}
+    completed = subprocess.run(
+        [sys.executable, "-m", "grrm_cli", "serve", str(config), "--demo-only", "--timeout-s", "240"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=280,
+    )
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert f"POST http://127.0.0.1:{port}/v1/score" in completed.stdout
+    body = completed.stdout[completed.stdout.index("{"):completed.stdout.rindex("}") + 1]
+    (result,) = json.loads(body)["results"]
+    assert result["valid"] and len(result["scores"]) == 4 and result["group_id"] == "demo-frog"
