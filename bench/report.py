@@ -230,6 +230,21 @@ def main() -> int:
             "padded shapes); `repeated` re-runs one batch. 3 batches per row and side; transformers sides "
             "alternate batch by batch.",
         ))
+    score_cli = load("score_cli")
+    if score_cli:
+        sections.append(section(
+            "12. `grrm score` vs the bare HTTP API (issue 13)", ".venv/bin/python -m bench.score_cli",
+            table(score_cli, ["path", "concurrency", "groups", "runs", "wall_s", "groups_per_s", "vs_bare_http"]),
+            "score_cli",
+            "The same groups at the same concurrency (groups in flight) on a local Serve app (2 replicas, scripted "
+            "`realistic` engine: simulated, so the figures measure the command, not a model). `bare_http`: an httpx "
+            "client posting one group per request from memory. `grrm_score_url` / `_app`: the whole command in "
+            "process (parquet read, row checks, journal, parts, merge, summary) over HTTP / through a Serve handle. "
+            "`grrm_score_ray`: Ray Data reads, 2 actors call the handle (half the concurrency each), Ray Data writes; "
+            "its start-up (actor pool, read and write tasks) is in the time. `_app` and `_ray` call the replicas "
+            "through a handle, skipping the HTTP proxy and ingress: faster than any HTTP client here. Means over "
+            "interleaved runs.",
+        ))
     OUT.write_text("\n".join(sections))
     print(f"wrote {OUT}")
     return 0

@@ -97,6 +97,14 @@ def test_engines_quick(tmp_path):
                                                          "bfloat16/sampled"}
 
 
+def test_score_cli_quick(tmp_path):
+    run_quick("score_cli", tmp_path)
+    rows = {row["path"]: row for row in json.loads((tmp_path / "score_cli.json").read_text())}
+    assert set(rows) == {"bare_http", "grrm_score_url", "grrm_score_app", "grrm_score_ray"}
+    assert rows["bare_http"]["vs_bare_http"] == 1.0
+    assert all(row["groups"] == 120 and row["groups_per_s"] > 0 and row["simulated"] for row in rows.values())
+
+
 @pytest.mark.parametrize("module", ["ensemble", "repair", "soak"])
 def test_other_benchmarks_quick(tmp_path, module):
     run_quick(module, tmp_path)
