@@ -10,6 +10,7 @@ the machine too.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -83,8 +84,13 @@ class RayHead:
         self.stop()
         raise TimeoutError(f"the Ray head at {self.address} did not come up in {timeout_s} s")
 
-    def stop(self, grace_s: float = 30.0) -> None:
-        """Stop every process the head started (by PID and process group), then remove its temp dir."""
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Stop every process the head started (by PID and process group), then remove its temp dir.
+
+        SIGTERM first (``--block`` then stops what it started); with actors still running that can
+        take minutes, so after ``grace_s`` the head's process group (raylet, GCS, every worker and
+        the engine processes they spawned) is killed outright: nothing of it is worth keeping.
+        """
         process, self.process = self.process, None
         if process is not None and process.poll() is None:
             process.send_signal(signal.SIGTERM)
@@ -93,11 +99,7 @@ class RayHead:
             except subprocess.TimeoutExpired:
                 pass
         if process is not None:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)  # stragglers of the head's own group
-            except (ProcessLookupError, PermissionError):
-                pass
-            process.wait()
+            _kill_group(process)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def __enter__(self) -> RayHead:
@@ -105,3 +107,18 @@ class RayHead:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def _kill_group(leader: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    """SIGKILL every process of ``leader``'s process group and wait until none is left."""
+    group = leader.pid
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(group, signal.SIGKILL)
+    leader.wait()  # reaped: a zombie leader would keep the group alive
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, signal.SIGKILL)  # stragglers, until their parents are gone and they are reaped
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.2)
