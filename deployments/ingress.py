@@ -25,7 +25,7 @@ from ray.serve.handle import DeploymentHandle
 
 from cluster.schema import GroupRequest, GroupResult, MemberRequest, MemberResult
 from deployments.availability import Availability, ReplicasUnschedulableError
-from deployments.client import ScorerClient
+from deployments.client import REPLICA_GONE_ERRORS, ScorerClient
 from deployments.config import AppConfig
 
 
@@ -245,12 +245,15 @@ def _overloaded(config: AppConfig, error: Exception) -> HTTPProblem:
             headers={"Retry-After": str(config.http.retry_after_s)},
             detail=error.availability,
         )
-    return HTTPProblem(
-        503,
-        f"overloaded: {type(error).__name__}; retry later",
-        headers={"Retry-After": str(config.http.retry_after_s)},
-    )
+    if isinstance(error, REPLICA_GONE_ERRORS):  # the client's re-sends all met dying replicas
+        reason = f"unavailable: the scorer replicas went away during the call ({type(error).__name__}); retry later"
+    else:
+        reason = f"overloaded: {type(error).__name__}; retry later"
+    return HTTPProblem(503, reason, headers={"Retry-After": str(config.http.retry_after_s)})
 
+
+# Errors that leave the request unanswered but worth sending again: 503 with Retry-After, never a 500.
+_RETRY_LATER = (BackPressureError, DeploymentUnavailableError, *REPLICA_GONE_ERRORS)
 
 _MEMBER_STATUS = {"timeout": 504, "rejected": 409}
 
@@ -275,7 +278,7 @@ class GRRMIngress:
         check_group_limits(body.groups, self.config)
         try:
             results = await asyncio.gather(*(self.client.score_group(group) for group in body.groups))
-        except (BackPressureError, DeploymentUnavailableError) as error:
+        except _RETRY_LATER as error:
             raise _overloaded(self.config, error) from None
         if not self.config.http.include_answers:
             results = [result.model_copy(update={"answer": None}) for result in results]
@@ -303,7 +306,7 @@ class GRRMIngress:
             )
         try:
             result = await self.client.score_member(member)
-        except (BackPressureError, DeploymentUnavailableError) as error:
+        except _RETRY_LATER as error:
             raise _overloaded(self.config, error) from None
         status = _MEMBER_STATUS.get(result.failure or "", 200)
         return JSONResponse(status_code=status, content=jsonable_encoder(result))
