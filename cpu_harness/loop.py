@@ -11,6 +11,7 @@ dumps) and what the reward replicas counted meanwhile.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -235,8 +236,6 @@ class Harness:
 
 
 def _read_rollouts(directory: Path) -> list[dict[str, Any]]:
-    import json
-
     rows = []
     for path in sorted(directory.glob("*.jsonl")):
         rows.extend(json.loads(line) for line in path.read_text().splitlines() if line.strip())

@@ -111,12 +111,9 @@ def stop_when(address: str, metrics_file: Path, after_step: int, timeout_s: floa
 
 
 def _logged_steps(metrics_file: Path) -> int:
-    try:
-        lines = Path(metrics_file).read_text().splitlines()
-    except OSError:
-        return 0
-    steps = [json.loads(line).get("step", 0) for line in lines if line.strip().endswith("}")]
-    return max(steps, default=0)
+    from cpu_harness.trainer import read_metrics
+
+    return max((entry["step"] for entry in read_metrics(metrics_file)), default=0)
 
 
 def harness_config(model_dir: str | None = None, config_file: Path | None = None) -> AppConfig:

@@ -153,7 +153,12 @@ def main_ppo_command(run: TrainerRun) -> tuple[list[str], dict[str, str]]:
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """The step metrics verl's file logger wrote (``[{"step": n, "data": {...}}, ...]``)."""
-    if not path.exists():
+    """The step metrics verl's file logger wrote (``[{"step": n, "data": {...}}, ...]``).
+
+    Readable while the trainer runs: a missing file is no steps, a line still being written is skipped.
+    """
+    try:
+        lines = Path(path).read_text().splitlines()
+    except FileNotFoundError:
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in lines if line.strip().endswith("}")]
