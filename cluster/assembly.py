@@ -3,7 +3,10 @@
 verl's reward loop asks for one reward per rollout, from many workers, in any order. The
 router sends every member of a group to one replica; there a :class:`GroupAssembler` holds the
 members until the last one arrives, scores the whole group as one GQM prompt and answers every
-member with its own score. A member marked ``invalid`` (its translation could not be extracted)
+member with its own score. Members are known by their ``index`` (the candidates are shown in index
+order) or, when the caller has no position, by their ``member_id`` (the candidates are then shown
+in the order of their texts' digests, so the prompt never depends on arrival order); a re-sent
+member is recognised by the same index or id and the same text. A member marked ``invalid`` (its translation could not be extracted)
 counts towards completing the group but is not shown to the model and gets no score; a group with
 fewer than 2 members left to show is answered ``too_few_distinct`` without an engine call. A group
 whose engine died while scoring it is not answered at all (:class:`EngineDeadError` reaches its
@@ -14,33 +17,66 @@ Pure asyncio: no Ray, no engine, no I/O, so it is tested on its own.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeAlias
 
 from cluster import gqm
 from cluster.engines.base import EngineDeadError
-from cluster.schema import FailureReason, GroupRequest, GroupResult, MemberRequest, MemberResult
+from cluster.schema import FailureReason, GroupRequest, GroupResult, MemberRequest, MemberResult, MemberTiming
 
 # How many missing indices a timeout message lists before it only counts the rest.
 _MISSING_INDICES_SHOWN = 20
 # The cached "digest" of an invalid member: never equal to a real 16-byte digest.
 _INVALID_DIGEST = b""
+# Scored groups kept for recent_groups() (timestamps for diagnostics and tests).
+RECENT_GROUPS = 10_000
+
+# A member's identity within its group: its index, or its member_id (MemberRequest.key).
+MemberKey: TypeAlias = int | str
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """What every member of one group is told; the per-member score is picked from it."""
 
-    scores: tuple[int | None, ...] | None  # None at invalid members' positions
+    scores: tuple[int | None, ...] | None  # in position order; None at invalid members' positions
     valid: bool
     error: str | None
     failure: FailureReason | None
     replica: str
     attempts: int
+    # A group of members sent with member_ids: each member's position (None: members have indices).
+    positions: dict[str, int] | None = None
+    # Wall-clock times of the group (MemberTiming); None when it was not scored.
+    complete_at: float | None = None
+    scoring_started_at: float | None = None
+    scoring_ended_at: float | None = None
+
+    def position_of(self, member: MemberRequest) -> int | None:
+        """The member's position in ``scores`` (None: not part of a scored group of ids)."""
+        if member.index is not None:
+            return member.index
+        return None if self.positions is None else self.positions.get(member.member_id or "")
+
+
+@dataclass(frozen=True, slots=True)
+class GroupTrace:
+    """When one scored group went through this replica (Unix seconds), for :meth:`GroupAssembler.recent_groups`."""
+
+    group_id: str
+    group_size: int
+    first_sent_at: float | None  # the earliest sent_at of its members (the callers' clocks)
+    first_received_at: float  # its first member's arrival here (the assembly that completed)
+    complete_at: float
+    scoring_started_at: float
+    scoring_ended_at: float
+    valid: bool
+    failure: FailureReason | None
 
 
 @dataclass(eq=False, slots=True)
@@ -51,9 +87,19 @@ class _Assembly:
     first: MemberRequest  # the member every later one must agree with
     deadline: float  # on the assembler's clock
     outcome: asyncio.Future[Verdict]
-    candidates: dict[int, str | None] = field(default_factory=dict)  # None: an invalid member
+    first_received_at: float  # wall clock
+    candidates: dict[MemberKey, str | None] = field(default_factory=dict)  # None: an invalid member
+    first_sent_at: float | None = None
+    # The member keys in the order the model sees them (set when the group is complete).
+    order: list[MemberKey] | None = None
+    complete_at: float | None = None
     timer: asyncio.TimerHandle | None = None
     scoring: asyncio.Task[None] | None = None
+
+    @property
+    def keyed(self) -> bool:
+        """Whether the group's members come with member_ids instead of indices."""
+        return self.first.index is None
 
 
 @dataclass(slots=True)
@@ -68,9 +114,20 @@ class CompletedGroup:
     src_lang: str
     trg_lang: str
     source_digest: bytes
-    candidate_digests: tuple[bytes, ...]
+    candidate_digests: tuple[bytes, ...]  # in position order
     verdict: Verdict
     expires_at: float
+    # The members' ids in position order, for a group of members sent with member_ids.
+    member_ids: tuple[str, ...] | None = None
+
+    def digest_at(self, member: MemberRequest) -> bytes | None:
+        """The digest this record holds for the member's index or id (None: no such member)."""
+        if (member.index is None) != (self.member_ids is not None):
+            return None  # an index against a group of ids, or the reverse
+        if member.index is not None:
+            return self.candidate_digests[member.index] if member.index < len(self.candidate_digests) else None
+        position = self.verdict.position_of(member)
+        return None if position is None else self.candidate_digests[position]
 
 
 class CompletedGroupLedger(Protocol):
@@ -100,6 +157,21 @@ def _candidate_digest(candidate: str | None) -> bytes:
     return _INVALID_DIGEST if candidate is None else _digest(candidate)
 
 
+def prompt_order(candidates: dict[MemberKey, str | None]) -> list[MemberKey]:
+    """The order in which a complete group's members are shown to the model.
+
+    Members with indices: index order. Members with member_ids: by their texts' digests (invalid
+    members last, ids break ties between equal texts), a pseudo-random order that depends only on
+    the texts, so the same group gives the same prompt whatever order its members arrived in.
+    """
+    if all(isinstance(key, int) for key in candidates):
+        return sorted(candidates)  # type: ignore[type-var]
+    return sorted(
+        candidates,
+        key=lambda key: (candidates[key] is None, _candidate_digest(candidates[key]), str(key)),
+    )
+
+
 class GroupAssembler:
     """Collects the members of each group, scores each complete group once, answers every member.
 
@@ -124,6 +196,7 @@ class GroupAssembler:
         max_pending_groups: int = 100_000,
         max_completed_groups: int = 100_000,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
         replica: str = "",
         ledger: CompletedGroupLedger | None = None,
         ledger_timeout_s: float = 2.0,
@@ -150,6 +223,8 @@ class GroupAssembler:
         self._ledger = ledger
         self._ledger_timeout_s = ledger_timeout_s
         self._clock = clock
+        self._wall_clock = wall_clock
+        self._recent: deque[GroupTrace] = deque(maxlen=RECENT_GROUPS)
         # Insertion order is deadline (and expiry) order, so sweeps only look at the front.
         self._assembling: OrderedDict[str, _Assembly] = OrderedDict()
         self._scoring: dict[str, _Assembly] = {}
@@ -187,27 +262,30 @@ class GroupAssembler:
         Raises :class:`EngineDeadError` when the engine died while scoring the member's group.
         """
         self._counters["members_received"] += 1
+        received_at = self._wall_clock()
         if self._closed:
             self._counters["rejected_closed"] += 1
-            return self._refuse(member, "rejected", f"group {member.group_id}: the replica is shutting down")
+            return self._refuse(
+                member, "rejected", f"group {member.group_id}: the replica is shutting down", received_at
+            )
         if member.group_size == 1:
             # One candidate has nothing to be ranked against: no prompt, no engine call.
             self._counters["single_member_groups"] += 1
             return self._refuse(
-                member, "too_few_distinct", f"group {member.group_id} has one member: nothing to compare"
+                member, "too_few_distinct", f"group {member.group_id} has one member: nothing to compare", received_at
             )
         self.expire_overdue()
 
         group_id = member.group_id
         assembly = self._assembling.get(group_id) or self._scoring.get(group_id)
         if assembly is not None:
-            rejection = self._join(assembly, member)
+            rejection = self._join(assembly, member, received_at)
             if rejection is not None:
                 return rejection
         else:
             completed = self._completed.get(group_id)
             if completed is not None:
-                return self._answer_from_cache(completed, member)
+                return self._answer_from_cache(completed, member, received_at)
             if len(self._assembling) >= self.max_pending_groups:
                 self._counters["rejected_overload"] += 1
                 return self._refuse(
@@ -215,9 +293,10 @@ class GroupAssembler:
                     "rejected",
                     f"group {group_id}: too many groups assembling "
                     f"({len(self._assembling)}, max_pending_groups {self.max_pending_groups}); retry later",
+                    received_at,
                 )
-            assembly = self._start(member)
-        return await self._wait(assembly, member)
+            assembly = self._start(member, received_at)
+        return await self._wait(assembly, member, received_at)
 
     def pending_groups(self) -> int:
         """Groups still collecting members."""
@@ -230,6 +309,11 @@ class GroupAssembler:
     def members_waiting(self) -> int:
         """Submit calls waiting for a verdict (collecting or scoring)."""
         return self._members_waiting
+
+    def recent_groups(self, since: float | None = None) -> list[GroupTrace]:
+        """The last scored groups (at most :data:`RECENT_GROUPS`), oldest first; ``since``: only those
+        whose scoring ended at or after that wall-clock time."""
+        return [trace for trace in self._recent if since is None or trace.scoring_ended_at >= since]
 
     def stats(self) -> dict[str, int]:
         """Counters since start, and the current gauges (for metrics and routing)."""
@@ -273,13 +357,14 @@ class GroupAssembler:
 
     # ---------------------------------------------------------------------------- collect
 
-    def _start(self, member: MemberRequest) -> _Assembly:
+    def _start(self, member: MemberRequest, received_at: float) -> _Assembly:
         loop = asyncio.get_running_loop()
         assembly = _Assembly(
             group_id=member.group_id,
             first=member,
             deadline=self._clock() + self.assembly_timeout_s,
             outcome=loop.create_future(),
+            first_received_at=received_at,
         )
         self._counters["groups_started"] += 1
         self._assembling[member.group_id] = assembly
@@ -310,7 +395,7 @@ class GroupAssembler:
             trg_lang=record.trg_lang,
             same_source=_digest(first.source) == record.source_digest,
         ) and all(
-            _candidate_digest(text) == record.candidate_digests[index] for index, text in assembly.candidates.items()
+            record_digest_of(record, key) == _candidate_digest(text) for key, text in assembly.candidates.items()
         )
         if not agrees:
             return  # the same id for a different group: assemble it afresh
@@ -331,7 +416,7 @@ class GroupAssembler:
         except Exception:  # noqa: BLE001 - a ledger outage must not hold answers back
             self._counters["ledger_errors"] += 1
 
-    def _join(self, assembly: _Assembly, member: MemberRequest) -> MemberResult | None:
+    def _join(self, assembly: _Assembly, member: MemberRequest, received_at: float) -> MemberResult | None:
         """Add a member to a known group; a MemberResult when it is refused instead."""
         first = assembly.first
         disagreements = _disagreements(
@@ -341,19 +426,37 @@ class GroupAssembler:
             trg_lang=first.trg_lang,
             same_source=member.source == first.source,
         )
+        if (member.index is None) != assembly.keyed:
+            disagreements.append(
+                "how members are identified (every member of a group has an index, or every member a member_id)"
+            )
         if disagreements:
-            return self._conflict(member, disagreements)
-        if member.index in assembly.candidates:
-            if assembly.candidates[member.index] != _candidate_of(member):
-                return self._conflict_on_index(member)
+            return self._conflict(member, disagreements, received_at)
+        key = member.key
+        if key in assembly.candidates:
+            if assembly.candidates[key] != _candidate_of(member):
+                return self._conflict_on_key(member, received_at)
             # A retry of a member already here: it waits on the same outcome, counted once.
             self._counters["duplicates"] += 1
             return None
+        if assembly.order is not None:
+            # Only members with ids can be new once a group is complete: its group_size are all here.
+            self._counters["conflicts"] += 1
+            return self._refuse(
+                member,
+                "rejected",
+                f"group {member.group_id}: all {first.group_size} members have arrived; "
+                f"member_id {member.member_id!r} is not one of them (is group_size the number of members?)",
+                received_at,
+            )
         self._add(assembly, member)
         return None
 
     def _add(self, assembly: _Assembly, member: MemberRequest) -> None:
-        assembly.candidates[member.index] = _candidate_of(member)
+        assembly.candidates[member.key] = _candidate_of(member)
+        if member.sent_at is not None:
+            first_sent = assembly.first_sent_at
+            assembly.first_sent_at = member.sent_at if first_sent is None else min(first_sent, member.sent_at)
         if member.invalid:
             self._counters["invalid_members"] += 1
         if len(assembly.candidates) == assembly.first.group_size:
@@ -375,16 +478,19 @@ class GroupAssembler:
         self._drop_assembling(assembly)
         self._counters["assembly_timeouts"] += 1
         size = assembly.first.group_size
-        missing = [index for index in range(size) if index not in assembly.candidates]
-        shown = str(missing[:_MISSING_INDICES_SHOWN])
-        if len(missing) > _MISSING_INDICES_SHOWN:
-            shown = f"{shown[:-1]}, ... {len(missing) - _MISSING_INDICES_SHOWN} more]"
+        missing_text = ""
+        if not assembly.keyed:
+            missing = [index for index in range(size) if index not in assembly.candidates]
+            shown = str(missing[:_MISSING_INDICES_SHOWN])
+            if len(missing) > _MISSING_INDICES_SHOWN:
+                shown = f"{shown[:-1]}, ... {len(missing) - _MISSING_INDICES_SHOWN} more]"
+            missing_text = f" (missing indices {shown})"
         self._resolve(
             assembly,
             self._verdict(
                 "timeout",
                 f"group {assembly.group_id}: assembly timed out after {self.assembly_timeout_s!r} s "
-                f"with {len(assembly.candidates)} of {size} members (missing indices {shown})",
+                f"with {len(assembly.candidates)} of {size} members{missing_text}",
             ),
         )
 
@@ -398,6 +504,8 @@ class GroupAssembler:
     # ------------------------------------------------------------------------------ score
 
     def _begin_scoring(self, assembly: _Assembly) -> None:
+        assembly.order = prompt_order(assembly.candidates)
+        assembly.complete_at = self._wall_clock()
         self._drop_assembling(assembly)
         self._scoring[assembly.group_id] = assembly
         # A task of its own: no single caller's cancellation reaches the engine call.
@@ -408,19 +516,24 @@ class GroupAssembler:
 
     async def _score(self, assembly: _Assembly) -> None:
         first = assembly.first
-        texts = [assembly.candidates[index] for index in range(first.group_size)]
-        shown = [index for index, text in enumerate(texts) if text is not None]
+        texts = [assembly.candidates[key] for key in assembly.order or ()]
+        shown = [position for position, text in enumerate(texts) if text is not None]
         if len(shown) < gqm.MIN_CANDIDATES:
             # Invalid members leave nothing to compare: no prompt, no engine call.
-            verdict = self._verdict(
-                "too_few_distinct",
-                f"group {assembly.group_id}: {len(shown)} of {first.group_size} members have a "
-                "translation; nothing to compare",
+            verdict = self._group_verdict(
+                assembly,
+                self._verdict(
+                    "too_few_distinct",
+                    f"group {assembly.group_id}: {len(shown)} of {first.group_size} members have a "
+                    "translation; nothing to compare",
+                ),
+                started_at=None,
             )
             await self._publish(assembly, verdict)
             self._finish(assembly, verdict, remember=True)
             return
         self._counters["groups_scored"] += 1
+        started_at = self._wall_clock()
         try:
             request = GroupRequest(
                 group_id=assembly.group_id,
@@ -438,6 +551,7 @@ class GroupAssembler:
             verdict = self._verdict(
                 "engine_error", f"group {assembly.group_id}: scoring failed: {type(error).__name__}: {error}"
             )
+        verdict = self._group_verdict(assembly, verdict, started_at)
         await self._publish(assembly, verdict)
         self._finish(assembly, verdict, remember=True)
 
@@ -476,10 +590,10 @@ class GroupAssembler:
             )
         scores: tuple[int | None, ...] | None = None
         if result.valid and result.scores is not None:
-            by_index: list[int | None] = [None] * assembly.first.group_size
-            for index, score in zip(shown, result.scores, strict=True):
-                by_index[index] = score
-            scores = tuple(by_index)
+            by_position: list[int | None] = [None] * assembly.first.group_size
+            for position, score in zip(shown, result.scores, strict=True):
+                by_position[position] = score
+            scores = tuple(by_position)
         return Verdict(
             scores=scores,
             valid=result.valid,
@@ -488,6 +602,38 @@ class GroupAssembler:
             replica=result.replica or self.replica,
             attempts=result.attempts,
         )
+
+    def _group_verdict(self, assembly: _Assembly, verdict: Verdict, started_at: float | None) -> Verdict:
+        """The verdict with what belongs to the group: its members' positions and its times.
+
+        Also notes the group in :meth:`recent_groups`.
+        """
+        ended_at = self._wall_clock()
+        complete_at = assembly.complete_at if assembly.complete_at is not None else ended_at
+        positions = None
+        if assembly.keyed and assembly.order is not None:
+            positions = {str(key): position for position, key in enumerate(assembly.order)}
+        scored = dataclasses.replace(
+            verdict,
+            positions=positions,
+            complete_at=complete_at,
+            scoring_started_at=started_at if started_at is not None else ended_at,
+            scoring_ended_at=ended_at,
+        )
+        self._recent.append(
+            GroupTrace(
+                group_id=assembly.group_id,
+                group_size=assembly.first.group_size,
+                first_sent_at=assembly.first_sent_at,
+                first_received_at=assembly.first_received_at,
+                complete_at=complete_at,
+                scoring_started_at=scored.scoring_started_at or ended_at,
+                scoring_ended_at=ended_at,
+                valid=verdict.valid,
+                failure=verdict.failure,
+            )
+        )
+        return scored
 
     def _finish(self, assembly: _Assembly, verdict: Verdict, *, remember: bool) -> None:
         if self._scoring.get(assembly.group_id) is assembly:
@@ -501,16 +647,16 @@ class GroupAssembler:
 
     def _record(self, assembly: _Assembly, verdict: Verdict) -> CompletedGroup:
         first = assembly.first
+        order = assembly.order or prompt_order(assembly.candidates)
         return CompletedGroup(
             group_size=first.group_size,
             src_lang=first.src_lang,
             trg_lang=first.trg_lang,
             source_digest=_digest(first.source),
-            candidate_digests=tuple(
-                _candidate_digest(assembly.candidates[index]) for index in range(first.group_size)
-            ),
+            candidate_digests=tuple(_candidate_digest(assembly.candidates[key]) for key in order),
             verdict=verdict,
             expires_at=self._clock() + self.completed_ttl_s,
+            member_ids=tuple(str(key) for key in order) if assembly.keyed else None,
         )
 
     def _store_completed(self, group_id: str, record: CompletedGroup) -> None:
@@ -523,7 +669,7 @@ class GroupAssembler:
 
     # ----------------------------------------------------------------------------- answer
 
-    async def _wait(self, assembly: _Assembly, member: MemberRequest) -> MemberResult:
+    async def _wait(self, assembly: _Assembly, member: MemberRequest, received_at: float) -> MemberResult:
         self._members_waiting += 1
         try:
             # shield: a cancelled caller must not cancel the outcome the other members share.
@@ -533,9 +679,9 @@ class GroupAssembler:
             raise
         finally:
             self._members_waiting -= 1
-        return self._member_result(member, verdict)
+        return self._member_result(member, verdict, received_at)
 
-    def _answer_from_cache(self, completed: CompletedGroup, member: MemberRequest) -> MemberResult:
+    def _answer_from_cache(self, completed: CompletedGroup, member: MemberRequest, received_at: float) -> MemberResult:
         disagreements = _disagreements(
             member,
             group_size=completed.group_size,
@@ -543,57 +689,93 @@ class GroupAssembler:
             trg_lang=completed.trg_lang,
             same_source=_digest(member.source) == completed.source_digest,
         )
+        if (member.index is None) != (completed.member_ids is not None):
+            disagreements.append(
+                "how members are identified (every member of a group has an index, or every member a member_id)"
+            )
         if disagreements:
-            return self._conflict(member, disagreements)
-        if _candidate_digest(_candidate_of(member)) != completed.candidate_digests[member.index]:
-            return self._conflict_on_index(member)
+            return self._conflict(member, disagreements, received_at)
+        digest = completed.digest_at(member)
+        if digest is None:
+            self._counters["conflicts"] += 1
+            return self._refuse(
+                member,
+                "rejected",
+                f"group {member.group_id} was scored without member_id {member.member_id!r}",
+                received_at,
+            )
+        if _candidate_digest(_candidate_of(member)) != digest:
+            return self._conflict_on_key(member, received_at)
         self._counters["cached_answers"] += 1
-        return self._member_result(member, completed.verdict)
+        return self._member_result(member, completed.verdict, received_at)
 
-    def _conflict(self, member: MemberRequest, disagreements: list[str]) -> MemberResult:
+    def _conflict(self, member: MemberRequest, disagreements: list[str], received_at: float) -> MemberResult:
         self._counters["conflicts"] += 1
         return self._refuse(
             member,
             "rejected",
-            f"group {member.group_id}: member {member.index} disagrees with the group on "
+            f"group {member.group_id}: member {member.key!r} disagrees with the group on "
             f"{'; '.join(disagreements)}; all members of a group must share source, src_lang, "
             "trg_lang and group_size",
+            received_at,
         )
 
-    def _conflict_on_index(self, member: MemberRequest) -> MemberResult:
+    def _conflict_on_key(self, member: MemberRequest, received_at: float) -> MemberResult:
         self._counters["conflicts"] += 1
+        which = f"index {member.index}" if member.index is not None else f"member_id {member.member_id!r}"
         return self._refuse(
             member,
             "rejected",
-            f"group {member.group_id}: index {member.index} already has a different candidate "
+            f"group {member.group_id}: {which} already has a different candidate "
             "(a retry must resend the same candidate)",
+            received_at,
         )
 
     def _verdict(self, failure: FailureReason, error: str) -> Verdict:
         return Verdict(scores=None, valid=False, error=error, failure=failure, replica=self.replica, attempts=0)
 
-    def _refuse(self, member: MemberRequest, failure: FailureReason, error: str) -> MemberResult:
-        return self._member_result(member, self._verdict(failure, error))
+    def _refuse(self, member: MemberRequest, failure: FailureReason, error: str, received_at: float) -> MemberResult:
+        return self._member_result(member, self._verdict(failure, error), received_at)
 
     @staticmethod
-    def _member_result(member: MemberRequest, verdict: Verdict) -> MemberResult:
+    def _member_result(member: MemberRequest, verdict: Verdict, received_at: float) -> MemberResult:
         scores = verdict.scores
+        position = verdict.position_of(member)
         return MemberResult(
             group_id=member.group_id,
-            index=member.index,
-            score=scores[member.index] if scores is not None else None,
+            index=position,
+            member_id=member.member_id,
+            score=scores[position] if scores is not None and position is not None else None,
             valid=verdict.valid,
             error=verdict.error,
             failure=verdict.failure,
             replica=verdict.replica,
             attempts=verdict.attempts,
             group_scores=list(scores) if scores is not None else None,
+            timing=MemberTiming(
+                received_at=received_at,
+                complete_at=verdict.complete_at,
+                scoring_started_at=verdict.scoring_started_at,
+                scoring_ended_at=verdict.scoring_ended_at,
+            ),
         )
 
     @staticmethod
     def _resolve(assembly: _Assembly, verdict: Verdict) -> None:
         if not assembly.outcome.done():
             assembly.outcome.set_result(verdict)
+
+
+def record_digest_of(record: CompletedGroup, key: MemberKey) -> bytes | None:
+    """The digest a scored group's record holds for a member key (None: no such member)."""
+    if isinstance(key, int):
+        if record.member_ids is not None or key >= len(record.candidate_digests):
+            return None
+        return record.candidate_digests[key]
+    positions = record.verdict.positions
+    if record.member_ids is None or positions is None or key not in positions:
+        return None
+    return record.candidate_digests[positions[key]]
 
 
 def _disagreements(

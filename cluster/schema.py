@@ -16,7 +16,17 @@ from __future__ import annotations
 import unicodedata
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
 
 from cluster import gqm
 
@@ -131,7 +141,15 @@ class MemberRequest(BaseModel):
 
     group_id: StrictStr = Field(min_length=1, max_length=256)
     group_size: StrictInt = Field(ge=1, le=1024)
-    index: StrictInt = Field(ge=0)
+    # Who the member is within its group, given exactly one way:
+    # - `index`: its position 0..group_size-1, when the caller knows it (verl's session_id, or
+    #   priority % n): the candidates appear in the prompt in index order;
+    # - `member_id`: an id of the caller's choosing, unique within the group and the same on every
+    #   re-send, when the caller has no position (verl's fully_async_policy repeats a sample n times
+    #   without numbering the copies): the replica orders the candidates by their texts, so the
+    #   prompt does not depend on the order in which members arrive.
+    index: StrictInt | None = Field(None, ge=0)
+    member_id: StrictStr | None = Field(None, min_length=1, max_length=128)
     source: StrictStr = _TEXT
     candidate: StrictStr = _TEXT
     src_lang: StrictStr = Field(max_length=64)
@@ -140,18 +158,29 @@ class MemberRequest(BaseModel):
     # completes its group (nobody waits for it) but is not shown to the model and gets no score.
     # Its `candidate` is ignored (send "").
     invalid: StrictBool = False
+    # When the caller first sent this member (Unix seconds, the same on every re-send): timing only.
+    sent_at: StrictFloat | None = Field(None, ge=0)
 
     validate_text = field_validator("source", "candidate")(_check_text)
     validate_source = field_validator("source")(_check_not_blank)
     validate_languages = field_validator("src_lang", "trg_lang")(_check_language)
 
     @model_validator(mode="after")
-    def _index_in_group(self) -> MemberRequest:
-        if self.index >= self.group_size:
+    def _identity_in_group(self) -> MemberRequest:
+        if self.index is None and self.member_id is None:
+            raise ValueError("index: required unless member_id is given (a member needs a position or an id)")
+        if self.index is not None and self.member_id is not None:
+            raise ValueError("member_id: give either index or member_id, not both")
+        if self.index is not None and self.index >= self.group_size:
             raise ValueError(f"index: {self.index} is out of range for group_size {self.group_size}")
         if not self.invalid and not self.candidate.strip():
             raise ValueError("candidate: must not be empty or only whitespace (mark the member invalid instead)")
         return self
+
+    @property
+    def key(self) -> int | str:
+        """What identifies this member within its group: its index, else its member_id."""
+        return self.index if self.index is not None else self.member_id  # type: ignore[return-value]
 
 
 class GroupResult(BaseModel):
@@ -179,11 +208,29 @@ class GroupResult(BaseModel):
     guarded_texts: dict[str, int] = Field(default_factory=dict)
 
 
+class MemberTiming(BaseModel):
+    """When a member's group went through its replica (Unix seconds on the replica's clock).
+
+    ``received_at`` is when this member reached the replica that answered it; the others belong
+    to its group: when its last member arrived, and when its scoring started and ended (None when
+    the group was not scored, e.g. a timeout or a refusal). An answer read from the scored groups
+    that a replica keeps for retries carries the times of that one scoring.
+    """
+
+    received_at: float
+    complete_at: float | None = None
+    scoring_started_at: float | None = None
+    scoring_ended_at: float | None = None
+
+
 class MemberResult(BaseModel):
     """The verdict on one member of a group."""
 
     group_id: str
-    index: int
+    # The member's position in its group's verdict (``group_scores``): its request's index, or,
+    # for a member sent with a member_id, the position the replica gave it (None until scored).
+    index: int | None = None
+    member_id: str | None = None
     score: int | None = None
     valid: bool = False
     error: str | None = None
@@ -193,3 +240,4 @@ class MemberResult(BaseModel):
     # The group's scores, so a caller holding one member can still see the whole verdict
     # (None at the positions of invalid members, which are not scored).
     group_scores: list[int | None] | None = None
+    timing: MemberTiming | None = None

@@ -12,6 +12,7 @@ starts a new replica. No member is answered ``engine_error`` for a group a live 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import resource
@@ -201,6 +202,13 @@ class GRRMReplica:
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "assembler": self.assembler.stats(),
         }
+
+    def recent_groups(self, since: float | None = None, target_replica: str | None = None) -> list[dict[str, Any]]:
+        """The groups this replica scored lately, oldest first, with their times (Unix seconds on
+        this replica's clock): when the first member was sent and arrived, when the group was
+        complete, when its scoring started and ended (``since``: scoring ended at or after).
+        For diagnostics and tests; ``target_replica`` lets the router address one replica."""
+        return [dataclasses.asdict(trace) for trace in self.assembler.recent_groups(since)]
 
     async def _release(self) -> None:
         """Close the assembler and stop the engine, whichever exist (a construction may have failed

@@ -68,6 +68,12 @@ def member(group_id: str = "g1", index: int = 0, group_size: int = 4, **fields) 
     return MemberRequest(group_id=group_id, group_size=group_size, index=index, **values)
 
 
+def verdict_of(result) -> dict:
+    """A member's answer without its own arrival time: what two answers of one group share
+    (scores, failure, and the group's completion and scoring times)."""
+    return result.model_dump(exclude={"timing": {"received_at"}})
+
+
 async def settle() -> None:
     """Let every ready task run (submits register, scoring tasks start)."""
     for _ in range(5):
@@ -202,7 +208,7 @@ async def test_a_retried_member_waits_on_the_same_outcome_and_is_counted_once():
     assert assembler.members_waiting() == 2 and not original.done()
 
     rest = await asyncio.gather(*(assembler.submit(member("g1", index)) for index in (1, 2, 3)))
-    assert await original == await retry
+    assert verdict_of(await original) == verdict_of(await retry)
     assert (await original).score == expected_score("Translation 0 of g1.")
     assert all(result.valid for result in rest)
     assert len(scorer.calls) == 1
@@ -221,7 +227,7 @@ async def test_a_retry_during_scoring_joins_the_scoring_in_flight():
     await settle()
     scorer.release.set()
     results = await asyncio.gather(*tasks)
-    assert await retry == results[2]
+    assert verdict_of(await retry) == verdict_of(results[2])
     assert len(scorer.calls) == 1 and assembler.stats()["duplicates"] == 1
 
 
@@ -244,7 +250,8 @@ async def test_a_member_of_a_scored_group_gets_the_cached_answer():
     results = await asyncio.gather(*(assembler.submit(member("g1", index)) for index in range(4)))
 
     again = await assembler.submit(member("g1", 3))
-    assert again == results[3]
+    assert verdict_of(again) == verdict_of(results[3])
+    assert again.timing.received_at >= results[3].timing.scoring_ended_at
     assert len(scorer.calls) == 1 and assembler.pending_groups() == 0
     assert assembler.stats()["cached_answers"] == 1
 
@@ -513,3 +520,139 @@ async def test_a_failing_ledger_never_holds_answers_back():
     answers = await asyncio.gather(*(assembler.submit(_member_of("g", i)) for i in range(3)))
     assert all(a.valid for a in answers)
     assert assembler.stats()["ledger_errors"] >= 1
+
+
+# ------------------------------------------------------------- members without a position
+
+
+def keyed(group_id: str, member_id: str, candidate: str, group_size: int = 4, **fields) -> MemberRequest:
+    """A member sent with a member_id instead of an index (verl's fully_async_policy rows)."""
+    values = {"source": f"Source of {group_id}.", "src_lang": "en", "trg_lang": "de"}
+    values.update(fields)
+    return MemberRequest(group_id=group_id, group_size=group_size, member_id=member_id, candidate=candidate, **values)
+
+
+TEXTS = {"m-a": "Der Hund schläft.", "m-b": "Der Hund ruht.", "m-c": "Ein Hund schläft.", "m-d": "Hund schlafen."}
+
+
+async def test_members_without_positions_give_the_same_prompt_in_any_arrival_order():
+    prompts = []
+    for seed in range(6):
+        scorer = FakeScorer(delay_s=0.001)
+        assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+        order = list(TEXTS)
+        random.Random(seed).shuffle(order)
+        results = await asyncio.gather(*(assembler.submit(keyed("g", key, TEXTS[key])) for key in order))
+        assert len(scorer.calls) == 1
+        prompts.append(scorer.calls[0].candidates)
+        for key, result in zip(order, results, strict=True):
+            # Each member gets the score of its own text, at the position the replica gave it.
+            assert result.valid and result.member_id == key
+            assert result.score == expected_score(TEXTS[key])
+            assert result.group_scores[result.index] == result.score
+        assert sorted(result.index for result in results) == [0, 1, 2, 3]
+    assert all(prompt == prompts[0] for prompt in prompts)
+    assert sorted(prompts[0]) == sorted(TEXTS.values())
+
+
+async def test_equal_texts_under_different_member_ids_are_two_members():
+    scorer = FakeScorer()
+    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+    texts = {"x1": "Gleich.", "x2": "Gleich.", "x3": "Anders."}
+    results = await asyncio.gather(*(assembler.submit(keyed("g", k, t, group_size=3)) for k, t in texts.items()))
+    assert [r.valid for r in results] == [True, True, True] and len(scorer.calls) == 1
+    assert results[0].score == results[1].score == expected_score("Gleich.")
+
+
+async def test_a_re_sent_member_id_is_recognised_by_id_and_text():
+    scorer = FakeScorer()
+    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+    first = asyncio.create_task(assembler.submit(keyed("g", "m-a", TEXTS["m-a"])))
+    again = asyncio.create_task(assembler.submit(keyed("g", "m-a", TEXTS["m-a"])))
+    await settle()
+    changed = await assembler.submit(keyed("g", "m-a", "Etwas anderes."))
+    assert changed.failure == "rejected" and "member_id 'm-a' already has a different candidate" in changed.error
+    others = await asyncio.gather(*(assembler.submit(keyed("g", k, TEXTS[k])) for k in ("m-b", "m-c", "m-d")))
+    assert verdict_of(await first) == verdict_of(await again) and all(r.valid for r in others)
+    assert assembler.stats()["duplicates"] == 1 and len(scorer.calls) == 1
+    # After scoring: a known id reads the kept answer, an unknown one is refused, not scored.
+    cached = await assembler.submit(keyed("g", "m-c", TEXTS["m-c"]))
+    assert verdict_of(cached) == verdict_of(others[1])
+    stranger = await assembler.submit(keyed("g", "m-z", "Neu."))
+    assert stranger.failure == "rejected" and "without member_id 'm-z'" in stranger.error
+    assert len(scorer.calls) == 1
+
+
+async def test_a_fifth_member_id_in_a_group_of_four_is_refused_while_it_is_scored():
+    scorer = FakeScorer()
+    scorer.release = asyncio.Event()
+    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+    members = [asyncio.create_task(assembler.submit(keyed("g", k, t))) for k, t in TEXTS.items()]
+    await settle()
+    extra = await assembler.submit(keyed("g", "m-e", "Noch einer."))
+    assert extra.failure == "rejected" and "all 4 members have arrived" in extra.error
+    scorer.release.set()
+    assert all(result.valid for result in await asyncio.gather(*members))
+
+
+async def test_a_group_mixing_indices_and_member_ids_is_refused():
+    scorer = FakeScorer()
+    assembler = GroupAssembler(scorer, assembly_timeout_s=0.2)
+    first = asyncio.create_task(assembler.submit(member("g", 0)))
+    await settle()
+    mixed = await assembler.submit(keyed("g", "m-a", "Text.", source="Source sentence of g."))
+    assert mixed.failure == "rejected" and "how members are identified" in mixed.error
+    assert (await first).failure == "timeout" and scorer.calls == []
+
+
+async def test_a_scored_group_of_member_ids_is_adopted_from_the_ledger():
+    ledger = MemoryLedger()
+    first_replica = GroupAssembler(_scores_by_length, assembly_timeout_s=5, ledger=ledger, replica="r1")
+    answers = await asyncio.gather(*(first_replica.submit(keyed("g", k, t)) for k, t in TEXTS.items()))
+    second_replica = GroupAssembler(_scores_by_length, assembly_timeout_s=5, ledger=ledger, replica="r2")
+    resent = await asyncio.wait_for(second_replica.submit(keyed("g", "m-c", TEXTS["m-c"])), timeout=2)
+    assert verdict_of(resent) == verdict_of(answers[2]) and resent.replica == "r1"
+    assert second_replica.stats()["ledger_adopted"] == 1
+    # The same id with another text is a different group: not adopted.
+    third_replica = GroupAssembler(_scores_by_length, assembly_timeout_s=0.3, ledger=ledger)
+    other = await third_replica.submit(keyed("g", "m-c", "Ganz anders."))
+    assert other.failure == "timeout" and third_replica.stats()["ledger_adopted"] == 0
+
+
+@pytest.mark.parametrize(
+    "fields, problem",
+    [
+        ({}, "index: required unless member_id is given"),
+        ({"index": 0, "member_id": "m"}, "member_id: give either index or member_id, not both"),
+        ({"member_id": ""}, "member_id"),
+    ],
+)
+def test_a_member_names_its_position_or_its_id_exactly_once(fields, problem):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=problem):
+        MemberRequest(group_id="g", group_size=2, source="s", candidate="c", src_lang="en", trg_lang="de", **fields)
+
+
+# ------------------------------------------------------------------------------- timing
+
+
+async def test_every_answer_carries_when_its_group_completed_and_was_scored():
+    wall = FakeClock()
+    scorer = FakeScorer()
+    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0, wall_clock=wall)
+    first = asyncio.create_task(assembler.submit(member("g", 0, group_size=2, sent_at=990.0)))
+    await settle()
+    wall.now = 1003.0
+    second = await assembler.submit(member("g", 1, group_size=2, sent_at=1001.0))
+    first = await first
+    assert first.timing.received_at == 1000.0 and second.timing.received_at == 1003.0
+    for answer in (first, second):
+        assert answer.timing.complete_at == 1003.0
+        assert answer.timing.complete_at <= answer.timing.scoring_started_at <= answer.timing.scoring_ended_at
+    [trace] = assembler.recent_groups()
+    assert (trace.group_id, trace.group_size, trace.first_sent_at) == ("g", 2, 990.0)
+    assert (trace.first_received_at, trace.complete_at, trace.valid) == (1000.0, 1003.0, True)
+    assert assembler.recent_groups(since=trace.scoring_ended_at + 1) == []
+    timed_out = await GroupAssembler(scorer, assembly_timeout_s=0.05).submit(member("h", 0))
+    assert timed_out.timing.received_at > 0 and timed_out.timing.scoring_started_at is None
