@@ -40,6 +40,9 @@ class ReplicaCallPolicy:
     max_attempts: int = 4
     backoff_s: float = 0.5
     max_backoff_s: float = 5.0
+    # Re-send a member once after its group timed out (see _call). Off for callers that re-join
+    # incomplete groups themselves (the trainer bridge's RewardClient).
+    resend_on_timeout: bool = True
 
     def delay(self, attempt: int) -> float:
         """Exponential backoff before attempt number ``attempt`` (1-based retries)."""
@@ -87,7 +90,13 @@ class ScorerClient:
             # overloaded for one router's view) can be split over two replicas and time out.
             # Once more in pure ring order (attempt >= 1) brings them together; only once, so a
             # genuinely missing member costs at most two assembly timeouts.
-            if isinstance(result, MemberResult) and result.failure == "timeout" and not timeout_retried and not last:
+            if (
+                isinstance(result, MemberResult)
+                and result.failure == "timeout"
+                and self.policy.resend_on_timeout
+                and not timeout_retried
+                and not last
+            ):
                 timeout_retried = True
                 self.timeout_retries += 1
                 continue

@@ -10,9 +10,15 @@ included) and at most ``max_attempts`` attempts, with exponential backoff betwee
 * replica death: the handle transport reuses :class:`deployments.client.ScorerClient`, which
   re-sends with ``attempt + 1`` so every member of the group lands on the same live replica;
   whatever still escapes it is retried here;
-* a member whose group did not assemble in time (HTTP 504, or ``failure == "timeout"``), and
-  a member refused because its replica was shutting down or had too many groups assembling;
+* a member refused because its replica was shutting down or had too many groups assembling;
 * connection errors (HTTP).
+
+A member whose group did not complete within the replica's ``assembly_timeout_s`` (HTTP 504, or
+``failure == "timeout"``) is not a failed attempt: its group is still being generated (members of
+one group finish minutes apart under long generations, and trainers pause generation for a
+training phase or a weight sync). The member re-joins its group at once, as often as it takes,
+until ``deadline_s``; every re-join lands in ring order, so a group split over two replicas by a
+change of the replica set comes together again. Re-joins are counted (``rejoins``), not attempts.
 
 Retries are safe: a replica keeps every scored group's answer for ``completed_ttl_s`` and treats
 a member whose index and text it already holds as the same member, so a retried member joins
@@ -87,7 +93,8 @@ class CallOutcome(Generic[R]):
 
     ``result`` is the service's answer (possibly a flagged failure such as ``parse_failed``), or
     None when no answer was obtained; then ``failure`` says why (``deadline``, ``unavailable``,
-    ``rejected``, ``transport_error``) and ``error`` describes it.
+    ``rejected``, ``transport_error``) and ``error`` describes it. ``attempts`` counts sends that
+    failed or answered; ``rejoins`` the re-sends of a member whose group was still incomplete.
     """
 
     result: R | None
@@ -95,14 +102,18 @@ class CallOutcome(Generic[R]):
     failure: str | None = None
     error: str | None = None
     latency_s: float = 0.0
+    rejoins: int = 0
+
+
+def group_incomplete(result: MemberResult | GroupResult) -> bool:
+    """Whether a member answer says its group did not complete in time (re-join it)."""
+    return isinstance(result, MemberResult) and result.failure == "timeout"
 
 
 def retryable_result(result: MemberResult | GroupResult) -> bool:
-    """Whether a member answer is worth another attempt (assembly timeout, transient refusal)."""
+    """Whether a member answer is worth another attempt (a transient refusal)."""
     if not isinstance(result, MemberResult):
         return False
-    if result.failure == "timeout":
-        return True
     if result.failure == "rejected" and result.error:
         return any(phrase in result.error for phrase in _RETRYABLE_REJECTIONS)
     return False
@@ -125,6 +136,7 @@ class RewardClient:
         self._clock = clock
         self.requests = 0
         self.retries = 0  # attempts beyond the first, over all requests
+        self.rejoins = 0  # re-sends of members whose group was still incomplete, over all requests
 
     async def score_member(self, member: MemberRequest) -> CallOutcome[MemberResult]:
         """One rollout as a member of its group; answers when the group is scored."""
@@ -141,50 +153,70 @@ class RewardClient:
     async def _call(self, send: Callable[[Any, float], Awaitable[R]], request: Any) -> CallOutcome[R]:
         config = self.config
         self.requests += 1
-        started = self._clock()
-        deadline = started + config.deadline_s
-        last: R | None = None
-        failure, error = "unavailable", "no attempt was made"
-        attempt = 0
-        while attempt < config.max_attempts:
-            attempt += 1
-            if attempt > 1:
-                self.retries += 1
+        call = _Call(started=self._clock())
+        deadline = call.started + config.deadline_s
+        while True:
             remaining = deadline - self._clock()
             if remaining <= 0:
-                return self._outcome(last, attempt - 1, "deadline", f"deadline_s {config.deadline_s} ran out", started)
+                return self._outcome(call, "deadline", f"deadline_s {config.deadline_s} ran out")
             retry_after: float | None = None
             try:
                 result = await asyncio.wait_for(send(request, remaining), timeout=remaining)
             except (asyncio.TimeoutError, TimeoutError):
-                return self._outcome(last, attempt, "deadline", f"deadline_s {config.deadline_s} ran out", started)
+                call.attempts += 1
+                return self._outcome(call, "deadline", f"deadline_s {config.deadline_s} ran out")
             except FatalError as refused:
-                return self._outcome(None, attempt, refused.reason, str(refused), started)
+                call.attempts, call.last = call.attempts + 1, None
+                return self._outcome(call, refused.reason, str(refused))
             except RetryableError as transient:
                 failure, error, retry_after = transient.reason, str(transient), transient.retry_after
             except Exception as unexpected:  # noqa: BLE001 - a reward must not crash the trainer step
-                return self._outcome(
-                    None, attempt, "transport_error", f"{type(unexpected).__name__}: {unexpected}", started
-                )
+                call.attempts, call.last = call.attempts + 1, None
+                return self._outcome(call, "transport_error", f"{type(unexpected).__name__}: {unexpected}")
             else:
+                call.last = result
+                if group_incomplete(result):
+                    # Not a failed attempt: the group is still being generated. Re-join it at once
+                    # (a short pause only, so that even a tiny assembly timeout makes no hot loop).
+                    call.rejoins += 1
+                    self.rejoins += 1
+                    await self._sleep(min(config.backoff_s, max(0.0, deadline - self._clock())))
+                    continue
                 if not retryable_result(result):
-                    return self._outcome(result, attempt, None, None, started)
-                last = result
+                    call.attempts += 1
+                    return self._outcome(call, None, None)
                 failure, error = result.failure or "unavailable", result.error or ""
-            if attempt >= config.max_attempts:
-                break
-            delay = max(config.backoff(attempt), retry_after or 0.0)
+            call.attempts += 1
+            if call.attempts >= config.max_attempts:
+                return self._outcome(call, failure, error)
+            delay = max(config.backoff(call.attempts), retry_after or 0.0)
             if self._clock() + delay >= deadline:
-                return self._outcome(last, attempt, "deadline", f"no time left to retry after: {error}", started)
+                return self._outcome(call, "deadline", f"no time left to retry after: {error}")
+            self.retries += 1
             await self._sleep(delay)
-        return self._outcome(last, attempt, failure, error, started)
 
-    def _outcome(self, result: R | None, attempts: int, failure: str | None, error: str | None, started: float):
-        if result is not None and not retryable_result(result):
+    def _outcome(self, call: _Call, failure: str | None, error: str | None) -> CallOutcome:
+        result = call.last
+        if result is not None and not retryable_result(result) and not group_incomplete(result):
             failure, error = None, None
         return CallOutcome(
-            result=result, attempts=attempts, failure=failure, error=error, latency_s=self._clock() - started
+            result=result,
+            attempts=call.attempts,
+            failure=failure,
+            error=error,
+            latency_s=self._clock() - call.started,
+            rejoins=call.rejoins,
         )
+
+
+@dataclass
+class _Call:
+    """The progress of one logical request."""
+
+    started: float
+    attempts: int = 0
+    rejoins: int = 0
+    last: Any = None  # the last answer (a flagged one, when the request ends without a good one)
 
 
 def make_transport(config: BridgeConfig) -> Transport:
@@ -215,6 +247,7 @@ class HandleTransport:
                 max_attempts=self.config.max_attempts,
                 backoff_s=self.config.backoff_s,
                 max_backoff_s=self.config.max_backoff_s,
+                resend_on_timeout=False,  # RewardClient re-joins incomplete groups itself
             )
             self._scorer = ScorerClient(handle, policy)
         return self._scorer

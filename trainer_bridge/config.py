@@ -72,14 +72,23 @@ class BridgeConfig(BaseModel):
     # Environment variable holding the bearer token (unset or empty: no Authorization header).
     token_env: str | None = "GRRM_API_TOKEN"
     # Deadline of one logical request, every attempt included. A member waits for its whole group
-    # (the slowest rollout of the group), so this must exceed the spread of rollout finish times.
+    # (until the group's last rollout finishes, across the trainer's own pauses: a training phase
+    # in colocate_async, weight syncs), so this must exceed the spread of a group's finish times.
+    # It is also how long a rollout lost before its reward (its session failed) holds the rest of
+    # its group (README: "How long a member waits").
     deadline_s: float = Field(1800.0, gt=0)
-    # Attempts per logical request (503 / back pressure / assembly timeout / connection errors).
+    # Attempts per logical request (503 / back pressure / replica loss / connection errors). An
+    # assembly timeout is not a failed attempt: the member re-joins its group until deadline_s.
     max_attempts: int = Field(4, ge=1)
     backoff_s: float = Field(0.5, ge=0)
     max_backoff_s: float = Field(8.0, ge=0)
     # Groups scored at once by the whole-batch path.
     max_concurrent_groups: int = Field(256, ge=1)
+    # Concurrent calls one verl reward-loop worker runs (Ray's default for async actors, which verl
+    # 0.9.1 does not change). A member waiting for its group holds one; the bridge refuses to start
+    # when the trainer can have more rollouts waiting than its reward.num_workers can hold
+    # (trainer_bridge/capacity.py). Set it only if you raised the actors' max_concurrency.
+    reward_worker_concurrency: int = Field(1000, ge=1)
 
     # -- reading a rollout ---------------------------------------------------------------------
     extractor: ExtractorName = "codeblock"
@@ -93,9 +102,14 @@ class BridgeConfig(BaseModel):
     trg_lang: str | None = None
     # GRPO group id (verl puts a uuid per prompt in non_tensor_batch["uid"]).
     uid_key: str = "uid"
+    # Namespace of group ids: the service sees "{run_id}:{uid}", so two runs (or a resumed run)
+    # sharing one service never meet in one group. None: derived from the Ray job running the
+    # trainer (trainer_bridge/run_identity.py); "": verl's uid as it is.
+    run_id: str | None = Field(None, max_length=64, pattern=r"^[A-Za-z0-9_.\-]*$")
     # The rollout's position in its group, for the member API. None: what the trainer provides,
-    # "session_id" (verl's default trainer) else "priority" % group_size (legacy agent loop); see
-    # trainer_bridge/rollout.py. A key name: int(row[index_key]) % group_size.
+    # "session_id" (verl's default trainer) else "priority" % group_size (legacy agent loop), else
+    # none (fully_async_policy: the member is sent with an id of its own and the service orders the
+    # group); see trainer_bridge/rollout.py. A key name: int(row[index_key]) % group_size.
     index_key: str | None = None
     # Rollouts per group (None: actor_rollout_ref.rollout.n of the trainer config).
     group_size: int | None = Field(None, ge=1, le=1024)

@@ -3,8 +3,10 @@
 verl 0.9.1 asks for a reward per rollout as soon as that rollout finishes, from a randomly
 chosen reward-loop worker (``RewardLoopWorker.compute_score`` -> ``manager.run_single(data)``).
 GRRM needs the whole group in one prompt, so :meth:`GRRMRewardManager.run_single` sends the
-rollout as a *member* of its group (``group_id`` = verl's ``uid``, ``group_size`` = rollout n,
-``index`` = the rollout's position, see :mod:`trainer_bridge.rollout`); the cluster's router
+rollout as a *member* of its group (``group_id`` = verl's ``uid`` in this training run's namespace,
+see :mod:`trainer_bridge.run_identity`; ``group_size`` = rollout n; ``index`` = the rollout's
+position, or a ``member_id`` of its own when the trainer gives none, see
+:mod:`trainer_bridge.rollout`); the cluster's router
 brings all members of a group to one replica, which scores the group once its last member has
 arrived and answers every member. Scoring of early groups therefore overlaps the generation of
 later rollouts.
@@ -26,6 +28,8 @@ Select it in verl with::
 from __future__ import annotations
 
 import logging
+import time
+import uuid
 from typing import Any
 
 from pydantic import ValidationError
@@ -34,6 +38,7 @@ from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER, register
 
 from cluster.schema import MemberRequest
+from trainer_bridge.capacity import concurrency_problem
 from trainer_bridge.client import CallOutcome, RewardClient
 from trainer_bridge.config import BridgeConfig, validation_group_warning
 from trainer_bridge.metrics import RewardCounters
@@ -47,7 +52,8 @@ from trainer_bridge.rewards import (
     member_outcome,
 )
 from trainer_bridge.rollout import Rollout, group_size_of, read_rollout, rollout_index
-from trainer_bridge.verl_metrics import install_step_metrics
+from trainer_bridge.run_identity import current_run_id, namespaced_group_id
+from trainer_bridge.timing import RewardTiming
 
 __all__ = ["GRRMRewardManager"]
 
@@ -74,15 +80,22 @@ class GRRMRewardManager(RewardManagerBase):
         """Built by verl as ``cls(config=, tokenizer=, compute_score=, reward_router_address=,
         reward_model_tokenizer=)``; ``compute_score`` and the router address are unused (the
         reward comes from the cluster). Tests may pass ``bridge_config`` and ``client``.
-        A wrong setting raises here, at start, naming it."""
+        A wrong setting raises here, at start, naming it; so does a trainer config whose waiting
+        rollouts its reward workers cannot hold (:mod:`trainer_bridge.capacity`)."""
         super().__init__(config, tokenizer, compute_score)
         self.bridge = bridge_config or BridgeConfig.from_verl_config(config)
+        problem = concurrency_problem(config, self.bridge.reward_worker_concurrency)
+        if problem:
+            raise ValueError(f"grrm: {problem}")
         self.settings = self.bridge.reward_settings()
         self.client = client or RewardClient(self.bridge)
         self.counters = RewardCounters()
         self.reward_router_address = reward_router_address
         self.reward_model_tokenizer = reward_model_tokenizer
+        self.run_id = current_run_id() if self.bridge.run_id is None else self.bridge.run_id
         self._reported: set[str] = set()  # default-reward reasons already logged by this manager
+        self._in_flight = 0  # run_single calls in this worker now (each holds one of its slots)
+        self._crowded = False  # warned that they near the worker's concurrency
         warning = validation_group_warning(config, self.bridge)
         if warning:
             logger.warning("grrm: %s", warning)
@@ -95,44 +108,69 @@ class GRRMRewardManager(RewardManagerBase):
         reward, flagged in ``reward_extra_info`` (``failed``, ``failure``), counted, and logged
         once per reason.
         """
+        timing = RewardTiming(sent_at=time.time(), worker_in_flight=self._enter())
         try:
-            return await self._reward(data)
+            return await self._reward(data, timing)
         except Exception as error:  # noqa: BLE001 - see the docstring
-            return self._default(INTERNAL_ERROR, f"{type(error).__name__}: {error}")
+            return self._default(INTERNAL_ERROR, f"{type(error).__name__}: {error}", timing)
+        finally:
+            self._in_flight -= 1
 
-    async def _reward(self, data: DataProto) -> dict[str, Any]:
+    def _enter(self) -> int:
+        """Count one more call in this worker; warn once when they near its concurrency."""
+        self._in_flight += 1
+        limit = self.bridge.reward_worker_concurrency
+        if self._in_flight >= 0.9 * limit and not self._crowded:
+            self._crowded = True
+            logger.error(
+                "grrm: %d reward calls are waiting in this reward-loop worker, which runs at most %d at once: "
+                "beyond that, members queue behind members that wait for them and their groups time out. "
+                "Raise reward.num_workers (grrm/worker_in_flight_max in the step metrics shows the peak).",
+                self._in_flight, limit,
+            )
+        return self._in_flight
+
+    async def _reward(self, data: DataProto, timing: RewardTiming) -> dict[str, Any]:
         try:
             item = data[-1:][0]
             rollout = read_rollout(item, self.bridge, self.tokenizer)
             group_size = group_size_of(item.non_tensor_batch, self.bridge)
             index = rollout_index(item.non_tensor_batch, group_size, self.bridge.index_key) if group_size > 1 else 0
         except _ROW_ERRORS as error:
-            return self._default(BAD_ROW, f"{type(error).__name__}: {error}")
+            return self._default(BAD_ROW, f"{type(error).__name__}: {error}", timing)
         if group_size < 2:
-            return self._answer(rollout, default_outcome(TOO_FEW_DISTINCT, self.settings))
-        member = self._member(rollout, group_size, index)
+            return self._answer(rollout, default_outcome(TOO_FEW_DISTINCT, self.settings), timing)
+        member = self._member(rollout, group_size, index, timing.sent_at)
         if isinstance(member, str):
-            return self._answer(rollout, default_outcome("rejected", self.settings), detail=member)
+            return self._answer(rollout, default_outcome("rejected", self.settings), timing, detail=member)
         call = await self.client.score_member(member)
-        return self._answer(rollout, self._outcome(rollout, call), call, detail=self._detail(rollout, call))
+        timing = timing.answered(time.time(), call.result.timing if call.result is not None else None, call.rejoins)
+        return self._answer(
+            rollout, self._outcome(rollout, call), timing, call, group_id=member.group_id, detail=self._detail(rollout, call)
+        )
 
-    def _member(self, rollout: Rollout, group_size: int, index: int) -> MemberRequest | str:
+    def _member(self, rollout: Rollout, group_size: int, index: int | None, sent_at: float) -> MemberRequest | str:
         """The member request, or why the service would refuse it."""
+        group_id = namespaced_group_id(self.run_id, rollout.uid)
         try:
             return MemberRequest(
-                group_id=rollout.uid,
+                group_id=group_id,
                 group_size=group_size,
+                # Without a position from the trainer, an id of its own (the same on every re-send
+                # of this call, and only of this call): the service orders the group by its texts.
                 index=index,
+                member_id=None if index is not None else uuid.uuid4().hex,
                 source=rollout.source,
                 candidate=rollout.candidate or "",
                 invalid=rollout.candidate is None,
                 src_lang=rollout.src_lang,
                 trg_lang=rollout.trg_lang,
+                sent_at=sent_at,
             )
         except ValidationError as error:
             # Source or languages the service cannot take: every member of this group fails
             # the same way here, so none of them is left waiting on the cluster.
-            return f"group {rollout.uid} cannot be sent: {error}"
+            return f"group {group_id} cannot be sent: {error}"
 
     def _outcome(self, rollout: Rollout, call: CallOutcome) -> RewardOutcome:
         result = call.result
@@ -150,9 +188,17 @@ class GRRMRewardManager(RewardManagerBase):
         return f"group {rollout.uid}: {error or '-'} (after {call.attempts} attempts)"
 
     def _answer(
-        self, rollout: Rollout, outcome: RewardOutcome, call: CallOutcome | None = None, detail: str = ""
+        self,
+        rollout: Rollout,
+        outcome: RewardOutcome,
+        timing: RewardTiming,
+        call: CallOutcome | None = None,
+        group_id: str = "",
+        detail: str = "",
     ) -> dict[str, Any]:
         result = call.result if call is not None else None
+        if not timing.answered_at:
+            timing = timing.answered(time.time())
         info = extra_info(
             outcome,
             extracted=rollout.extracted,
@@ -160,16 +206,25 @@ class GRRMRewardManager(RewardManagerBase):
             request_attempts=call.attempts if call is not None else 0,
             replica=result.replica if result is not None else "",
             mask_failed=self.bridge.mask_failed,
+            group_id=group_id,
+            timing=timing,
         )
         return self._record(outcome, info, detail)
 
-    def _default(self, reason: str, detail: str) -> dict[str, Any]:
+    def _default(self, reason: str, detail: str, timing: RewardTiming) -> dict[str, Any]:
         """The default reward for a row the bridge could not even read or send."""
         outcome = default_outcome(reason, self.settings)
-        return self._record(outcome, extra_info(outcome, extracted=False, mask_failed=self.bridge.mask_failed), detail)
+        info = extra_info(outcome, extracted=False, mask_failed=self.bridge.mask_failed, timing=timing.answered(time.time()))
+        return self._record(outcome, info, detail)
 
     def _record(self, outcome: RewardOutcome, info: dict[str, Any], detail: str) -> dict[str, Any]:
-        self.counters.record(outcome, masked=info["masked"], request_attempts=info["request_attempts"])
+        self.counters.record(
+            outcome,
+            masked=info["masked"],
+            request_attempts=info["request_attempts"],
+            rejoins=info["rejoins"],
+            worker_in_flight=info["worker_in_flight"],
+        )
         if outcome.failed and outcome.failure not in self._reported:
             # Once per reason and process: a dead service must not flood the trainer's log. Every
             # occurrence is counted (grrm/default/<reason> in verl's step metrics).
@@ -190,7 +245,3 @@ class GRRMRewardManager(RewardManagerBase):
 # path defines the class a second time: the first registration stays.
 if "grrm" not in REWARD_MANAGER:
     register("grrm")(GRRMRewardManager)
-
-# Importing this module in verl's trainer process (verl resolves the manager class there) adds the
-# bridge's counters to verl's step metrics; elsewhere it does nothing (trainer_bridge/verl_metrics.py).
-install_step_metrics()

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trainer_bridge.timing import TIMING_KEYS, RewardTiming
+
 __all__ = [
     "EXTRA_INFO_KEYS",
     "FAILURES",
@@ -81,6 +83,8 @@ EXTRA_INFO_KEYS: tuple[str, ...] = (
     "failure",  # why the reward is the default ("" when it is not)
     "failed",  # the reward could not be obtained (a failure, not the reference semantics)
     "masked",  # failed and mask_failed is on: the trainer should drop the row from the loss
+    "group_id",  # the group id the service knows the rollout's group by ("" when not sent)
+    *TIMING_KEYS,  # when the reward went through the bridge and the service (trainer_bridge/timing.py)
 )
 
 
@@ -237,6 +241,8 @@ def extra_info(
     request_attempts: int = 0,
     replica: str = "",
     mask_failed: bool = False,
+    group_id: str = "",
+    timing: RewardTiming | None = None,
 ) -> dict[str, Any]:
     """One row's ``reward_extra_info``: exactly :data:`EXTRA_INFO_KEYS`, same types for every row."""
     failed = outcome.failed
@@ -251,6 +257,11 @@ def extra_info(
         "failure": outcome.failure or "",
         "failed": failed,
         "masked": bool(mask_failed and failed),
+        "group_id": str(group_id),
+        **(timing or _UNTIMED).as_extra_info(),
     }
     assert tuple(info) == EXTRA_INFO_KEYS
     return info
+
+
+_UNTIMED = RewardTiming(sent_at=0.0)  # rows scored outside the per-rollout path (trainer_bridge.batch)

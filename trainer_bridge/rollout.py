@@ -19,6 +19,13 @@ what each of verl 0.9.1's trainers puts in the row (:func:`rollout_index`):
 
 Either way the index is unique within the ``uid`` group, the same on every worker and every retry.
 ``BridgeConfig.index_key`` names another key instead (its value modulo the group size).
+
+A row may carry no position at all: ``experimental/fully_async_policy`` repeats each sample ``n``
+times itself (``detach_utils.prepare_single_generation_data``) and calls the agent-loop worker
+directly, so its rows have neither ``session_id`` nor ``priority``, and their ``index`` (the
+dataset row) is the same for all ``n`` copies. :func:`rollout_index` then returns None and the
+member is sent with an id of its own instead (``MemberRequest.member_id``): the service orders such
+a group's candidates by their texts.
 """
 
 from __future__ import annotations
@@ -98,12 +105,12 @@ SESSION_KEY = "session_id"  # default (v1) trainer: the position itself
 PRIORITY_KEY = "priority"  # legacy agent loop: position = priority % group size
 
 
-def rollout_index(non_tensor: Mapping[str, Any], group_size: int, key: str | None = None) -> int:
-    """The rollout's position in its group (see the module docstring).
+def rollout_index(non_tensor: Mapping[str, Any], group_size: int, key: str | None = None) -> int | None:
+    """The rollout's position in its group (see the module docstring), or None when the row has none.
 
     ``key`` None: ``session_id`` when the row has one (it must be below ``group_size``), else
-    ``priority % group_size``. A named ``key``: ``int(row[key]) % group_size``. A row with neither
-    raises a KeyError naming what it has.
+    ``priority % group_size``, else None (fully_async_policy's rows). A named ``key``:
+    ``int(row[key]) % group_size``; a row without it raises a KeyError naming what it has.
     """
     if key is None:
         session = row_field(non_tensor, SESSION_KEY, None)
@@ -117,10 +124,7 @@ def rollout_index(non_tensor: Mapping[str, Any], group_size: int, key: str | Non
             return index
         key = PRIORITY_KEY
         if row_field(non_tensor, key, None) is None:
-            raise KeyError(
-                f"row has neither {SESSION_KEY!r} (verl's default trainer) nor {PRIORITY_KEY!r} (legacy agent "
-                f"loop); non_tensor_batch keys: {sorted(non_tensor)}; set reward_kwargs.index_key"
-            )
+            return None
     return _integer(key, row_field(non_tensor, key)) % group_size
 
 

@@ -3,17 +3,20 @@
 verl 0.9.1 computes rewards in reward-loop worker processes and logs step metrics in its trainer
 process, where nothing reads ``reward_extra_info`` during training. Every row's
 ``reward_extra_info`` does reach the trainer, though: in the v1 trainer's TransferQueue
-(``extra_fields["reward_extra_info"]``), and in the legacy trainer's batch (its non-tensor
-columns). :func:`install_step_metrics` wraps the one place each trainer computes a step's metrics
+(``extra_fields["reward_extra_info"]``, all three v1 modes), and in the batch of the legacy trainer
+and of the two experimental recipes, ``one_step_off_policy`` and ``fully_async_policy`` (their
+non-tensor columns). :func:`install_step_metrics` wraps the one place each trainer computes a step's metrics
 so that, for steps whose rows carry the bridge's keys (:data:`~trainer_bridge.rewards.EXTRA_INFO_KEYS`),
 the step also logs ``grrm/rewards``, ``grrm/valid``, ``grrm/failed``, ``grrm/retried``,
 ``grrm/retries``, ``grrm/default/<reason>`` ... (:func:`trainer_bridge.metrics.metrics_from_extra_info`)
 for exactly that step's rollouts. Steps without them are untouched.
 
-It is installed when ``trainer_bridge.reward_manager`` is imported in the trainer process (verl
-resolves the reward manager class there when it builds its ``RewardLoopManager``), and does nothing
-in processes that have no trainer. A failure to compute the counters is logged and never reaches
-the training step.
+The recipes' shared trainer base (``experimental/separation/ray_trainer.py``) imports
+``compute_data_metrics`` by name, so its own module attribute is wrapped too. fully_async_policy
+trains in an actor that never loads the reward manager, so the wrapping cannot wait for the manager:
+:mod:`trainer_bridge.verl_plugin`, a verl plugin (the ``verl.plugins`` entry point this package
+declares, loaded by ``import verl`` in every verl process), wraps each trainer module as it is
+imported. A failure to compute the counters is logged and never reaches the training step.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ logger = logging.getLogger(__name__)
 
 V1_TRAINER = "verl.trainer.ppo.v1.trainer_base"  # PPOTrainer._compute_metrics(batch, metrics, ...)
 LEGACY_TRAINER = "verl.trainer.ppo.ray_trainer"  # fit() calls compute_data_metrics(batch=...)
+# one_step_off_policy and fully_async_policy: SeparateRayPPOTrainer._fit_collect_metrics calls
+# compute_data_metrics(batch=...), imported by name into this module.
+SEPARATION_TRAINER = "verl.experimental.separation.ray_trainer"
+TRAINER_MODULES = (V1_TRAINER, LEGACY_TRAINER, SEPARATION_TRAINER)
 _WRAPPED = "_grrm_step_metrics"
 
 
@@ -46,14 +53,17 @@ def step_metrics(infos: Iterable[Mapping[str, Any] | None]) -> dict[str, float]:
 
 def install_step_metrics() -> list[str]:
     """Wrap the step-metric computation of each verl trainer already imported here; returns their names."""
-    installed = []
-    v1 = sys.modules.get(V1_TRAINER)
-    if v1 is not None and _wrap(v1.PPOTrainer, "_compute_metrics", _v1_compute_metrics):
-        installed.append(V1_TRAINER)
-    legacy = sys.modules.get(LEGACY_TRAINER)
-    if legacy is not None and _wrap(legacy, "compute_data_metrics", _legacy_compute_data_metrics):
-        installed.append(LEGACY_TRAINER)
-    return installed
+    return [name for name in TRAINER_MODULES if name in sys.modules and wrap_trainer_module(sys.modules[name])]
+
+
+def wrap_trainer_module(module: Any) -> bool:
+    """Wrap the step metrics of one of verl's trainer modules (:data:`TRAINER_MODULES`); False if
+    it was wrapped already or is not one of them."""
+    if module.__name__ == V1_TRAINER:
+        return _wrap(module.PPOTrainer, "_compute_metrics", _v1_compute_metrics)
+    if module.__name__ in (LEGACY_TRAINER, SEPARATION_TRAINER):
+        return _wrap(module, "compute_data_metrics", _legacy_compute_data_metrics)
+    return False
 
 
 def _wrap(owner: Any, name: str, wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:

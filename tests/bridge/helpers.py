@@ -74,6 +74,14 @@ def session_row_fields(uid: str, session_id: int, source: str = SOURCE, **extra:
     }
 
 
+def fully_async_row_fields(sample_id: str, dataset_index: int, source: str = SOURCE, **extra: Any) -> dict[str, Any]:
+    """The non-tensor fields of one row as verl 0.9.1's fully_async_policy hands it to a reward
+    manager: one dataset sample repeated n times (``detach_utils.prepare_single_generation_data``),
+    ``uid`` = ``uid_{sample_id}`` the same in every run, ``index`` (the dataset row) equal for all n
+    copies, and neither ``session_id`` nor ``priority``."""
+    return {**_row_fields(f"uid_{sample_id}", source, extra), "index": dataset_index, "agent_name": "single_turn_agent"}
+
+
 def encode_response(tokenizer: Any, response: str, eos: bool = True) -> list[int]:
     ids = tokenizer.encode(response, add_special_tokens=False)
     return ids + [tokenizer.eos_token_id] if eos else ids

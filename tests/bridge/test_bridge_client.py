@@ -77,16 +77,20 @@ async def test_http_member_retries_503_honouring_retry_after(monkeypatch):
     assert json.loads(seen[0].content) == json.loads(seen[2].content) == MEMBER.model_dump()
 
 
-async def test_http_504_assembly_timeout_is_retried_then_reported():
+async def test_http_504_incomplete_group_is_rejoined_until_the_deadline_not_counted_as_an_attempt():
     timeout = (504, member_answer(score=None, valid=False, failure="timeout", error="assembly timed out", group_scores=None), None)
-    client, time = http_client([timeout, (200, member_answer(score=4), None)])
+    client, time = http_client([timeout, timeout, (200, member_answer(score=4), None)])
     outcome = await client.score_member(MEMBER)
-    assert outcome.result.score == 4 and outcome.attempts == 2 and time.sleeps == [0.5]
+    assert outcome.result.score == 4 and outcome.failure is None
+    assert (outcome.attempts, outcome.rejoins, client.retries, client.rejoins) == (1, 2, 0, 2)
+    assert time.sleeps == [0.5, 0.5]  # a short pause, no backoff: the group may complete any moment
 
-    client, time = http_client([timeout] * 4)
+    # A group that never completes (a member that will never come): re-joined until deadline_s, then flagged.
+    config = BridgeConfig(transport="http", http_url="http://grrm.test/app", deadline_s=3.0, max_attempts=2)
+    client, time = http_client([timeout] * 20, config)
     outcome = await client.score_member(MEMBER)
-    assert outcome.attempts == 4 and time.sleeps == [0.5, 1.0, 2.0]
-    assert outcome.result is not None and outcome.result.failure == "timeout" and outcome.failure == "timeout"
+    assert outcome.rejoins == 6 and outcome.attempts == 0 and time.now == 3.0
+    assert outcome.failure == "deadline" and outcome.result.failure == "timeout"
 
 
 async def test_http_refusals_are_not_retried():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from .helpers import (
     LocalTransport,
     agent_loop_row,
     codeblock,
+    fully_async_row_fields,
     quality_text,
     row_fields,
     session_row_fields,
@@ -158,9 +160,6 @@ async def test_group_of_one_and_bad_rows_never_raise(tokenizer, caplog):
     fields = row_fields("nosrc", 0)
     del fields["extra_info"]["source"]
     bad_rows.append(fields)
-    fields = row_fields("noindex", 0)
-    del fields["priority"]  # neither session_id (v1) nor priority (legacy)
-    bad_rows.append(fields)
     bad_rows.append(session_row_fields("out-of-range", 5))  # session 5 in a group of 2
     fields = row_fields("junk-priority", 0)
     fields["priority"] = "first"
@@ -175,7 +174,7 @@ async def test_group_of_one_and_bad_rows_never_raise(tokenizer, caplog):
     # Logged once for the reason (naming the first problem), counted every time.
     logged = [r.getMessage() for r in caplog.records if "bad_row" in r.getMessage()]
     assert len(logged) == 1 and "extra_info.source" in logged[0]
-    assert manager.metrics()["grrm/default/bad_row"] == 4 and manager.metrics()["grrm/failed"] == 4
+    assert manager.metrics()["grrm/default/bad_row"] == 3 and manager.metrics()["grrm/failed"] == 3
     # A language the service does not know: flagged, never sent (so nobody waits for it).
     fields = row_fields("badlang", 0)
     fields["extra_info"]["src_lang"] = "xx"
@@ -212,6 +211,59 @@ async def test_an_explicit_index_key_overrides_what_the_trainer_provides(tokeniz
     ]  # both rows claim session 0: only the explicit key tells them apart
     answers = await asyncio.gather(*(manager.run_single(row) for row in rows))
     assert [a["reward_score"] for a in answers] == [3.0, 7.0]
+
+
+async def test_fully_async_rows_without_positions_are_scored_as_one_group_in_a_fixed_order(tokenizer):
+    """fully_async_policy's rows carry no position: members are sent with ids of their own and the
+    service orders each group by its texts, so the prompt is the same in any arrival order."""
+    qualities = {"sample_0_1": [2, 9, 5, 7], "sample_0_2": [6, 1, 4, 8]}
+    prompts = []
+    for seed in (1, 2):
+        transport = LocalTransport()
+        manager = load_manager(tokenizer, n=4, transport=transport)
+        rows = [
+            agent_loop_row(tokenizer, codeblock(quality_text(g, j, q)), fully_async_row_fields(sample, dataset_index=g))
+            for g, (sample, scores) in enumerate(qualities.items())
+            for j, q in enumerate(scores)
+        ]
+        assert all("session_id" not in r.non_tensor_batch and "priority" not in r.non_tensor_batch for r in rows)
+        order = shuffled(list(range(len(rows))), seed)
+        answers = await asyncio.gather(*(manager.run_single(rows[i]) for i in order))
+        by_row = dict(zip(order, answers, strict=True))
+        assert [by_row[i]["reward_score"] for i in range(len(rows))] == [2, 9, 5, 7, 6, 1, 4, 8]
+        infos = [by_row[i]["reward_extra_info"] for i in range(len(rows))]
+        assert all(info["valid"] and info["failure"] == "" for info in infos)
+        assert {info["group_id"] for info in infos} == {f"{manager.run_id}:uid_{sample}" for sample in qualities}
+        stats = transport.assembler.stats()
+        assert stats["groups_scored"] == 2 and stats["conflicts"] == 0 and stats["assembly_timeouts"] == 0
+        prompts.append(sorted(transport.engine.prompts_seen))
+    assert prompts[0] == prompts[1]
+
+
+async def test_group_ids_are_namespaced_per_training_run(tokenizer):
+    """fully_async_policy's uids repeat in every run, and a resumed run re-sends uids with new texts:
+    on one service, another run's group with the same uid is scored anew, never refused."""
+    transport = LocalTransport()
+
+    async def run(run_id: str | None, quality_offset: int):
+        manager = load_manager(tokenizer, n=2, reward_kwargs={} if run_id is None else {"run_id": run_id}, transport=transport)
+        rows = [
+            agent_loop_row(tokenizer, codeblock(quality_text(0, j, j + quality_offset)), session_row_fields("uid_sample_0_1", j))
+            for j in range(2)
+        ]
+        return manager, await asyncio.gather(*(manager.run_single(row) for row in rows))
+
+    first, answers = await run(None, 1)
+    assert re.fullmatch(r"run-[0-9a-f]{12}", first.run_id)  # derived (here: one process outside Ray)
+    assert [a["reward_score"] for a in answers] == [1, 2]
+    _, answers = await run("run-resumed", 5)  # another run, the same uid, new texts
+    assert [a["reward_score"] for a in answers] == [5, 6]
+    assert {a["reward_extra_info"]["group_id"] for a in answers} == {"run-resumed:uid_sample_0_1"}
+    assert transport.assembler.stats()["groups_scored"] == 2 and transport.assembler.stats()["conflicts"] == 0
+    # Without a namespace the service could not tell the runs apart: the new texts are conflicts.
+    _, answers = await run("", 7)
+    _, answers = await run("", 8)
+    assert {a["reward_extra_info"]["failure"] for a in answers} == {"rejected"}
 
 
 class _RaisingTransport:

@@ -37,7 +37,7 @@ def test_legacy_trainer_step_metrics_include_the_bridge_counters(tokenizer):
     reward_extra_info key into batch.non_tensor_batch; the hook adds the bridge's counters there."""
     from verl.trainer.ppo import ray_trainer
 
-    install_step_metrics()  # the reward manager module does this when verl imports it
+    install_step_metrics()  # the verl plugin does this as verl imports the trainer (see the last test)
     assert getattr(ray_trainer.compute_data_metrics, "_grrm_step_metrics", False)
     assert install_step_metrics() == []  # idempotent
 
@@ -55,3 +55,27 @@ def test_legacy_trainer_step_metrics_include_the_bridge_counters(tokenizer):
     metrics = ray_trainer.compute_data_metrics(batch=batch, use_critic=False)
     assert {k: v for k, v in metrics.items() if not k.startswith("grrm/")} == pytest.approx(plain)
     assert metrics["grrm/rewards"] == size and metrics["grrm/valid"] == 2 and metrics["grrm/retries"] == 5
+
+
+def test_the_verl_plugin_wraps_every_trainer_as_it_is_imported():
+    """The package's `verl.plugins` entry point: `import verl` in a fresh process loads it, and each
+    trainer module (v1, legacy, and the recipes' separation trainer that fully_async_policy trains
+    with in an actor that never loads the reward manager) has its step metrics wrapped on import."""
+    import subprocess
+    import sys
+    from importlib.metadata import entry_points
+
+    assert [ep.value for ep in entry_points(group="verl.plugins") if ep.name == "grrm"] == ["trainer_bridge.verl_plugin"]
+    probe = (
+        "import verl, importlib\n"
+        "from trainer_bridge.verl_metrics import TRAINER_MODULES\n"
+        "wrapped = []\n"
+        "for name in TRAINER_MODULES:\n"
+        "    module = importlib.import_module(name)\n"
+        "    target = module.PPOTrainer._compute_metrics if name.endswith('v1.trainer_base') else module.compute_data_metrics\n"
+        "    wrapped.append(getattr(target, '_grrm_step_metrics', False))\n"
+        "print(wrapped)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[True, True, True]"
