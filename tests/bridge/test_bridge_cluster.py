@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 
 import pytest
 import ray
@@ -189,3 +190,70 @@ async def test_http_retries_503_until_the_service_has_room(ray_serve):
         await client.aclose()
     finally:
         serve.delete("bridge_small")
+
+
+def _wait_at_the_barrier(rollouts_per_worker_limit: int, workers: int, reward_kwargs: dict, tiny_model_dir):
+    """verl's RewardLoopWorker actors (Ray's default concurrency: 1000 calls each) receive the first
+    3 members of 350 groups of 4 (1050 members that wait for their group, more than one worker's
+    slots), then, once the service holds as many waiting members as the workers can run, the last
+    member of every group. Returns every answer."""
+    from transformers import AutoTokenizer
+    from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+
+    n, groups = 4, 350
+    config = verl_config(n=n, model_path=str(tiny_model_dir), reward_kwargs={"app_name": APP, **reward_kwargs})
+    config.data.train_batch_size = groups
+    config.reward.num_workers = workers
+    pool = [ray.remote(RewardLoopWorker).options(num_cpus=0).remote(config, None) for _ in range(workers)]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rng = random.Random(7)
+
+    def send(g: int, j: int):
+        row = agent_loop_row(tokenizer, codeblock(quality_text(g, j, (g + j) % 11)), row_fields(f"barrier-{workers}-{g}", g * n + j))
+        return rng.choice(pool).compute_score.remote(row)
+
+    refs = [send(g, j) for g in range(groups) for j in range(n - 1)]
+    handle = serve.get_deployment_handle("GRRMReplica", app_name=APP)
+    waiting, deadline = 0, time.monotonic() + 120
+    while waiting < min(len(refs), rollouts_per_worker_limit * workers) - 5 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        waiting = sum(handle.info.remote(target_replica=name).result(timeout_s=30)["assembler"]["members_waiting"]
+                      for name in replica_names())
+    refs += [send(g, n - 1) for g in range(groups)]
+    answers = ray.get(refs, timeout=240)
+    for worker in pool:
+        ray.kill(worker)
+    return waiting, answers
+
+
+@pytest.mark.timeout(600)
+def test_more_waiting_members_than_one_reward_worker_holds_complete_on_the_workers_the_check_asks_for(
+    app_url, tiny_model_dir
+):
+    """verl's reward workers hold at most 1000 calls each, and a member waiting for its group holds
+    one. The manager's start-time check (trainer_bridge/capacity.py) accepts 2 workers for 1400
+    rollouts in flight: then 1050 members wait at once and every group completes, none fails.
+    On 1 worker (the check overruled), members queue behind members that wait for them: groups
+    never complete and end at the deadline. That stall is what the check prevents."""
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    before = replica_stats()
+    waiting, answers = _wait_at_the_barrier(1000, 2, {"deadline_s": 120}, tiny_model_dir)
+    assert waiting > 1000  # more members waited at once than one worker can hold
+    infos = [answer["reward_extra_info"] for answer in answers]
+    assert all(info["valid"] for info in infos), {info["failure"] for info in infos}
+    assert max(info["worker_in_flight"] for info in infos) <= 1000
+    after = replica_stats()  # each group scored once (members that out-waited the assembly timeout re-joined)
+    assert total(after, "groups_scored") - total(before, "groups_scored") == 350
+
+    one_worker = verl_config(n=4, reward_kwargs={"app_name": APP})
+    one_worker.data.train_batch_size, one_worker.reward.num_workers = 350, 1
+    with pytest.raises(ValueError, match=r"reward.num_workers=1: .* Set reward.num_workers=2"):
+        load_reward_manager(one_worker, None)
+    waiting, answers = _wait_at_the_barrier(
+        1000, 1, {"deadline_s": 15, "reward_worker_concurrency": 100_000}, tiny_model_dir
+    )
+    infos = [answer["reward_extra_info"] for answer in answers]
+    assert max(info["worker_in_flight"] for info in infos) == 1000  # Ray ran no more calls than its slots
+    stalled = [info for info in infos if not info["valid"]]
+    assert stalled and {info["failure"] for info in stalled} <= {"timeout", "deadline"}
