@@ -27,6 +27,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from trainer_bridge.exposure import exposure_metrics
 from trainer_bridge.metrics import metrics_from_extra_info
 from trainer_bridge.rewards import EXTRA_INFO_KEYS
 
@@ -44,11 +45,14 @@ _WRAPPED = "_grrm_step_metrics"
 
 
 def step_metrics(infos: Iterable[Mapping[str, Any] | None]) -> dict[str, float]:
-    """The bridge's metrics over one step's ``reward_extra_info`` dicts; {} when none is the bridge's."""
+    """The bridge's metrics over one step's ``reward_extra_info`` dicts; {} when none is the bridge's:
+    the counters (:mod:`trainer_bridge.metrics`) and the exposed reward time against its limit
+    (:mod:`trainer_bridge.exposure`)."""
     ours = [info for info in infos if isinstance(info, Mapping) and all(key in info for key in EXTRA_INFO_KEYS)]
     if not ours:
         return {}
-    return metrics_from_extra_info({key: [info[key] for info in ours] for key in EXTRA_INFO_KEYS})
+    counters = metrics_from_extra_info({key: [info[key] for info in ours] for key in EXTRA_INFO_KEYS})
+    return {**counters, **exposure_metrics(ours)}
 
 
 def install_step_metrics() -> list[str]:
@@ -118,7 +122,8 @@ def _legacy_metrics(batch: Any) -> dict[str, float]:
     columns = batch.non_tensor_batch
     if not all(key in columns for key in EXTRA_INFO_KEYS):
         return {}
-    return metrics_from_extra_info({key: list(columns[key]) for key in EXTRA_INFO_KEYS})
+    values = {key: list(columns[key]) for key in EXTRA_INFO_KEYS}
+    return step_metrics([dict(zip(values, row, strict=True)) for row in zip(*values.values(), strict=True)])
 
 
 def _add(metrics: dict[str, Any], compute: Callable[[], dict[str, float]]) -> None:
