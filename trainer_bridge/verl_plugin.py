@@ -16,15 +16,13 @@ It runs inside ``import verl``: neither it nor what it imports may import verl.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import logging
-import sys
 from typing import Any
 
-__all__ = ["install"]
-
+from trainer_bridge.import_hooks import after_import
 from trainer_bridge.verl_metrics import TRAINER_MODULES, wrap_trainer_module  # no verl import there
+
+__all__ = ["install"]
 
 
 def _wrap(module: Any) -> None:
@@ -34,36 +32,10 @@ def _wrap(module: Any) -> None:
         logging.getLogger(__name__).exception("grrm: could not add the bridge's counters to %s", module.__name__)
 
 
-class _TrainerModuleFinder(importlib.abc.MetaPathFinder):
-    """Lets the normal import find a trainer module, then wraps it once it has executed."""
-
-    def find_spec(self, name, path, target=None):
-        if name not in TRAINER_MODULES:
-            return None
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is None or spec.loader is None:
-            return None
-        execute = spec.loader.exec_module
-
-        def exec_module(module):
-            execute(module)
-            _wrap(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 def install() -> None:
     """Wrap the trainer modules already imported, and every one imported from now on (idempotent)."""
     for name in TRAINER_MODULES:
-        if name in sys.modules:
-            _wrap(sys.modules[name])
-    if not any(isinstance(finder, _TrainerModuleFinder) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _TrainerModuleFinder())
+        after_import(name, _wrap)
 
 
 install()
