@@ -195,8 +195,14 @@ class Harness:
         extra_overrides: list[str] | None = None,
         stop_service_after_step: int | None = None,
         timeout_s: float = 1500.0,
+        policy_stop_scale: float | None = None,
+        max_response_length: int | None = None,
     ) -> TrainingReport:
-        """Run verl's trainer once on the head, in ``mode``; the service is left as it is (unless stopped)."""
+        """Run verl's trainer once on the head, in ``mode``; the service is left as it is (unless stopped).
+
+        ``policy_stop_scale`` and ``max_response_length`` change the policy's answer lengths for this
+        run only (e.g. long, widely varying rollouts, some still generating when a batch is sampled).
+        """
         if mode not in MODES:
             raise ValueError(f"unknown trainer mode {mode!r}: one of {', '.join(MODES)}")
         self.runs += 1
@@ -209,7 +215,7 @@ class Harness:
             extra=bridge_options,
         )
         run = TrainerRun(
-            policy_dir=self.models["policy"],
+            policy_dir=self._policy(policy_stop_scale),
             train_file=self.files["train"],
             val_file=self.files["val"],
             output_dir=output_dir,
@@ -217,7 +223,7 @@ class Harness:
             steps=steps,
             prompts_per_batch=self.prompts_per_batch,
             rollout_n=self.rollout_n,
-            max_response_length=self.max_response_length,
+            max_response_length=max_response_length or self.max_response_length,
             bridge=bridge,
             mode=mode,
         )
@@ -263,6 +269,14 @@ class Harness:
             mode=mode,
             training_phases=_read_training_phases(run.training_phases_file),
             scored_groups=scored,
+        )
+
+    def _policy(self, stop_scale: float | None) -> Path:
+        """The tiny policy: the harness's own, or one whose answers end at another spread of lengths."""
+        if stop_scale is None or stop_scale == self.policy_stop_scale:
+            return self.models["policy"]
+        return build_tiny_model(
+            self.workdir / "models" / f"tiny-policy-{stop_scale:g}", seed=1, printable_vocab=True, stop_scale=stop_scale
         )
 
     def _service(self) -> dict[str, object]:
