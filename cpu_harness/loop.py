@@ -170,6 +170,13 @@ class Harness:
         self.service_url = deployed["url"]
         return self
 
+    def redeploy(self, service_config: Path | None) -> None:
+        """Replace the reward application by another Serve config's (same head, same HTTP port)."""
+        self.service_config = service_config
+        reward_service.run_command("delete", self._address())
+        port = int(self.service_url.rsplit(":", 1)[1])
+        reward_service.run_command("deploy", self._address(), http_port=port, **self._service())
+
     def stop(self) -> None:
         """Stop everything the head runs (reward service and any trainer leftovers)."""
         if self.head is not None:
