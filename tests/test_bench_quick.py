@@ -117,13 +117,16 @@ def test_verl_trainer_quick(tmp_path):
     """verl's legacy trainer both ways (its colocated after-batch reward loop, and streamed rewards)."""
     run_quick("verl_trainer", tmp_path, timeout_s=840)
     rows = {row["mode"]: row for row in json.loads((tmp_path / "verl_trainer.json").read_text())}
-    assert set(rows) == {"after_batch", "streamed_legacy"}
+    assert set(rows) == {"after_batch", "legacy"}
     for row in rows.values():
-        assert row["returncode"] == 0 and row["steps"] == 1 and row["simulated_reward"]
+        assert row["returncode"] == 0 and row["steps"] == 1 and row["simulated_reward"] and row["reward_cost"] == 1
         valid, total = map(int, row["valid_rewards"].split("/"))
         # Every reward is a GRRM score, except for a random rollout that came out blank.
         assert total == 16 and row["failed_rewards"] == 0
         assert total - valid == row["defaults"].get("invalid_text", 0) == sum(row["defaults"].values())
-    # After-batch rewards are computed in verl's reward phase; streamed ones during generation.
+    # After-batch rewards are computed in verl's reward phase; streamed ones during generation, and the
+    # bridge's exposure figures are in verl's step metrics.
     assert rows["after_batch"]["reward_s"] > 0.2 and rows["after_batch"]["exposed_reward_s"] == rows["after_batch"]["reward_s"]
-    assert rows["streamed_legacy"]["reward_s"] < 0.05 and rows["streamed_legacy"]["step_vs_after_batch"] > 0
+    assert rows["legacy"]["reward_s"] < 0.05 and rows["legacy"]["step_vs_after_batch"] > 0
+    assert rows["legacy"]["exposed_reward_s"] >= 0 and rows["legacy"]["limit_s"] > 0
+    assert rows["legacy"]["exposed_vs_limit"] > 0
