@@ -238,15 +238,16 @@ class Harness:
         argv = argv[:3] + merge_overrides(argv[3:], list(extra_overrides or []))
         before = self.replica_stats()
         stopper = None
+        started_at = time.time()
         if stop_service_after_step is not None:
             stopper = subprocess.Popen(
                 reward_service.command_argv(
-                    "stop-when", self._address(), metrics_file=run.metrics_file, after_step=stop_service_after_step
+                    "stop-when", self._address(), metrics_file=run.metrics_file, after_step=stop_service_after_step,
+                    since=started_at, **self._service(),
                 ),
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ, **RAY_ENV},
             )
         log_path = output_dir / "trainer.log"
-        started_at = time.time()
         started = time.monotonic()
         with open(log_path, "wb") as log:
             try:
@@ -264,7 +265,8 @@ class Harness:
             except subprocess.TimeoutExpired:
                 stopper.kill()
         after = self.replica_stats() if stopped is None else {}
-        scored = self.scored_groups(since=started_at) if stopped is None else []
+        # A stopped service's groups were read just before the stop (they went with its replicas).
+        scored = self.scored_groups(since=started_at) if stopped is None else stopped.pop("scored_groups", [])
         return TrainingReport(
             returncode=returncode,
             wall_s=wall_s,

@@ -11,7 +11,8 @@ Each command connects to the cluster (``--address``), does one thing and exits, 
 * ``delete``: removes the application (the trainer's handles and HTTP calls then fail);
 * ``stop-when``: connects first, then waits until verl's metrics file shows step ``--after-step``
   and stops the service at once (deletes the application and kills its actors): a reward service
-  that goes away in the middle of a training run.
+  that goes away in the middle of a training run. It prints the groups scored since ``--since``
+  up to the stop (read just before it: they go with the replicas).
 
 ``python -m cpu_harness.reward_service deploy --address 127.0.0.1:6379 --http-port 8000``
 """
@@ -39,7 +40,8 @@ LOCAL_CONFIG = Path(__file__).resolve().parent.parent / "deployments" / "local.y
 def _connect(address: str) -> None:
     import ray
 
-    ray.init(address=address, log_to_driver=False, configure_logging=False)
+    if not ray.is_initialized():  # stop-when reads the groups (connecting) after it connected itself
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
 
 
 def deploy(address: str, http_port: int, config: AppConfig, timeout_s: float = 600.0) -> dict:
@@ -111,8 +113,11 @@ def delete(address: str) -> None:
     serve.delete(APP_NAME)
 
 
-def stop_when(address: str, metrics_file: Path, after_step: int, timeout_s: float = 1800.0) -> dict:
-    """Stop the reward service as soon as ``metrics_file`` records step ``after_step``."""
+def stop_when(
+    address: str, config: AppConfig, metrics_file: Path, after_step: int, since: float, timeout_s: float = 1800.0
+) -> dict:
+    """Stop the reward service as soon as ``metrics_file`` records step ``after_step``; the answer
+    carries the groups the replicas scored since ``since`` up to then (they go with the replicas)."""
     import ray
     from ray import serve
 
@@ -124,6 +129,7 @@ def stop_when(address: str, metrics_file: Path, after_step: int, timeout_s: floa
         time.sleep(0.05)
     else:
         raise TimeoutError(f"step {after_step} was not logged in {metrics_file} within {timeout_s} s")
+    scored = scored_groups(address, config, since)["groups"]
     stopped_at = time.time()
     serve.delete(APP_NAME, _blocking=False)
     prefix = f"SERVE_REPLICA::{APP_NAME}#"
@@ -132,7 +138,7 @@ def stop_when(address: str, metrics_file: Path, after_step: int, timeout_s: floa
         if entry["name"].startswith(prefix):
             ray.kill(ray.get_actor(entry["name"], namespace=entry["namespace"]), no_restart=True)
             killed += 1
-    return {"stopped_at": stopped_at, "actors_killed": killed, "after_step": after_step}
+    return {"stopped_at": stopped_at, "actors_killed": killed, "after_step": after_step, "scored_groups": scored}
 
 
 def _logged_steps(metrics_file: Path) -> int:
@@ -193,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics-file", type=Path, help="stop-when: verl's file-logger output to watch")
     parser.add_argument("--after-step", type=int, default=1, help="stop-when: stop once this step is logged")
     parser.add_argument("--assembly-timeout-s", type=float, default=None, help="deploy: the replicas' assembly timeout")
-    parser.add_argument("--since", type=float, default=0.0, help="groups: scored at or after this Unix time")
+    parser.add_argument("--since", type=float, default=0.0, help="groups, stop-when: scored at or after this Unix time")
     args = parser.parse_args(argv)
     config = harness_config(args.model_dir, args.config, args.assembly_timeout_s)
     if args.command == "deploy":
@@ -203,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "groups":
         print(json.dumps(scored_groups(args.address, config, args.since)))
     elif args.command == "stop-when":
-        print(json.dumps(stop_when(args.address, args.metrics_file, args.after_step)))
+        print(json.dumps(stop_when(args.address, config, args.metrics_file, args.after_step, args.since)))
     else:
         delete(args.address)
     return 0
