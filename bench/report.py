@@ -183,6 +183,8 @@ def main() -> int:
             "run. 2 cores distort: the trainer, the policy's vLLM server(s), the reward path and Ray share them, so "
             "generation never truly overlaps training; separate_async, one_step_off and fully_async run a second "
             "policy vLLM server on the same cores. fully_async logs each step's training metrics one step late."
+            + f" This run: `--modes {settings.get('modes', '?')} --costs {settings.get('costs', '?')} "
+            f"--steps {settings.get('steps', '?')}`."
             + "\n\nPlot: `bench/results/verl_trainer.png`.",
         ))
     chaos = load("chaos")
