@@ -37,12 +37,11 @@ def resolve_model_path(config: AppConfig) -> AppConfig:
 def replica_options(config: AppConfig) -> dict[str, Any]:
     """Serve deployment options of the scorer replica deployment.
 
-    Tensor parallel: one replica = one placement group, a CPU bundle for the replica actor and
-    one GPU bundle per TP rank (vLLM's Ray executor schedules its workers into them), packed
-    on one node. TP 1: the actor holds its GPU itself.
+    Its resources and the engine's executor follow from :func:`deployments.placement.plan_placement`
+    (one rank: the actor holds its GPU; single-node TP/PP: the actor holds every rank's GPU and
+    the engine starts the ranks as processes; the Ray executor: a placement group per replica).
     """
     replicas = config.replicas
-    tensor_parallel = config.engine.tensor_parallel_size
     options: dict[str, Any] = {
         "name": config.replica_deployment_name,
         "max_ongoing_requests": replicas.max_ongoing_requests,
@@ -62,15 +61,9 @@ def replica_options(config: AppConfig) -> dict[str, Any]:
             },
             request_routing_stats_period_s=config.routing.stats_period_s,
         )
-    actor_options: dict[str, Any] = {"num_cpus": replicas.num_cpus, **_runtime_env(replicas.env_vars)}
-    if replicas.gpus_per_rank > 0 and tensor_parallel > 1:
-        options["placement_group_bundles"] = [{"CPU": replicas.num_cpus}] + [
-            {"GPU": replicas.gpus_per_rank} for _ in range(tensor_parallel)
-        ]
-        options["placement_group_strategy"] = "STRICT_PACK"
-    elif replicas.gpus_per_rank > 0:
-        actor_options["num_gpus"] = replicas.gpus_per_rank
-    options["ray_actor_options"] = actor_options
+    placed = config.placement.serve_options()
+    placed["ray_actor_options"].update(_runtime_env(replicas.env_vars))
+    options.update(placed)
     if replicas.autoscaling is not None:
         options["autoscaling_config"] = replicas.autoscaling.model_dump(exclude_none=True)
     else:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cluster.config import ScoringConfig
 from cluster.engines.config import EngineConfig
+from deployments.placement import ReplicaPlacement, plan_placement
 
 
 class _Strict(BaseModel):
@@ -54,7 +55,8 @@ class ReplicaSettings(_Strict):
     # Requests a caller may queue beyond that before it gets a 503 / BackPressureError.
     max_queued_requests: int = Field(1024, ge=-1)
     num_cpus: float = Field(1.0, ge=0)
-    # GPUs per tensor-parallel rank; 0 on a CPU machine.
+    # GPUs per tensor/pipeline-parallel rank (a whole one when there are several ranks); 0 on a
+    # CPU machine. A replica takes this times engine.tensor_parallel_size x pipeline_parallel_size.
     gpus_per_rank: float = Field(1.0, ge=0)
     health_check_period_s: float = Field(10.0, gt=0)
     health_check_timeout_s: float = Field(30.0, gt=0)
@@ -135,12 +137,18 @@ class AppConfig(_Strict):
     def _consistent(self) -> AppConfig:
         if self.engine.kind != "scripted" and not self.engine.model:
             raise ValueError("engine.model: required for engine kind " + repr(self.engine.kind))
+        self.placement  # noqa: B018 - a placement that cannot run is refused here, before Serve starts
         return self
 
     @property
+    def placement(self) -> ReplicaPlacement:
+        """One replica's Ray resources and its engine's executor (``deployments/placement.py``)."""
+        return plan_placement(self.engine, num_cpus=self.replicas.num_cpus, gpus_per_rank=self.replicas.gpus_per_rank)
+
+    @property
     def gpus_per_replica(self) -> float:
-        """GPUs one replica holds: one per tensor-parallel rank."""
-        return self.replicas.gpus_per_rank * self.engine.tensor_parallel_size
+        """GPUs one replica holds: one per tensor- and pipeline-parallel rank."""
+        return self.placement.gpus
 
 
 def load_app_config(path: str | Path, app_name: str | None = None) -> AppConfig:

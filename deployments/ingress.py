@@ -333,7 +333,7 @@ class GRRMIngress:
             "model": self.config.engine.model,
             "engine": self.config.engine.kind,
             "prompt_type": self.config.scoring.prompt_type,
-            "tensor_parallel_size": self.config.engine.tensor_parallel_size,
+            **self.config.engine.parallelism(),
             "replicas": verdict.replica_states if verdict else {},
             "replicas_running": verdict.running if verdict else None,
             "unschedulable": verdict.unschedulable if verdict else None,

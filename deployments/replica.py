@@ -1,7 +1,8 @@
 """The scorer replica: one engine, a GroupScorer, and the assembler that collects members.
 
-A replica is one Ray Serve actor (with its placement group of one GPU per tensor-parallel rank
-on GPU machines). Callers reach it through the group-aware router (``deployments/router.py``).
+A replica is one Ray Serve actor; with tensor/pipeline-parallel ranks it holds their devices
+(or a placement group for them), as ``deployments/placement.py`` decides. Callers reach it
+through the group-aware router (``deployments/router.py``).
 
 A replica whose engine dies (its process killed or crashed, a failed health check, a hang) ends
 its own process at once: it answers nothing more, so every call it holds fails exactly as on a
@@ -195,7 +196,7 @@ class GRRMReplica:
             "model": self.config.engine.model,
             "engine": self.config.engine.kind,
             "prompt_type": self.config.scoring.prompt_type,
-            "tensor_parallel_size": self.config.engine.tensor_parallel_size,
+            **self.config.engine.parallelism(),
             "groups_scored": self._groups_scored,
             # Resident memory of this replica process now, and its peak so far (Linux: KiB).
             "rss_bytes": _current_rss_bytes(),

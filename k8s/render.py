@@ -222,6 +222,11 @@ def sizing_for(options: RenderOptions, application: dict[str, Any]) -> Sizing:
             raise ValueError(f"autoscaling.initial_replicas ({initial}) is outside [{low}, {high}]")
     else:
         low = high = replicas.num_replicas or 1
+    if config.placement.executor == "ray":
+        raise ValueError(
+            "engine.distributed_executor_backend: 'ray' lets a replica's ranks span pods; these manifests "
+            "give each reward pod whole replicas (single-node ranks): use 'auto' or 'mp'"
+        )
     gpus = config.gpus_per_replica
     if gpus <= 0:
         raise ValueError("replicas.gpus_per_rank is 0: the Kubernetes manifests are for GPU replicas")
@@ -431,10 +436,10 @@ def reward_worker_group(options: RenderOptions, sizing: Sizing) -> dict[str, Any
         "maxReplicas": sizing.max_workers,
         "idleTimeoutSeconds": options.worker_idle_timeout_s,
         # Preferred by autoscaler v2 when a demand fits both groups (a reward replica's
-        # placement group fits an 8-GPU trainer node too).
+        # resources fit an 8-GPU trainer node too).
         "priority": 10,
         "rayStartParams": {
-            # Exactly the CPUs the replicas' placement groups take: an idle CPU here would let
+            # Exactly the CPUs the replicas take: an idle CPU here would let
             # CPU-only trainer actors (verl's TaskRunner, reward loop workers) land on a reward pod.
             "num-cpus": str(sizing.ray_cpus_per_worker),
             "num-gpus": str(sizing.gpus_per_worker),

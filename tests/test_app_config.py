@@ -21,10 +21,10 @@ def test_production_config_validates_and_places_tensor_parallel_replicas():
     options = replica_options(resolve_model_path(config))
     tp = config.engine.tensor_parallel_size
     assert tp >= 2
-    # One placement group per replica: the actor's CPU bundle plus one GPU bundle per TP rank.
-    assert options["placement_group_bundles"] == [{"CPU": config.replicas.num_cpus}] + [{"GPU": 1.0}] * tp
-    assert options["placement_group_strategy"] == "STRICT_PACK"
-    assert "num_gpus" not in options["ray_actor_options"]
+    # Single-node TP: the replica holds every rank's GPU and vLLM starts the ranks as processes.
+    assert config.engine.executor == "mp" and "placement_group_bundles" not in options
+    assert options["ray_actor_options"]["num_gpus"] == tp * config.replicas.gpus_per_rank
+    assert options["ray_actor_options"]["num_cpus"] == config.replicas.num_cpus
     autoscaling = options["autoscaling_config"]
     assert autoscaling["min_replicas"] < autoscaling["max_replicas"]
     assert autoscaling["target_ongoing_requests"] > 0

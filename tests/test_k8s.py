@@ -392,13 +392,13 @@ def test_other_sizes_render_valid_manifests(tp, low, high, per_worker, crd_valid
     assert group["maxReplicas"] == math.ceil(high / per_worker)
     assert ray_custom_resources(group["rayStartParams"]) == {k8s_render.GRRM_RESOURCE: per_worker}
 
-    # The replica's placement group (deployments/app.py) fits a worker exactly: GPUs and CPUs.
+    # The replica (deployments/placement.py) fits a worker exactly: GPUs and CPUs. Its TP ranks
+    # are processes of the replica, which holds their GPUs (a pod is one node).
     options = replica_options(config)
-    bundles = options.get("placement_group_bundles") or [options["ray_actor_options"]]
-    need_cpus = sum(b.get("CPU", b.get("num_cpus", 0)) for b in bundles)
-    need_gpus = sum(b.get("GPU", b.get("num_gpus", 0)) for b in bundles)
-    if tp > 1:
-        assert options["placement_group_strategy"] == "STRICT_PACK"
+    assert "placement_group_bundles" not in options
+    need_cpus = options["ray_actor_options"]["num_cpus"]
+    need_gpus = options["ray_actor_options"]["num_gpus"]
+    assert need_gpus == tp and config.engine.executor == ("mp" if tp > 1 else None)
     assert need_gpus * per_worker == int(group["rayStartParams"]["num-gpus"])
     assert need_cpus * per_worker == int(group["rayStartParams"]["num-cpus"])
     assert int(container["resources"]["limits"]["cpu"]) >= need_cpus * per_worker
@@ -448,6 +448,13 @@ def test_fractional_gpus_per_pod_are_refused() -> None:
         k8s_render.sizing_for(k8s_render.RenderOptions(), application)
     options = k8s_render.RenderOptions(replicas_per_worker=2)
     assert k8s_render.sizing_for(options, application).gpus_per_worker == 1
+
+
+def test_ray_executor_replicas_spanning_pods_are_refused() -> None:
+    application = copy.deepcopy(k8s_render.find_application(k8s_render.load_serve_config()))
+    application["args"]["engine"]["distributed_executor_backend"] = "ray"
+    with pytest.raises(ValueError, match=r"engine\.distributed_executor_backend: 'ray'"):
+        k8s_render.sizing_for(k8s_render.RenderOptions(), application)
 
 
 # ------------------------------------------------------------------------------------------

@@ -4,9 +4,23 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 EngineKind = Literal["vllm", "sglang", "transformers", "scripted"]
+# How an engine starts its tensor/pipeline-parallel ranks: "mp", processes of the replica on its
+# node (the replica holds every rank's device); "ray", Ray actors in the replica's placement group,
+# which may span nodes; "auto", "mp" (single-node parallelism, what most replicas need).
+ExecutorBackend = Literal["auto", "mp", "ray"]
+
+# engine_kwargs keys that would bypass the typed fields below (and so the replica's resources,
+# which follow from them): the field to set instead.
+_PLACEMENT_KWARGS: dict[str, str] = {
+    "tensor_parallel_size": "tensor_parallel_size",
+    "pipeline_parallel_size": "pipeline_parallel_size",
+    "distributed_executor_backend": "distributed_executor_backend",
+    "tp_size": "tensor_parallel_size",
+    "pp_size": "pipeline_parallel_size",
+}
 
 
 class ScriptedEngineOptions(BaseModel):
@@ -61,6 +75,8 @@ class EngineConfig(BaseModel):
     model: str = ""
     tokenizer: str | None = None
     tensor_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1)
+    distributed_executor_backend: ExecutorBackend = "auto"
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     max_model_len: int | None = Field(None, ge=16)
@@ -72,3 +88,43 @@ class EngineConfig(BaseModel):
     # transformers from_pretrained; for transformers `max_batch_size` sets its micro-batch).
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
     scripted: ScriptedEngineOptions = Field(default_factory=ScriptedEngineOptions)
+
+    @model_validator(mode="after")
+    def _placement_is_typed(self) -> EngineConfig:
+        for key, field in _PLACEMENT_KWARGS.items():
+            if key in self.engine_kwargs:
+                raise ValueError(
+                    f"engine.engine_kwargs.{key}: set engine.{field} instead "
+                    "(the replica's devices and placement follow from it)"
+                )
+        if self.ranks > 1 and self.kind == "transformers":
+            raise ValueError(
+                f"engine.tensor_parallel_size / pipeline_parallel_size: the transformers engine runs one "
+                f"process on one device (got {self.ranks} ranks); use kind vllm or sglang for parallel ranks"
+            )
+        if self.distributed_executor_backend == "ray" and self.kind == "sglang":
+            raise ValueError(
+                "engine.distributed_executor_backend: 'ray' is vLLM's; SGLang starts its ranks as "
+                "processes of the replica ('mp' or 'auto')"
+            )
+        return self
+
+    @property
+    def ranks(self) -> int:
+        """Engine processes one replica runs: tensor-parallel x pipeline-parallel ranks."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def executor(self) -> Literal["mp", "ray"] | None:
+        """How the engine starts its ranks (None: one rank, no distributed executor)."""
+        if self.ranks == 1:
+            return None
+        return "mp" if self.distributed_executor_backend == "auto" else self.distributed_executor_backend
+
+    def parallelism(self) -> dict[str, Any]:
+        """The parallel layout as reported by ``/v1/info`` and a replica's ``info()``."""
+        return {
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "pipeline_parallel_size": self.pipeline_parallel_size,
+            "distributed_executor_backend": self.executor,
+        }

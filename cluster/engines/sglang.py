@@ -17,7 +17,7 @@ finish-reason classes' ``to_json``; the pinned version is ``sglang==0.5.23``):
 * ``sglang.Engine(**server_args)``, ``await engine.async_generate(prompt=[...],
   sampling_params=[...])`` returning one dict per prompt for a list prompt, and
   ``engine.shutdown()``;
-* ``ServerArgs`` fields ``model_path``, ``tokenizer_path``, ``tp_size``, ``dtype``,
+* ``ServerArgs`` fields ``model_path``, ``tokenizer_path``, ``tp_size``, ``pp_size``, ``dtype``,
   ``mem_fraction_static``, ``context_length``, ``random_seed``, ``disable_radix_cache``;
 * sampling-params keys ``temperature``, ``top_p``, ``max_new_tokens``, ``stop``, ``regex`` and
   ``sampling_seed`` (SGLang documents that a per-request seed makes non-greedy sampling
@@ -75,6 +75,8 @@ def sglang_engine_kwargs(config: EngineConfig) -> dict[str, Any]:
         "random_seed": config.seed,
         "disable_radix_cache": not config.enable_prefix_caching,
     }
+    if config.pipeline_parallel_size > 1:
+        kwargs["pp_size"] = config.pipeline_parallel_size
     if config.tokenizer:
         kwargs["tokenizer_path"] = config.tokenizer
     if config.max_model_len is not None:

@@ -90,9 +90,12 @@ def engine_args_kwargs(config: EngineConfig) -> dict[str, Any]:
         kwargs["tokenizer"] = config.tokenizer
     if config.max_model_len is not None:
         kwargs["max_model_len"] = config.max_model_len
-    if config.tensor_parallel_size > 1:
-        # Replicas run inside Ray Serve with a placement group: TP workers must be Ray actors.
-        kwargs["distributed_executor_backend"] = "ray"
+    if config.pipeline_parallel_size > 1:
+        kwargs["pipeline_parallel_size"] = config.pipeline_parallel_size
+    if config.executor is not None:
+        # "mp": ranks are processes of the replica, on the devices it holds; "ray": Ray actors in
+        # the replica's placement group (deployments/placement.py decides the replica's resources).
+        kwargs["distributed_executor_backend"] = config.executor
     kwargs.update(config.engine_kwargs)
     return kwargs
 
@@ -168,6 +171,12 @@ class VLLMEngine:
             if not self.config.model:
                 raise EngineError("config.model: a model directory or hub id is required")
             applied = await asyncio.to_thread(apply_cpu_env_defaults)
+            if applied and self.config.executor == "ray":
+                # vLLM's CPU backend refuses Ray workers deep inside its start; say which setting.
+                raise EngineError(
+                    "engine.distributed_executor_backend: 'ray' needs CUDA devices; vLLM's CPU backend "
+                    "runs parallel ranks as processes ('mp' or 'auto')"
+                )
             if applied:
                 logger.info("vllm engine: no CUDA device; CPU settings %s", applied)
             try:

@@ -34,6 +34,7 @@ SGLANG_SERVER_ARGS = {
     "model_path",
     "tokenizer_path",
     "tp_size",
+    "pp_size",
     "dtype",
     "mem_fraction_static",
     "context_length",
@@ -79,13 +80,15 @@ def test_engine_kwargs_from_config():
         max_model_len=8192,
         dtype="bfloat16",
         seed=3,
-        engine_kwargs={"enable_deterministic_inference": True, "tp_size": 4},
+        pipeline_parallel_size=2,
+        engine_kwargs={"enable_deterministic_inference": True},
     )
     kwargs = sglang_engine_kwargs(config)
     assert kwargs == {
         "model_path": "double7/GRRM-Qwen2.5-7B",
         "tokenizer_path": "/tok",
-        "tp_size": 4,  # engine_kwargs win
+        "tp_size": 2,
+        "pp_size": 2,
         "dtype": "bfloat16",
         "mem_fraction_static": 0.7,
         "context_length": 8192,

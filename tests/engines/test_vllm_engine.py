@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from pydantic import ValidationError
 
 from cluster import gqm
 from cluster.engines import (
@@ -75,17 +76,34 @@ def test_engine_args_from_config():
     assert "distributed_executor_backend" not in minimal
 
 
-def test_tensor_parallel_uses_ray_and_engine_kwargs_win():
+def test_parallel_ranks_run_as_processes_unless_ray_is_asked_for_and_engine_kwargs_win():
     kwargs = engine_args_kwargs(
         EngineConfig(model="m", tensor_parallel_size=2, engine_kwargs={"enforce_eager": True, "disable_log_stats": False})
     )
-    assert kwargs["tensor_parallel_size"] == 2
-    assert kwargs["distributed_executor_backend"] == "ray"
+    assert kwargs["tensor_parallel_size"] == 2 and "pipeline_parallel_size" not in kwargs
+    assert kwargs["distributed_executor_backend"] == "mp"  # "auto": single-node ranks as processes
     assert kwargs["enforce_eager"] is True and kwargs["disable_log_stats"] is False
-    explicit = engine_args_kwargs(
-        EngineConfig(model="m", tensor_parallel_size=2, engine_kwargs={"distributed_executor_backend": "mp"})
+    multi_node = engine_args_kwargs(
+        EngineConfig(model="m", tensor_parallel_size=2, pipeline_parallel_size=2, distributed_executor_backend="ray")
     )
-    assert explicit["distributed_executor_backend"] == "mp"
+    assert multi_node["distributed_executor_backend"] == "ray" and multi_node["pipeline_parallel_size"] == 2
+
+
+@pytest.mark.parametrize("key", ["distributed_executor_backend", "tensor_parallel_size", "tp_size", "pp_size"])
+def test_placement_settings_in_engine_kwargs_are_refused_naming_the_typed_field(key):
+    with pytest.raises(ValidationError, match=rf"engine\.engine_kwargs\.{key}: set engine\.\w+ instead"):
+        EngineConfig(model="m", engine_kwargs={key: 2})
+
+
+def test_a_ray_executor_on_a_cpu_fails_at_start_naming_the_setting(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for name, value in CPU_ENV_DEFAULTS.items():  # the CPU defaults it sets are undone after the test
+        monkeypatch.setenv(name, os.environ.get(name, value))
+    engine = VLLMEngine(EngineConfig(model="m", tensor_parallel_size=2, distributed_executor_backend="ray"))
+    with pytest.raises(EngineError, match=r"engine\.distributed_executor_backend: 'ray' needs CUDA"):
+        asyncio.run(engine.start())
 
 
 def test_sampling_kwargs():
