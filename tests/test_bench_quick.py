@@ -114,3 +114,12 @@ def test_score_cli_quick(tmp_path):
 def test_other_benchmarks_quick(tmp_path, module):
     run_quick(module, tmp_path)
     assert (tmp_path / f"{module}.json").exists()
+
+
+def test_tensor_parallel_quick(tmp_path):
+    run_quick("tensor_parallel", tmp_path)
+    rows = json.loads((tmp_path / "tensor_parallel.json").read_text())
+    assert [(r["tensor_parallel_size"], r["executor"]) for r in rows] == [(1, "none"), (2, "mp")]
+    assert all(r["valid"] == r["groups"] == 8 for r in rows)
+    assert all(r["start_s"] > 0 and r["groups_per_s"] > 0 for r in rows)
+    assert rows[0]["groups_per_s_vs_tp1"] == 1.0 and rows[1]["groups_per_s_vs_tp1"] > 0
