@@ -266,7 +266,7 @@ class GroupAssembler:
         if self._closed:
             self._counters["rejected_closed"] += 1
             return self._refuse(
-                member, "rejected", f"group {member.group_id}: the replica is shutting down", received_at
+                member, "shutting_down", f"group {member.group_id}: the replica is shutting down", received_at
             )
         if member.group_size == 1:
             # One candidate has nothing to be ranked against: no prompt, no engine call.
@@ -290,7 +290,7 @@ class GroupAssembler:
                 self._counters["rejected_overload"] += 1
                 return self._refuse(
                     member,
-                    "rejected",
+                    "overloaded",
                     f"group {group_id}: too many groups assembling "
                     f"({len(self._assembling)}, max_pending_groups {self.max_pending_groups}); retry later",
                     received_at,
@@ -342,7 +342,7 @@ class GroupAssembler:
     async def close(self) -> None:
         """Answer every waiting member with a shutdown error and refuse new members."""
         self._closed = True
-        shutdown = self._verdict("rejected", "the replica shut down before the group was scored")
+        shutdown = self._verdict("shutting_down", "the replica shut down before the group was scored")
         for assembly in list(self._assembling.values()):
             self._drop_assembling(assembly)
             self._resolve(assembly, shutdown)
@@ -444,7 +444,7 @@ class GroupAssembler:
             self._counters["conflicts"] += 1
             return self._refuse(
                 member,
-                "rejected",
+                "conflict",
                 f"group {member.group_id}: all {first.group_size} members have arrived; "
                 f"member_id {member.member_id!r} is not one of them (is group_size the number of members?)",
                 received_at,
@@ -570,7 +570,7 @@ class GroupAssembler:
         if assembly.outcome.done():
             return
         if task.cancelled():
-            verdict = self._verdict("rejected", "the replica shut down before the group was scored")
+            verdict = self._verdict("shutting_down", "the replica shut down before the group was scored")
         else:
             error = task.exception()
             verdict = self._verdict(
@@ -700,7 +700,7 @@ class GroupAssembler:
             self._counters["conflicts"] += 1
             return self._refuse(
                 member,
-                "rejected",
+                "conflict",
                 f"group {member.group_id} was scored without member_id {member.member_id!r}",
                 received_at,
             )
@@ -713,7 +713,7 @@ class GroupAssembler:
         self._counters["conflicts"] += 1
         return self._refuse(
             member,
-            "rejected",
+            "conflict",
             f"group {member.group_id}: member {member.key!r} disagrees with the group on "
             f"{'; '.join(disagreements)}; all members of a group must share source, src_lang, "
             "trg_lang and group_size",
@@ -725,7 +725,7 @@ class GroupAssembler:
         which = f"index {member.index}" if member.index is not None else f"member_id {member.member_id!r}"
         return self._refuse(
             member,
-            "rejected",
+            "conflict",
             f"group {member.group_id}: {which} already has a different candidate "
             "(a retry must resend the same candidate)",
             received_at,

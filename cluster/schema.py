@@ -14,7 +14,6 @@ pass Python ``int``/``bool``/``str`` (convert numpy scalars with ``int()``/``boo
 from __future__ import annotations
 
 import unicodedata
-from typing import Literal
 
 from pydantic import (
     BaseModel,
@@ -29,15 +28,7 @@ from pydantic import (
 )
 
 from cluster import gqm
-
-FailureReason = Literal[
-    "parse_failed",  # no parseable verdict after every allowed attempt
-    "prompt_too_long",  # the GQM prompt exceeds the configured token limit
-    "too_few_distinct",  # fewer than 2 distinct candidates: nothing to compare
-    "engine_error",  # the engine raised
-    "timeout",  # a generation or the group assembly ran past its deadline
-    "rejected",  # the request was refused (bad input, conflicting members, overload)
-]
+from cluster.failures import FailureReason
 
 _TEXT = Field(max_length=1_000_000)  # a hard ceiling; deployments set tighter limits
 

@@ -54,6 +54,9 @@ class ReplicaSettings(_Strict):
     max_ongoing_requests: int = Field(2048, ge=1)
     # Requests a caller may queue beyond that before it gets a 503 / BackPressureError.
     max_queued_requests: int = Field(1024, ge=-1)
+    # Groups one replica collects members for at once; a member of one more group is answered
+    # `overloaded` (HTTP 503, Retry-After) and retried by the clients.
+    max_assembling_groups: int = Field(100_000, ge=1)
     num_cpus: float = Field(1.0, ge=0)
     # GPUs per tensor/pipeline-parallel rank (a whole one when there are several ranks); 0 on a
     # CPU machine. A replica takes this times engine.tensor_parallel_size x pipeline_parallel_size.

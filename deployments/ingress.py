@@ -1,9 +1,10 @@
 """The HTTP API: a thin FastAPI layer over scorer replicas (OpenAPI at /docs).
 
 It validates and bounds requests, fans a batch out into one replica call per group (so groups
-spread over replicas and fail independently), and maps outcomes to status codes: 422 invalid,
-413 over a limit, 401 unauthenticated, 409 conflicting member, 503 overloaded (Retry-After),
-504 assembly timeout. Bad input never yields a 500.
+spread over replicas and fail independently), and maps outcomes to status codes by their failure
+kind (``cluster/failures.py``): 422 invalid, 413 over a limit, 401 unauthenticated, 409
+conflicting member, 503 overloaded, shutting down or unavailable (Retry-After), 504 assembly
+timeout. Every error body carries the kind's stable ``code``. Bad input never yields a 500.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ray import serve
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
+from cluster.failures import ErrorCode, code_for_status, kind_of
 from cluster.schema import GroupRequest, GroupResult, MemberRequest, MemberResult
 from deployments.availability import Availability, ReplicasUnschedulableError
 from deployments.client import REPLICA_GONE_ERRORS, ScorerClient
@@ -44,21 +46,31 @@ class ScoreResponse(BaseModel):
 
 
 class ErrorResponse(BaseModel):
-    """Every non-2xx answer: a readable error that names the field or limit."""
+    """Every non-2xx answer that is not a member's result: a stable ``code`` to decide on
+    (``cluster/failures.py``: retryable or not, bad input or not) and a readable ``error`` that
+    names the field or limit (for people: its wording may change)."""
 
+    code: ErrorCode
     error: str
     detail: Any = None
 
 
 class HTTPProblem(Exception):
-    """An error answer with a status code (turned into an ErrorResponse)."""
+    """An error answer of one failure kind (turned into an ErrorResponse with the kind's status)."""
 
-    def __init__(self, status_code: int, error: str, headers: dict[str, str] | None = None, detail: Any = None):
+    def __init__(self, code: ErrorCode, error: str, detail: Any = None):
         super().__init__(error)
-        self.status_code = status_code
+        self.code = code
         self.error = error
-        self.headers = headers or {}
         self.detail = detail
+
+
+def error_response(code: ErrorCode, error: str, detail: Any = None, retry_after_s: int = 1) -> JSONResponse:
+    """The HTTP answer for a failure kind: its status, an ErrorResponse, Retry-After where it is retryable."""
+    kind = kind_of(code)
+    headers = {"Retry-After": str(retry_after_s)} if kind.retry_after else None
+    body = ErrorResponse(code=code, error=error, detail=detail).model_dump()
+    return JSONResponse(status_code=kind.http_status, content=body, headers=headers)
 
 
 app = FastAPI(
@@ -73,9 +85,8 @@ def _settings(request: Request) -> AppConfig:
 
 
 @app.exception_handler(HTTPProblem)
-async def _problem(_: Request, problem: HTTPProblem) -> JSONResponse:
-    body = ErrorResponse(error=problem.error, detail=problem.detail).model_dump()
-    return JSONResponse(status_code=problem.status_code, content=body, headers=problem.headers)
+async def _problem(request: Request, problem: HTTPProblem) -> JSONResponse:
+    return error_response(problem.code, problem.error, problem.detail, _settings(request).http.retry_after_s)
 
 
 @app.exception_handler(StarletteHTTPException)
@@ -83,15 +94,10 @@ async def _http_error(_: Request, error: StarletteHTTPException) -> JSONResponse
     # FastAPI answers a body it cannot decode (bad UTF-8, broken JSON) with a bare 400: report
     # it as the invalid input it is, in the API's error shape.
     if error.status_code == 400:
-        return JSONResponse(
-            status_code=422,
-            content=ErrorResponse(error=f"body: could not be parsed as UTF-8 JSON ({error.detail})").model_dump(),
-        )
-    return JSONResponse(
-        status_code=error.status_code,
-        content=ErrorResponse(error=str(error.detail)).model_dump(),
-        headers=getattr(error, "headers", None),
-    )
+        return error_response("invalid_request", f"body: could not be parsed as UTF-8 JSON ({error.detail})")
+    code = code_for_status(error.status_code) or "invalid_request"
+    body = ErrorResponse(code=code, error=str(error.detail)).model_dump()
+    return JSONResponse(status_code=error.status_code, content=body, headers=getattr(error, "headers", None))
 
 
 @app.exception_handler(RequestValidationError)
@@ -102,7 +108,7 @@ async def _invalid(_: Request, error: RequestValidationError) -> JSONResponse:
         for item in error.errors()
     ]
     summary = "; ".join(f"{p['field']}: {p['message']}" for p in problems[:5]) or "invalid request"
-    return JSONResponse(status_code=422, content=ErrorResponse(error=summary, detail=problems).model_dump())
+    return error_response("invalid_request", summary, problems)
 
 
 class RequestGuard:
@@ -134,7 +140,7 @@ class RequestGuard:
         if expected:
             supplied = headers.get("authorization", "")
             if not hmac.compare_digest(supplied.encode(), f"Bearer {expected}".encode()):
-                response = _error_response(401, "authorization: missing or wrong bearer token")
+                response = error_response("unauthorized", "authorization: missing or wrong bearer token")
                 response.headers["WWW-Authenticate"] = "Bearer"
                 return await refuse(response)
         limit = config.limits.max_request_bytes
@@ -200,12 +206,8 @@ async def refuse_unread(response: JSONResponse, receive, limits, declared: str |
         response.headers["Connection"] = "close"
 
 
-def _error_response(status: int, error: str) -> JSONResponse:
-    return JSONResponse(status_code=status, content=ErrorResponse(error=error).model_dump())
-
-
 def _too_large(limit: int) -> JSONResponse:
-    return _error_response(413, f"request body exceeds limits.max_request_bytes ({limit} bytes)")
+    return error_response("too_large", f"request body exceeds limits.max_request_bytes ({limit} bytes)")
 
 
 app.add_middleware(RequestGuard)
@@ -216,12 +218,12 @@ def check_group_limits(groups: list[GroupRequest], config: AppConfig) -> None:
     limits = config.limits
     if len(groups) > limits.max_groups_per_request:
         raise HTTPProblem(
-            413, f"groups: {len(groups)} groups exceed limits.max_groups_per_request ({limits.max_groups_per_request})"
+            "too_large", f"groups: {len(groups)} groups exceed limits.max_groups_per_request ({limits.max_groups_per_request})"
         )
     for index, group in enumerate(groups):
         if len(group.candidates) > limits.max_candidates_per_group:
             raise HTTPProblem(
-                413,
+                "too_large",
                 f"groups[{index}].candidates: {len(group.candidates)} candidates exceed "
                 f"limits.max_candidates_per_group ({limits.max_candidates_per_group})",
             )
@@ -234,28 +236,24 @@ def check_text_limits(texts: dict[str, str], config: AppConfig, prefix: str = ""
     limit = config.limits.max_text_chars
     for field, text in texts.items():
         if len(text) > limit:
-            raise HTTPProblem(413, f"{prefix}{field}: {len(text)} characters exceed limits.max_text_chars ({limit})")
+            raise HTTPProblem("too_large", f"{prefix}{field}: {len(text)} characters exceed limits.max_text_chars ({limit})")
 
 
-def _overloaded(config: AppConfig, error: Exception) -> HTTPProblem:
+def _overloaded(error: Exception) -> HTTPProblem:
     if isinstance(error, ReplicasUnschedulableError):  # not load: no replica can run; say what is missing
-        return HTTPProblem(
-            503,
-            f"unavailable: {error}",
-            headers={"Retry-After": str(config.http.retry_after_s)},
-            detail=error.availability,
-        )
+        return HTTPProblem("unavailable", f"unavailable: {error}", detail=error.availability)
     if isinstance(error, REPLICA_GONE_ERRORS):  # the client's re-sends all met dying replicas
-        reason = f"unavailable: the scorer replicas went away during the call ({type(error).__name__}); retry later"
-    else:
-        reason = f"overloaded: {type(error).__name__}; retry later"
-    return HTTPProblem(503, reason, headers={"Retry-After": str(config.http.retry_after_s)})
+        return HTTPProblem(
+            "unavailable",
+            f"unavailable: the scorer replicas went away during the call ({type(error).__name__}); retry later",
+        )
+    if isinstance(error, BackPressureError):
+        return HTTPProblem("overloaded", f"overloaded: {type(error).__name__}; retry later")
+    return HTTPProblem("unavailable", f"unavailable: {type(error).__name__}: {error}; retry later")
 
 
 # Errors that leave the request unanswered but worth sending again: 503 with Retry-After, never a 500.
 _RETRY_LATER = (BackPressureError, DeploymentUnavailableError, *REPLICA_GONE_ERRORS)
-
-_MEMBER_STATUS = {"timeout": 504, "rejected": 409}
 
 
 @serve.deployment
@@ -279,7 +277,7 @@ class GRRMIngress:
         try:
             results = await asyncio.gather(*(self.client.score_group(group) for group in body.groups))
         except _RETRY_LATER as error:
-            raise _overloaded(self.config, error) from None
+            raise _overloaded(error) from None
         if not self.config.http.include_answers:
             results = [result.model_copy(update={"answer": None}) for result in results]
         return ScoreResponse(results=results)
@@ -288,28 +286,38 @@ class GRRMIngress:
         "/v1/score/member",
         response_model=MemberResult,
         responses={
-            409: {"model": MemberResult},
+            409: {"model": MemberResult, "description": "`failure: conflict`: the member disagrees with its group"},
             413: {"model": ErrorResponse},
-            422: {"model": ErrorResponse},
-            503: {"model": ErrorResponse},
-            504: {"model": MemberResult},
+            422: {"model": ErrorResponse | MemberResult,
+                  "description": "invalid request (`code`), or the group's input refused (`failure: rejected`)"},
+            503: {"model": ErrorResponse | MemberResult,
+                  "description": "retry later (Retry-After): no replica can answer (`code`), or the replica is "
+                                 "overloaded or shutting down (`failure`)"},
+            504: {"model": MemberResult, "description": "`failure: timeout`: the group did not complete in time"},
         },
     )
     async def score_member(self, member: MemberRequest):
-        """Score one member of a group; answers once the whole group has been scored."""
+        """Score one member of a group; answers once the whole group has been scored.
+
+        The answer is the member's result whatever happened to its group; its status is that of
+        its ``failure`` kind (``cluster/failures.py``)."""
         check_text_limits({"source": member.source, "candidate": member.candidate}, self.config)
         if member.group_size > self.config.limits.max_candidates_per_group:
             raise HTTPProblem(
-                413,
+                "too_large",
                 f"group_size: {member.group_size} exceeds limits.max_candidates_per_group "
                 f"({self.config.limits.max_candidates_per_group})",
             )
         try:
             result = await self.client.score_member(member)
         except _RETRY_LATER as error:
-            raise _overloaded(self.config, error) from None
-        status = _MEMBER_STATUS.get(result.failure or "", 200)
-        return JSONResponse(status_code=status, content=jsonable_encoder(result))
+            raise _overloaded(error) from None
+        # A member's answer is its MemberResult whatever happened; the status is its failure kind's.
+        kind = kind_of(result.failure)
+        if kind is None:
+            return JSONResponse(status_code=200, content=jsonable_encoder(result))
+        headers = {"Retry-After": str(self.config.http.retry_after_s)} if kind.retry_after else None
+        return JSONResponse(status_code=kind.http_status, content=jsonable_encoder(result), headers=headers)
 
     async def _availability(self, max_age_s: float | None = None) -> Availability | None:
         availability = self.client.availability
@@ -320,7 +328,8 @@ class GRRMIngress:
         """Whether this application can score: 200 while a scorer replica runs, else 503 and why."""
         verdict = await self._availability()
         if verdict is not None and not verdict.ready:
-            body = {"status": "unavailable", "error": verdict.describe(), "detail": verdict.as_dict()}
+            body = {"status": "unavailable", "code": "unavailable", "error": verdict.describe(),
+                    "detail": verdict.as_dict()}
             return JSONResponse(status_code=503, content=body)
         return {"status": "ok"}
 

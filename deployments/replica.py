@@ -86,6 +86,7 @@ class GRRMReplica:
             self._score,
             assembly_timeout_s=config.assembly_timeout_s,
             completed_ttl_s=config.completed_ttl_s,
+            max_pending_groups=config.replicas.max_assembling_groups,
             replica=self.name,
             ledger=ServeLedger(ledger) if ledger is not None else None,
         )

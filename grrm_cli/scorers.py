@@ -14,23 +14,25 @@ groups again rather than writing them as failed.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
 
+from cluster.failures import kind_of
 from cluster.schema import GroupRequest
 from grrm_cli.columns import result_fields
 from trainer_bridge.client import RewardClient
 from trainer_bridge.config import BridgeConfig
 
-# Outcomes without an answer from the service: it could not be reached in time.
-_NO_ANSWER = ("unavailable", "deadline", "transport_error")
-# A refusal is about the group only when it is 413 (over a limit) or 422 (invalid): written as the
-# row's failure. Any other refusal (401 after a token change, 404 after the application went away)
-# would refuse every row alike: the run stops instead. RewardClient words refusals "HTTP <status>: ...".
-_GROUP_REFUSAL = re.compile(r"^HTTP (413|422):")
+
+
+def refused_for_its_own_content(failure: str | None) -> bool:
+    """Whether a call that got no answer was refused for the group's own content (over a limit,
+    invalid): written as the row's failure. Anything else (the service unreachable, 401 after a
+    token change, 404 after the application went away) would fail every row alike: the run stops."""
+    kind = kind_of(failure)
+    return kind is not None and kind.bad_input
 
 
 class SetupError(RuntimeError):
@@ -104,9 +106,7 @@ class ServiceScoring:
 
     async def score(self, group: GroupRequest) -> dict[str, Any]:
         outcome = await self.client.score_group(group)
-        if outcome.result is None and (
-            outcome.failure in _NO_ANSWER or not _GROUP_REFUSAL.match(outcome.error or "")
-        ):
+        if outcome.result is None and not refused_for_its_own_content(outcome.failure):
             raise ScoringStopped(f"{outcome.failure} after {outcome.attempts} attempts: {outcome.error}")
         return result_fields(outcome.result, outcome.failure, outcome.error)
 

@@ -189,7 +189,7 @@ async def test_a_member_that_disagrees_with_its_group_is_rejected(field, conflic
 
     rejected = await assembler.submit(member("g1", 1, **conflicting))
     assert not rejected.valid and rejected.score is None
-    assert rejected.failure == "rejected"
+    assert rejected.failure == "conflict"
     assert f"disagrees with the group on {field}" in rejected.error
 
     # It did not join: the group still waits for index 1 and completes normally.
@@ -237,7 +237,7 @@ async def test_same_index_with_a_different_candidate_is_rejected():
     first = asyncio.create_task(assembler.submit(member("g1", 2)))
     await settle()
     rejected = await assembler.submit(member("g1", 2, candidate="Something else."))
-    assert rejected.failure == "rejected" and not rejected.valid
+    assert rejected.failure == "conflict" and not rejected.valid
     assert "index 2 already has a different candidate" in rejected.error
     await asyncio.gather(*(assembler.submit(member("g1", index)) for index in (0, 1, 3)))
     assert (await first).score == expected_score("Translation 2 of g1.")
@@ -256,11 +256,11 @@ async def test_a_member_of_a_scored_group_gets_the_cached_answer():
     assert assembler.stats()["cached_answers"] == 1
 
     different = await assembler.submit(member("g1", 3, candidate="A new translation."))
-    assert different.failure == "rejected" and "index 3 already has a different candidate" in different.error
+    assert different.failure == "conflict" and "index 3 already has a different candidate" in different.error
     wrong_source = await assembler.submit(member("g1", 3, source="Another source."))
-    assert wrong_source.failure == "rejected" and "source" in wrong_source.error
+    assert wrong_source.failure == "conflict" and "source" in wrong_source.error
     wrong_size = await assembler.submit(member("g1", 3, group_size=5))
-    assert wrong_size.failure == "rejected" and "group_size" in wrong_size.error
+    assert wrong_size.failure == "conflict" and "group_size" in wrong_size.error
     assert len(scorer.calls) == 1
 
 
@@ -280,7 +280,7 @@ async def test_cached_answers_expire_after_their_ttl():
     assert assembler.stats()["completed_cached"] == 0
     assert assembler.pending_groups() == 1 and not late.done()  # a new assembly, not the old answer
     await assembler.close()
-    assert (await late).failure == "rejected"
+    assert (await late).failure == "shutting_down"
     assert len(scorer.calls) == 1
 
 
@@ -297,7 +297,7 @@ async def test_the_completed_cache_is_bounded():
     await settle()
     assert assembler.pending_groups() == 1
     await assembler.close()
-    assert (await forgotten).failure == "rejected"
+    assert (await forgotten).failure == "shutting_down"
 
 
 async def test_when_score_group_raises_every_member_gets_the_error():
@@ -412,7 +412,7 @@ async def test_too_many_assembling_groups_refuses_new_groups_only():
     waiting = [asyncio.create_task(assembler.submit(member(group, 0, group_size=2))) for group in ("a", "b")]
     await settle()
     refused = await assembler.submit(member("c", 0, group_size=2))
-    assert refused.failure == "rejected" and "too many groups assembling" in refused.error
+    assert refused.failure == "overloaded" and "too many groups assembling" in refused.error
     assert assembler.stats()["rejected_overload"] == 1
 
     # Groups already assembling still take members, and finishing one makes room.
@@ -422,7 +422,7 @@ async def test_too_many_assembling_groups_refuses_new_groups_only():
     await settle()
     assert assembler.pending_groups() == 2 and not admitted.done()
     await assembler.close()
-    assert (await admitted).failure == "rejected" and (await waiting[1]).failure == "rejected"
+    assert (await admitted).failure == "shutting_down" and (await waiting[1]).failure == "shutting_down"
 
 
 async def test_close_answers_every_waiting_member_and_refuses_new_ones():
@@ -437,9 +437,9 @@ async def test_close_answers_every_waiting_member_and_refuses_new_ones():
     await asyncio.wait_for(assembler.close(), timeout=1.0)
     for result in await asyncio.gather(collecting, *scoring):
         assert not result.valid and result.score is None
-        assert result.failure == "rejected" and "shut down" in result.error
+        assert result.failure == "shutting_down" and "shut down" in result.error
     after = await assembler.submit(member("new", 0, group_size=2))
-    assert after.failure == "rejected" and "shutting down" in after.error
+    assert after.failure == "shutting_down" and "shutting down" in after.error
     assert assembler.stats()["members_waiting"] == assembler.pending_groups() == assembler.scoring_groups() == 0
 
 
@@ -571,7 +571,7 @@ async def test_a_re_sent_member_id_is_recognised_by_id_and_text():
     again = asyncio.create_task(assembler.submit(keyed("g", "m-a", TEXTS["m-a"])))
     await settle()
     changed = await assembler.submit(keyed("g", "m-a", "Etwas anderes."))
-    assert changed.failure == "rejected" and "member_id 'm-a' already has a different candidate" in changed.error
+    assert changed.failure == "conflict" and "member_id 'm-a' already has a different candidate" in changed.error
     others = await asyncio.gather(*(assembler.submit(keyed("g", k, TEXTS[k])) for k in ("m-b", "m-c", "m-d")))
     assert verdict_of(await first) == verdict_of(await again) and all(r.valid for r in others)
     assert assembler.stats()["duplicates"] == 1 and len(scorer.calls) == 1
@@ -579,7 +579,7 @@ async def test_a_re_sent_member_id_is_recognised_by_id_and_text():
     cached = await assembler.submit(keyed("g", "m-c", TEXTS["m-c"]))
     assert verdict_of(cached) == verdict_of(others[1])
     stranger = await assembler.submit(keyed("g", "m-z", "Neu."))
-    assert stranger.failure == "rejected" and "without member_id 'm-z'" in stranger.error
+    assert stranger.failure == "conflict" and "without member_id 'm-z'" in stranger.error
     assert len(scorer.calls) == 1
 
 
@@ -590,7 +590,7 @@ async def test_a_fifth_member_id_in_a_group_of_four_is_refused_while_it_is_score
     members = [asyncio.create_task(assembler.submit(keyed("g", k, t))) for k, t in TEXTS.items()]
     await settle()
     extra = await assembler.submit(keyed("g", "m-e", "Noch einer."))
-    assert extra.failure == "rejected" and "all 4 members have arrived" in extra.error
+    assert extra.failure == "conflict" and "all 4 members have arrived" in extra.error
     scorer.release.set()
     assert all(result.valid for result in await asyncio.gather(*members))
 
@@ -601,7 +601,7 @@ async def test_a_group_mixing_indices_and_member_ids_is_refused():
     first = asyncio.create_task(assembler.submit(member("g", 0)))
     await settle()
     mixed = await assembler.submit(keyed("g", "m-a", "Text.", source="Source sentence of g."))
-    assert mixed.failure == "rejected" and "how members are identified" in mixed.error
+    assert mixed.failure == "conflict" and "how members are identified" in mixed.error
     assert (await first).failure == "timeout" and scorer.calls == []
 
 

@@ -13,6 +13,9 @@ included) and at most ``max_attempts`` attempts, with exponential backoff betwee
 * a member refused because its replica was shutting down or had too many groups assembling;
 * connection errors (HTTP).
 
+What is retried is decided by the failure's kind (``cluster/failures.py``: the ``failure`` of an
+answer, the ``code`` of an HTTP error body), never by a message's wording.
+
 A member whose group did not complete within the replica's ``assembly_timeout_s`` (HTTP 504, or
 ``failure == "timeout"``) is not a failed attempt: its group is still being generated (members of
 one group finish minutes apart under long generations, and trainers pause generation for a
@@ -23,7 +26,7 @@ change of the replica set comes together again. Re-joins are counted (``rejoins`
 Retries are safe: a replica keeps every scored group's answer for ``completed_ttl_s`` and treats
 a member whose index and text it already holds as the same member, so a retried member joins
 (or reads) the one verdict of its group and is never counted twice; a whole group is answered
-once per call. Bad input (HTTP 4xx other than 409) is not retried.
+once per call. Bad input (a conflicting member, an invalid or too large request) is not retried.
 
 Importing this module imports neither vLLM nor SGLang (nor Ray: the handle transport imports
 Ray Serve when it is first used).
@@ -40,6 +43,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import httpx
 
+from cluster.failures import code_for_status, kind_of
 from cluster.schema import GroupRequest, GroupResult, MemberRequest, MemberResult
 from trainer_bridge.config import BridgeConfig
 
@@ -56,12 +60,11 @@ __all__ = [
 
 R = TypeVar("R", MemberResult, GroupResult)
 
-# Phrases of the assembler's refusals that are worth another attempt (cluster/assembly.py).
-_RETRYABLE_REJECTIONS = ("retry later", "shutting down", "shut down before")
-
 
 class RetryableError(Exception):
-    """This attempt failed in a way another attempt may not (overload, lost replica, network)."""
+    """This attempt failed in a way another attempt may not (overload, lost replica, network).
+
+    ``reason`` is a failure code (``cluster/failures.py``) or ``transport_error``."""
 
     def __init__(self, reason: str, message: str, retry_after: float | None = None):
         super().__init__(message)
@@ -70,7 +73,7 @@ class RetryableError(Exception):
 
 
 class FatalError(Exception):
-    """The request itself is refused (bad input, authentication): no retry."""
+    """The request itself is refused (bad input, authentication): no retry. ``reason``: its code."""
 
     def __init__(self, reason: str, message: str):
         super().__init__(message)
@@ -92,8 +95,9 @@ class CallOutcome(Generic[R]):
     """What one logical request ended with.
 
     ``result`` is the service's answer (possibly a flagged failure such as ``parse_failed``), or
-    None when no answer was obtained; then ``failure`` says why (``deadline``, ``unavailable``,
-    ``rejected``, ``transport_error``) and ``error`` describes it. ``attempts`` counts sends that
+    None when no answer was obtained; then ``failure`` says why (``deadline``, ``transport_error``,
+    or a failure code of ``cluster/failures.py`` such as ``unavailable``, ``overloaded``,
+    ``invalid_request``) and ``error`` describes it. ``attempts`` counts sends that
     failed or answered; ``rejoins`` the re-sends of a member whose group was still incomplete.
     """
 
@@ -107,16 +111,14 @@ class CallOutcome(Generic[R]):
 
 def group_incomplete(result: MemberResult | GroupResult) -> bool:
     """Whether a member answer says its group did not complete in time (re-join it)."""
-    return isinstance(result, MemberResult) and result.failure == "timeout"
+    kind = kind_of(result.failure)
+    return isinstance(result, MemberResult) and kind is not None and kind.rejoin
 
 
 def retryable_result(result: MemberResult | GroupResult) -> bool:
-    """Whether a member answer is worth another attempt (a transient refusal)."""
-    if not isinstance(result, MemberResult):
-        return False
-    if result.failure == "rejected" and result.error:
-        return any(phrase in result.error for phrase in _RETRYABLE_REJECTIONS)
-    return False
+    """Whether a member answer is worth another attempt (a transient refusal: overload, shutdown)."""
+    kind = kind_of(result.failure)
+    return isinstance(result, MemberResult) and kind is not None and kind.retryable
 
 
 class RewardClient:
@@ -311,16 +313,17 @@ class HTTPTransport:
 
     async def member(self, member: MemberRequest, timeout_s: float) -> MemberResult:
         response = await self._post("/v1/score/member", member.model_dump(), timeout_s)
-        if response.status_code in (200, 409, 504):
-            # 409 (conflict) and 504 (assembly timeout) carry a MemberResult saying what happened.
-            return MemberResult.model_validate(response.json())
-        raise _status_error(response)
+        body = _json(response)
+        if isinstance(body, dict) and "group_id" in body and "code" not in body:
+            # The member's own answer (whatever its status): its `failure` says what happened.
+            return MemberResult.model_validate(body)
+        raise _status_error(response, body)
 
     async def group(self, group: GroupRequest, timeout_s: float) -> GroupResult:
         response = await self._post("/v1/score", {"groups": [group.model_dump()]}, timeout_s)
         if response.status_code == 200:
             return GroupResult.model_validate(response.json()["results"][0])
-        raise _status_error(response)
+        raise _status_error(response, _json(response))
 
     async def aclose(self) -> None:
         clients, self._clients = list(self._clients.values()), {}
@@ -331,19 +334,27 @@ class HTTPTransport:
                 pass
 
 
-def _status_error(response: httpx.Response) -> Exception:
-    """The exception for a non-success status: retry 503/502/500s, refuse the 4xx."""
-    status = response.status_code
+def _json(response: httpx.Response) -> Any:
     try:
-        detail = response.json().get("error") or response.text
+        return response.json()
     except ValueError:
-        detail = response.text
-    message = f"HTTP {status}: {str(detail)[:500]}"
-    if status in (502, 503):
-        return RetryableError("unavailable", message, retry_after=_retry_after(response))
-    if status >= 500:
+        return None
+
+
+def _status_error(response: httpx.Response, body: Any) -> Exception:
+    """The exception for an error answer, by its ``code`` (else by its status, for answers of
+    something in between, such as a proxy): retry what its kind says is retryable (and other 5xx),
+    refuse the rest."""
+    status = response.status_code
+    body = body if isinstance(body, dict) else {}
+    message = f"HTTP {status}: {str(body.get('error') or response.text)[:500]}"
+    code = body.get("code") if kind_of(body.get("code")) is not None else code_for_status(status)
+    kind = kind_of(code)
+    if kind is not None and kind.retryable:
+        return RetryableError(kind.code, message, retry_after=_retry_after(response))
+    if kind is None and status >= 500:
         return RetryableError("transport_error", message, retry_after=_retry_after(response))
-    return FatalError("rejected", message)
+    return FatalError(code or f"http_{status}", message)
 
 
 def _retry_after(response: httpx.Response) -> float | None:

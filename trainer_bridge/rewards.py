@@ -61,7 +61,13 @@ FAILURES = frozenset(
         "parse_failed",  # no parseable verdict after the service's retries
         "engine_error",
         "timeout",  # generation or group assembly past its deadline (after our retries)
-        "rejected",  # refused: conflicting member, overload that outlived our retries, bad input
+        "rejected",  # the group's input refused (by the service, or a row the bridge cannot send)
+        "conflict",  # the member disagrees with what its group already holds
+        "overloaded",  # a replica's assembler stayed full through our retries
+        "shutting_down",  # replicas kept shutting down through our retries
+        "invalid_request",  # the service refused the request (HTTP 422)
+        "too_large",  # over a limit of the deployment (HTTP 413)
+        "unauthorized",  # a missing or wrong bearer token (HTTP 401)
         "deadline",  # our own per-request deadline ran out
         "unavailable",  # back pressure / no replica / connection errors after every attempt
         "transport_error",  # an unexpected error talking to the service

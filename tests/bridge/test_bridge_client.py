@@ -93,30 +93,41 @@ async def test_http_504_incomplete_group_is_rejoined_until_the_deadline_not_coun
     assert outcome.failure == "deadline" and outcome.result.failure == "timeout"
 
 
-async def test_http_refusals_are_not_retried():
-    conflict = member_answer(score=None, valid=False, failure="rejected", error="index 0 already has a different candidate", group_scores=None)
+async def test_http_refusals_are_not_retried_whatever_their_wording():
+    # The failure kind decides (cluster/failures.py), never the message: "retry later" in a
+    # conflict's text changes nothing.
+    conflict = member_answer(score=None, valid=False, failure="conflict", error="index 0 differs; retry later",
+                             group_scores=None)
     client, time = http_client([(409, conflict, None)])
     outcome = await client.score_member(MEMBER)
-    assert outcome.attempts == 1 and outcome.result.failure == "rejected" and time.sleeps == []
+    assert outcome.attempts == 1 and outcome.result.failure == "conflict" and time.sleeps == []
 
-    client, _ = http_client([(422, {"error": "src_lang: unknown language code"}, None)])
+    invalid = {"code": "invalid_request", "error": "src_lang: unknown language code"}
+    client, _ = http_client([(422, invalid, None)])
     outcome = await client.score_member(MEMBER)
-    assert outcome.result is None and outcome.failure == "rejected" and "src_lang" in outcome.error
+    assert outcome.result is None and outcome.failure == "invalid_request" and "src_lang" in outcome.error
 
-    client, _ = http_client([(401, {"error": "authorization: missing or wrong bearer token"}, None)])
-    assert (await client.score_group(GROUP)).failure == "rejected"
+    client, _ = http_client([(401, {"code": "unauthorized", "error": "authorization: missing or wrong bearer token"}, None)])
+    assert (await client.score_group(GROUP)).failure == "unauthorized"
+    # An answer without our code (something in between, e.g. a proxy) is read by its status.
+    client, _ = http_client([(413, {"error": "too big"}, None)])
+    assert (await client.score_group(GROUP)).failure == "too_large"
 
 
 async def test_http_transient_refusals_and_connection_errors_are_retried():
-    shutting_down = member_answer(score=None, valid=False, failure="rejected", error="group g: the replica is shutting down", group_scores=None)
+    shutting_down = member_answer(score=None, valid=False, failure="shutting_down", error="the replica is stopping",
+                                  group_scores=None)
+    overloaded = member_answer(score=None, valid=False, failure="overloaded", error="too many groups", group_scores=None)
     client, _ = http_client([
-        (409, shutting_down, None),
+        (503, shutting_down, None),
+        (503, overloaded, None),
         (0, httpx.ConnectError("connection refused"), None),
         (502, {"error": "bad gateway"}, None),
+        (503, {"code": "overloaded", "error": "queue full"}, None),
         (200, member_answer(score=9), None),
-    ])
+    ], BridgeConfig(transport="http", http_url="http://grrm.test/app", max_attempts=6))
     outcome = await client.score_member(MEMBER)
-    assert outcome.result.score == 9 and outcome.attempts == 4
+    assert outcome.result.score == 9 and outcome.attempts == 6
 
 
 async def test_http_gives_up_after_max_attempts_with_the_reason():

@@ -263,7 +263,7 @@ async def test_group_ids_are_namespaced_per_training_run(tokenizer):
     # Without a namespace the service could not tell the runs apart: the new texts are conflicts.
     _, answers = await run("", 7)
     _, answers = await run("", 8)
-    assert {a["reward_extra_info"]["failure"] for a in answers} == {"rejected"}
+    assert {a["reward_extra_info"]["failure"] for a in answers} == {"conflict"}
 
 
 class _RaisingTransport:

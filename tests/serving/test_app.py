@@ -163,6 +163,7 @@ def test_bad_and_conflicting_members(app_url):
 
     first, conflicting, completing = asyncio.run(run())
     assert conflicting.status_code == 409 and "source" in conflicting.json()["error"]
+    assert conflicting.json()["failure"] == "conflict"
     assert first.status_code == 200 and completing.status_code == 200
     assert first.json()["replica"] == completing.json()["replica"]
 
@@ -198,9 +199,39 @@ def test_saturated_deployment_answers_503_with_retry_after(serve_instance):
         assert 503 in codes and 200 in codes, codes
         rejected = next(r for r in responses if r.status_code == 503)
         assert rejected.headers.get("retry-after") == "1"
-        assert "overloaded" in rejected.json()["error"]
+        assert rejected.json()["code"] == "overloaded"
     finally:
         serve.delete("small")
+
+
+def test_an_overloaded_assembler_answers_503_with_retry_after_and_the_group_completes_later(serve_instance):
+    # One group assembling at a time: a member of a second group is refused as overload (retry
+    # later), not as a conflict; once the first group is scored the second one is taken.
+    config = scripted_app(num_replicas=1, max_assembling_groups=1)
+    serve.run(build_app(config), name="assembling", route_prefix="/assembling")
+    url = f"{serve_instance}/assembling/v1/score/member"
+
+    def member(group: str, index: int) -> dict:
+        return {"group_id": group, "group_size": 2, "index": index, "source": f"s {group}",
+                "candidate": f"c{index}", "src_lang": "en", "trg_lang": "de"}
+
+    async def run():
+        async with httpx.AsyncClient(timeout=30) as http:
+            waiting = asyncio.create_task(http.post(url, json=member("first", 0)))
+            await asyncio.sleep(0.5)
+            refused = await http.post(url, json=member("second", 0))
+            completing = await http.post(url, json=member("first", 1))
+            later = await asyncio.gather(http.post(url, json=member("second", 0)), http.post(url, json=member("second", 1)))
+            return await waiting, refused, completing, later
+
+    try:
+        waiting, refused, completing, later = asyncio.run(run())
+    finally:
+        serve.delete("assembling")
+    assert refused.status_code == 503 and refused.headers.get("retry-after") == "1", refused.text
+    assert refused.json()["failure"] == "overloaded" and not refused.json()["valid"]
+    assert waiting.status_code == completing.status_code == 200
+    assert [answer.status_code for answer in later] == [200, 200] and all(a.json()["valid"] for a in later)
 
 
 def test_members_of_a_group_survive_the_death_of_their_replica(serve_instance):
