@@ -26,6 +26,7 @@ from ray.serve import context as serve_context
 from ray.serve.exceptions import ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle
 
+from cluster.retry import RetryPolicy
 from cluster.schema import GroupRequest, GroupResult, MemberRequest, MemberResult
 from deployments.availability import Availability, DeploymentAvailability
 
@@ -33,20 +34,18 @@ from deployments.availability import Availability, DeploymentAvailability
 REPLICA_GONE_ERRORS: tuple[type[BaseException], ...] = (RayActorError, ReplicaUnavailableError)
 
 
-@dataclass
-class ReplicaCallPolicy:
-    """How often and how patiently a call is re-sent after its replica died."""
+@dataclass(frozen=True, slots=True)
+class ReplicaCallPolicy(RetryPolicy):
+    """How often a call is re-routed after its replica died (``max_attempts`` sends in all, the
+    backoff of :class:`~cluster.retry.RetryPolicy` between them). Serves the HTTP ingress, whose
+    callers may not retry; a client with a retry layer of its own (``grrm_client``) sends with
+    ``max_attempts=1`` and retries itself."""
 
     max_attempts: int = 4
-    backoff_s: float = 0.5
     max_backoff_s: float = 5.0
     # Re-send a member once after its group timed out (see _call). Off for callers that re-join
-    # incomplete groups themselves (the trainer bridge's RewardClient).
+    # incomplete groups themselves (grrm_client's RewardClient).
     resend_on_timeout: bool = True
-
-    def delay(self, attempt: int) -> float:
-        """Exponential backoff before attempt number ``attempt`` (1-based retries)."""
-        return min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
 
 
 class ScorerClient:
@@ -65,20 +64,21 @@ class ScorerClient:
         self.replica_failures = 0  # calls re-sent because their replica died
         self.timeout_retries = 0  # members re-sent once after an assembly timeout
 
-    async def score_group(self, group: GroupRequest) -> GroupResult:
-        """Score one whole group."""
-        return await self._call("score_group", group)
+    async def score_group(self, group: GroupRequest, attempt: int = 0) -> GroupResult:
+        """Score one whole group (``attempt``: sends a caller already made, for the router)."""
+        return await self._call("score_group", group, attempt)
 
-    async def score_member(self, member: MemberRequest) -> MemberResult:
+    async def score_member(self, member: MemberRequest, attempt: int = 0) -> MemberResult:
         """Score one member; answers when its whole group has been scored."""
-        return await self._call("score_member", member)
+        return await self._call("score_member", member, attempt)
 
-    async def _call(self, method: str, request: GroupRequest | MemberRequest):
+    async def _call(self, method: str, request: GroupRequest | MemberRequest, first_attempt: int = 0):
         timeout_retried = False
-        for attempt in range(self.policy.max_attempts):
-            if attempt:
-                await asyncio.sleep(self.policy.delay(attempt))
-            last = attempt + 1 == self.policy.max_attempts
+        for sent in range(self.policy.max_attempts):
+            if sent:
+                await asyncio.sleep(self.policy.delay(sent))
+            attempt = first_attempt + sent
+            last = sent + 1 == self.policy.max_attempts
             try:
                 result = await self._send_and_wait(method, request, attempt)
             except REPLICA_GONE_ERRORS:

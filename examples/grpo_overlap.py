@@ -345,7 +345,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from cluster.tiny_model import ensure_tiny_model
     from cpu_harness.ray_head import free_port
     from deployments.app import build_app
-    from trainer_bridge.client import RewardClient
+    from grrm_client import RewardClient
     from trainer_bridge.config import BridgeConfig
 
     started = time.perf_counter()

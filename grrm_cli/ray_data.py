@@ -2,7 +2,7 @@
 
 Ray Data reads the input (``read_parquet`` / ``read_json``), a pool of actors scores each batch
 by calling the application's Serve handle (the same :class:`~grrm_cli.scorers.ServiceScoring`
-as ``--app``, so retries and backoff are the bridge's), and Ray Data writes the output folder
+as ``--app``, so retries and backoff are grrm_client's), and Ray Data writes the output folder
 (``write_parquet`` / ``write_json``). Reading, scoring and writing run on every node of the
 cluster. Columns, bad rows and renamed input columns are as without ``--ray``
 (:mod:`grrm_cli.columns`).
@@ -25,15 +25,15 @@ from grrm_cli import columns as cols
 from grrm_cli.dataset import RESULT_TYPES
 from grrm_cli.progress import Summary
 from grrm_cli.scorers import ScoringStopped, ServiceScoring, SetupError, connect_ray
-from trainer_bridge.config import BridgeConfig
+from grrm_client.config import ClientConfig
 
 
 class ScoreBatches:
     """A Ray Data actor: scores the groups of each batch it gets, ``concurrency`` at a time."""
 
-    def __init__(self, mapping: cols.ColumnMapping, bridge: BridgeConfig, concurrency: int):
+    def __init__(self, mapping: cols.ColumnMapping, client: ClientConfig, concurrency: int):
         self.mapping = mapping
-        self.scoring = ServiceScoring(bridge)
+        self.scoring = ServiceScoring(client)
         self.concurrency = concurrency
 
     async def __call__(self, table: pa.Table) -> pa.Table:
@@ -61,9 +61,9 @@ def score_with_ray_data(
     output = Path(job.output)
     if output.exists() and not job.overwrite:
         raise SetupError(f"-o: {output} exists; pass --overwrite to replace it (--ray runs are not resumable)")
-    bridge = BridgeConfig(transport="handle", app_name=app_name, max_attempts=max_attempts, deadline_s=deadline_s)
+    client = ClientConfig(transport="handle", app_name=app_name, max_attempts=max_attempts, deadline_s=deadline_s)
     connect_ray(address)
-    described = asyncio.run(ServiceScoring(bridge).start())  # the application exists: one clear error if not
+    described = asyncio.run(ServiceScoring(client).start())  # the application exists: one clear error if not
 
     import ray.data
     from ray.data import SaveMode
@@ -74,7 +74,7 @@ def score_with_ray_data(
     cols.check_columns(present, job.mapping, source)
     scored = dataset.map_batches(
         ScoreBatches,
-        fn_constructor_kwargs={"mapping": job.mapping, "bridge": bridge, "concurrency": job.concurrency},
+        fn_constructor_kwargs={"mapping": job.mapping, "client": client, "concurrency": job.concurrency},
         batch_format="pyarrow",
         batch_size=job.batch_rows,
         concurrency=workers,

@@ -35,7 +35,7 @@ from grrm_cli.dataset import (
 from grrm_cli.progress import Progress, Summary
 from grrm_cli.resume import OrderedOutput, ResumeError, WorkDir, input_identity
 from grrm_cli.scorers import GroupScoring, InProcessScoring, ScoringStopped, ServiceScoring, SetupError
-from trainer_bridge.config import BridgeConfig
+from grrm_client.config import ClientConfig
 
 EXAMPLES = """\
 examples:
@@ -193,15 +193,15 @@ def scoring_from_args(args: argparse.Namespace) -> GroupScoring:
     """The scorer the command names (``--url``, ``--app`` or ``--config``)."""
     if args.config is not None:
         return InProcessScoring(args.config)
-    bridge = BridgeConfig(
+    client = ClientConfig(
         transport="http" if args.url else "handle",
-        http_url=args.url or BridgeConfig().http_url,
-        app_name=args.app or BridgeConfig().app_name,
+        http_url=args.url or ClientConfig().http_url,
+        app_name=args.app or ClientConfig().app_name,
         token_env=args.token_env,
         deadline_s=args.deadline_s,
         max_attempts=args.max_attempts,
     )
-    return ServiceScoring(bridge, ray_address=args.address)
+    return ServiceScoring(client, ray_address=args.address)
 
 
 def part_writer(job: ScoreJob, input_schema: pa.Schema | None) -> PartWriter:

@@ -1,6 +1,6 @@
 """Where ``grrm score`` scores a group: a running service (HTTP or a Serve handle) or an engine here.
 
-The service is reached through the trainer bridge's :class:`~trainer_bridge.client.RewardClient`
+The service is reached through :class:`grrm_client.RewardClient`
 (bounded attempts with exponential backoff on 503 / back pressure / a lost replica, Retry-After
 honoured, a deadline per group, the bearer token from the environment). In-process scoring runs
 the config file's engine under :class:`~cluster.scorer.GroupScorer`, as a replica would, without Ray.
@@ -22,8 +22,8 @@ import httpx
 from cluster.failures import kind_of
 from cluster.schema import GroupRequest
 from grrm_cli.columns import result_fields
-from trainer_bridge.client import RewardClient
-from trainer_bridge.config import BridgeConfig
+from grrm_client import RewardClient
+from grrm_client.config import ClientConfig
 
 
 
@@ -62,7 +62,7 @@ class GroupScoring(Protocol):
 class ServiceScoring:
     """A running GRRM service, over HTTP (``--url``) or through a Serve handle (``--app``)."""
 
-    def __init__(self, config: BridgeConfig, ray_address: str | None = None):
+    def __init__(self, config: ClientConfig, ray_address: str | None = None):
         self.config = config
         self.ray_address = ray_address
         self.client = RewardClient(config)

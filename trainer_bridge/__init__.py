@@ -2,19 +2,20 @@
 
 Modules, one job each:
 
-* :mod:`trainer_bridge.config` -- :class:`BridgeConfig` (from kwargs or verl's config);
+* :mod:`trainer_bridge.config` -- :class:`BridgeConfig` (from kwargs or verl's config): the
+  client's settings (``grrm_client.ClientConfig``) plus row reading and reward arithmetic;
 * :mod:`trainer_bridge.rewards` -- the pure reward arithmetic (spec section 5);
 * :mod:`trainer_bridge.rollout` -- reading a verl row (group, index, source, translation);
-* :mod:`trainer_bridge.client` -- :class:`RewardClient` over a Serve handle or HTTP;
 * :mod:`trainer_bridge.reward_manager` -- ``GRRMRewardManager``, verl's per-rollout manager;
 * :mod:`trainer_bridge.batch` -- rewards for a complete ``DataProto``;
 * :mod:`trainer_bridge.metrics` -- counts of rewards by outcome.
 
+The service is reached through ``grrm_client``'s :class:`RewardClient` (re-exported here).
 Importing the package is light (no verl, torch, Ray, vLLM or SGLang); the manager and the batch
 path import verl / torch when they are imported.
 """
 
-from trainer_bridge.client import CallOutcome, RewardClient
+from grrm_client import CallOutcome, RewardClient
 from trainer_bridge.config import BridgeConfig, OverlongSettings
 from trainer_bridge.rewards import RewardOutcome, RewardSettings
 

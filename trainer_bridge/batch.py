@@ -21,7 +21,7 @@ import torch
 from pydantic import ValidationError
 
 from cluster.schema import GroupRequest
-from trainer_bridge.client import CallOutcome, RewardClient
+from grrm_client import CallOutcome, RewardClient
 from trainer_bridge.config import BridgeConfig
 from trainer_bridge.metrics import RewardCounters
 from trainer_bridge.rewards import EXTRA_INFO_KEYS, RewardOutcome, RewardSettings, extra_info, group_outcomes, plan_group

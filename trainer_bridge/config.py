@@ -22,9 +22,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from grrm_client.config import ClientConfig
 from trainer_bridge.rewards import RewardSettings
 
-Transport = Literal["handle", "http"]
 ExtractorName = Literal["codeblock", "line", "oneline", "none"]
 
 # DAPO's names for the overlong buffer (verl.experimental.reward_loop.reward_manager.dapo).
@@ -57,31 +57,12 @@ class OverlongSettings(BaseModel):
         return self
 
 
-class BridgeConfig(BaseModel):
-    """Everything the trainer side needs: transport, retries, extraction, reward arithmetic."""
+class BridgeConfig(ClientConfig):
+    """Everything the trainer side needs: how to reach the cluster and retry (:class:`ClientConfig`),
+    how to read a rollout, and the reward arithmetic. The keys are flat, as verl passes them."""
 
     model_config = ConfigDict(extra="forbid")
 
-    # -- reaching the reward cluster ----------------------------------------------------------
-    # "handle": a Ray Serve handle on the same Ray cluster (no HTTP hop); "http": the HTTP API.
-    transport: Transport = "handle"
-    app_name: str = "grrm"
-    replica_deployment: str = "GRRMReplica"
-    # Base URL of the application (its route prefix included), for the HTTP transport.
-    http_url: str = "http://127.0.0.1:8000"
-    # Environment variable holding the bearer token (unset or empty: no Authorization header).
-    token_env: str | None = "GRRM_API_TOKEN"
-    # Deadline of one logical request, every attempt included. A member waits for its whole group
-    # (until the group's last rollout finishes, across the trainer's own pauses: a training phase
-    # in colocate_async, weight syncs), so this must exceed the spread of a group's finish times.
-    # It is also how long a rollout lost before its reward (its session failed) holds the rest of
-    # its group (README: "How long a member waits").
-    deadline_s: float = Field(1800.0, gt=0)
-    # Attempts per logical request (503 / back pressure / replica loss / connection errors). An
-    # assembly timeout is not a failed attempt: the member re-joins its group until deadline_s.
-    max_attempts: int = Field(4, ge=1)
-    backoff_s: float = Field(0.5, ge=0)
-    max_backoff_s: float = Field(8.0, ge=0)
     # Groups scored at once by the whole-batch path.
     max_concurrent_groups: int = Field(256, ge=1)
     # Concurrent calls one verl reward-loop worker runs (Ray's default for async actors, which verl
@@ -127,12 +108,6 @@ class BridgeConfig(BaseModel):
     # drop them from the loss with trainer_bridge.batch.mask_failed_rows.
     mask_failed: bool = False
 
-    @model_validator(mode="after")
-    def _check(self) -> BridgeConfig:
-        if self.max_backoff_s < self.backoff_s:
-            raise ValueError(f"max_backoff_s ({self.max_backoff_s}) is less than backoff_s ({self.backoff_s})")
-        return self
-
     def reward_settings(self) -> RewardSettings:
         """The pure arithmetic's settings."""
         overlong = self.overlong
@@ -144,10 +119,6 @@ class BridgeConfig(BaseModel):
             buffer_len=overlong.buffer_len,
             penalty_factor=overlong.penalty_factor,
         )
-
-    def backoff(self, attempt: int) -> float:
-        """Delay before retry number ``attempt`` (1-based): exponential, capped."""
-        return min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
 
     @classmethod
     def from_verl_config(cls, config: Any, **overrides: Any) -> BridgeConfig:

@@ -39,7 +39,7 @@ from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
 
 from cluster.schema import MemberRequest
 from trainer_bridge.capacity import concurrency_problem
-from trainer_bridge.client import CallOutcome, RewardClient
+from grrm_client import CallOutcome, RewardClient
 from trainer_bridge.config import BridgeConfig, validation_group_warning
 from trainer_bridge.metrics import RewardCounters
 from trainer_bridge.rewards import (

@@ -224,8 +224,8 @@ class LocalTransport:
             )
         return self.assembler
 
-    async def member(self, member: MemberRequest, timeout_s: float) -> MemberResult:
-        from trainer_bridge.client import RetryableError
+    async def member(self, member: MemberRequest, timeout_s: float, attempt: int = 0) -> MemberResult:
+        from grrm_client.transports import RetryableError
 
         assembler = await self._ready()
         self.calls += 1
@@ -235,7 +235,7 @@ class LocalTransport:
             raise RetryableError("unavailable", "answer lost on the way back (simulated)")
         return result
 
-    async def group(self, group: GroupRequest, timeout_s: float) -> GroupResult:
+    async def group(self, group: GroupRequest, timeout_s: float, attempt: int = 0) -> GroupResult:
         await self._ready()
         self.calls += 1
         self.group_requests.append(group)

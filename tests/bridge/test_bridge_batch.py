@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from trainer_bridge.batch import compute_batch_rewards, group_rows, mask_failed_rows, place_rewards
-from trainer_bridge.client import RewardClient
+from grrm_client import RewardClient
 from trainer_bridge.config import BridgeConfig
 from trainer_bridge.rewards import EXTRA_INFO_KEYS
 

@@ -11,10 +11,11 @@ import asyncio
 import json
 
 import httpx
+from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError
 
 from cluster.schema import GroupRequest, MemberRequest, MemberResult
-from trainer_bridge.client import HandleTransport, HTTPTransport, RewardClient
+from grrm_client import HandleTransport, HTTPTransport, RewardClient
 from trainer_bridge.config import BridgeConfig
 
 from .helpers import LocalTransport, quality_text
@@ -156,7 +157,7 @@ async def test_deadline_stops_retrying():
 
 
 async def test_deadline_cuts_a_hanging_request():
-    async def hang(request, timeout_s):
+    async def hang(request, timeout_s, attempt=0):
         await asyncio.sleep(30)
 
     class Hanging:
@@ -201,6 +202,24 @@ async def test_handle_transport_retries_back_pressure():
     outcome = await client.score_member(MEMBER)
     assert outcome.result.score == 5 and outcome.attempts == 2 and time.sleeps == [0.5]
     assert handle.score_member.attempts_seen == [0, 0]  # overload retries keep bounded-load routing
+
+
+async def test_sends_per_logical_request_are_bounded_by_max_attempts_alone():
+    # One retry layer: the handle transport sends once per attempt; a dead replica is retried by
+    # RewardClient, the next send routed in ring order (attempt 1, 2, ...), never re-sent below it.
+    time = FakeTime()
+    config = BridgeConfig(max_attempts=3)
+    handle = FakeHandle([RayActorError()] * 10)
+    client = RewardClient(config, HandleTransport(config, handle=handle), sleep=time.sleep, clock=time.clock)
+    outcome = await client.score_member(MEMBER)
+    assert outcome.result is None and outcome.failure == "unavailable" and outcome.attempts == 3
+    assert handle.score_member.attempts_seen == [0, 1, 2] and time.sleeps == [0.5, 1.0]
+    answer = MemberResult(group_id="g", index=0, score=4, valid=True, replica="r", attempts=1)
+    handle = FakeHandle([RayActorError(), BackPressureError(num_queued_requests=3, max_queued_requests=2), answer])
+    client = RewardClient(config, HandleTransport(config, handle=handle), sleep=time.sleep, clock=time.clock)
+    outcome = await client.score_member(MEMBER)
+    assert outcome.result.score == 4 and outcome.attempts == 3
+    assert handle.score_member.attempts_seen == [0, 1, 1]  # overload does not count as a lost replica
 
 
 async def test_unexpected_errors_become_a_flagged_failure():

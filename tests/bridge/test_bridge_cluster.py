@@ -22,7 +22,7 @@ from cluster.schema import GroupRequest, MemberRequest
 from deployments.app import build_app
 from deployments.config import AppConfig, ReplicaSettings
 from trainer_bridge.batch import compute_batch_rewards
-from trainer_bridge.client import RewardClient
+from grrm_client import RewardClient
 from trainer_bridge.config import BridgeConfig
 
 from .helpers import agent_loop_row, codeblock, padded_batch, quality_text, row_fields, verl_config

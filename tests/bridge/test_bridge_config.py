@@ -16,7 +16,7 @@ def test_defaults_and_kwargs():
     assert config.extractor == "codeblock" and config.index_key is None and config.uid_key == "uid"
     http = BridgeConfig(transport="http", http_url="http://10.0.0.1:8000/grrm", extractor="line", mask_failed=True)
     assert http.transport == "http" and http.mask_failed
-    assert [config.backoff(a) for a in (1, 2, 3, 4, 5, 6)] == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0]
+    assert [config.retry_policy.delay(a) for a in (1, 2, 3, 4, 5, 6)] == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0]
 
 
 @pytest.mark.parametrize(

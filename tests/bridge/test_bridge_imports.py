@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_bridge_imports_without_vllm_or_sglang():
     code = (
         "import sys\n"
-        "import trainer_bridge, trainer_bridge.client, trainer_bridge.config, trainer_bridge.rewards\n"
+        "import grrm_client, trainer_bridge, trainer_bridge.config, trainer_bridge.rewards\n"
         "import trainer_bridge.rollout, trainer_bridge.metrics, trainer_bridge.batch\n"
         "light = sorted(m for m in ('vllm', 'sglang', 'ray', 'verl') if m in sys.modules)\n"
         "import importlib.util\n"

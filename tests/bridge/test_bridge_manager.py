@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from cluster.engines import ScriptedEngineOptions
-from trainer_bridge.client import RewardClient
+from grrm_client import RewardClient
 from trainer_bridge.rewards import EXTRA_INFO_KEYS
 
 from .helpers import (
@@ -273,11 +273,11 @@ class _RaisingTransport:
         self.error = error
         self.calls = 0
 
-    async def member(self, member, timeout_s):
+    async def member(self, member, timeout_s, attempt=0):
         self.calls += 1
         raise self.error
 
-    async def group(self, group, timeout_s):
+    async def group(self, group, timeout_s, attempt=0):
         raise self.error
 
     async def aclose(self):
@@ -292,7 +292,7 @@ class _RaisingTransport:
     ],
 )
 async def test_an_unreachable_service_gives_flagged_defaults_after_retries(tokenizer, caplog, error, failure):
-    from trainer_bridge.client import RetryableError
+    from grrm_client.transports import RetryableError
 
     if error == "unreachable":
         error = RetryableError("unavailable", "connection refused")

@@ -19,7 +19,7 @@ from cluster.engines import EngineConfig, ScriptedEngineOptions
 from cluster.schema import GroupRequest
 from deployments.app import build_app
 from deployments.config import AppConfig, ReplicaSettings
-from trainer_bridge.client import RewardClient
+from grrm_client import RewardClient
 from trainer_bridge.config import BridgeConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -19,7 +19,7 @@ from deployments.app import build_app
 from deployments.availability import DeploymentAvailability, ReplicasUnschedulableError
 from deployments.client import ScorerClient
 from deployments.config import AppConfig, ReplicaSettings
-from trainer_bridge.client import HandleTransport, RewardClient
+from grrm_client import HandleTransport, RewardClient
 from trainer_bridge.config import BridgeConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]

@@ -1,0 +1,17 @@
+"""The client of a GRRM reward service: what the trainer bridge and ``grrm score`` both use.
+
+* :mod:`grrm_client.config` -- :class:`ClientConfig`: transport, application, deadline, retries;
+* :mod:`grrm_client.transports` -- one attempt over a Ray Serve handle or HTTP;
+* :mod:`grrm_client.reward_client` -- :class:`RewardClient`: deadlines, the one retry layer,
+  re-joining incomplete groups; every call ends in a :class:`CallOutcome`.
+
+Failures are typed (``cluster/failures.py``); the retry policy is ``cluster/retry.py``. Nothing
+on the service side imports this package.
+"""
+
+from grrm_client.config import ClientConfig
+from grrm_client.reward_client import CallOutcome, RewardClient
+from grrm_client.transports import FatalError, HandleTransport, HTTPTransport, RetryableError, make_transport
+
+__all__ = ["CallOutcome", "ClientConfig", "FatalError", "HTTPTransport", "HandleTransport", "RetryableError",
+           "RewardClient", "make_transport"]

@@ -1,0 +1,54 @@
+"""How a client reaches a GRRM reward service, and its retry policy: typed, validated once.
+
+The trainer bridge's :class:`~trainer_bridge.config.BridgeConfig` extends this with how a rollout
+is read and rewarded; ``grrm score`` builds one from its command line.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from cluster.retry import RetryPolicy
+
+Transport = Literal["handle", "http"]
+
+
+class ClientConfig(BaseModel):
+    """Transport and retries of one client."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # "handle": a Ray Serve handle on the same Ray cluster (no HTTP hop); "http": the HTTP API.
+    transport: Transport = "handle"
+    app_name: str = "grrm"
+    replica_deployment: str = "GRRMReplica"
+    # Base URL of the application (its route prefix included), for the HTTP transport.
+    http_url: str = "http://127.0.0.1:8000"
+    # Environment variable holding the bearer token (unset or empty: no Authorization header).
+    token_env: str | None = "GRRM_API_TOKEN"
+    # Deadline of one logical request, every attempt included. A member waits for its whole group
+    # (until the group's last rollout finishes, across the trainer's own pauses: a training phase
+    # in colocate_async, weight syncs), so this must exceed the spread of a group's finish times.
+    # It is also how long a rollout lost before its reward (its session failed) holds the rest of
+    # its group (README: "How long a member waits").
+    deadline_s: float = Field(1800.0, gt=0)
+    # Sends per logical request, all layers together (503 / back pressure / replica loss /
+    # connection errors are retried, nothing below retries on its own). An assembly timeout is not
+    # a failed attempt: the member re-joins its group until deadline_s.
+    max_attempts: int = Field(4, ge=1)
+    backoff_s: float = Field(0.5, ge=0)
+    max_backoff_s: float = Field(8.0, ge=0)
+
+    @model_validator(mode="after")
+    def _backoff_ordered(self) -> ClientConfig:
+        if self.max_backoff_s < self.backoff_s:
+            raise ValueError(f"max_backoff_s ({self.max_backoff_s}) is less than backoff_s ({self.backoff_s})")
+        return self
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """The one retry policy of this client's calls."""
+        return RetryPolicy(max_attempts=self.max_attempts, deadline_s=self.deadline_s,
+                           backoff_s=self.backoff_s, max_backoff_s=self.max_backoff_s)

@@ -1,0 +1,187 @@
+"""Reaching the reward cluster: a Ray Serve handle or HTTP, same semantics, one retry layer.
+
+:class:`RewardClient` sends one member (:meth:`~RewardClient.score_member`) or one whole group
+(:meth:`~RewardClient.score_group`) and always returns a :class:`CallOutcome`; it never raises
+for a service problem. Each logical request has a deadline (``deadline_s``, every attempt
+included) and at most ``max_attempts`` attempts, with exponential backoff between them, on:
+
+* overload: HTTP 503 (its ``Retry-After`` is honoured) or a handle's ``BackPressureError`` /
+  ``DeploymentUnavailableError``;
+* replica death: the next send tells the router so (``attempt``), and a re-sent group takes pure
+  ring order to land with its members on one live replica (the transports send once each);
+* a member refused because its replica was shutting down or had too many groups assembling;
+* connection errors (HTTP).
+
+What is retried is decided by the failure's kind (``cluster/failures.py``: the ``failure`` of an
+answer, the ``code`` of an HTTP error body), never by a message's wording.
+
+A member whose group did not complete within the replica's ``assembly_timeout_s`` (HTTP 504, or
+``failure == "timeout"``) is not a failed attempt: its group is still being generated (members of
+one group finish minutes apart under long generations, and trainers pause generation for a
+training phase or a weight sync). The member re-joins its group at once, as often as it takes,
+until ``deadline_s``; every re-join lands in ring order, so a group split over two replicas by a
+change of the replica set comes together again. Re-joins are counted (``rejoins``), not attempts.
+
+Retries are safe: a replica keeps every scored group's answer for ``completed_ttl_s`` and treats
+a member whose index and text it already holds as the same member, so a retried member joins
+(or reads) the one verdict of its group and is never counted twice; a whole group is answered
+once per call. Bad input (a conflicting member, an invalid or too large request) is not retried.
+
+This is the only layer that retries: ``max_attempts`` bounds the sends of one logical request
+over every layer below (the handle transport sends once per attempt; the HTTP ingress, a server
+of its own, re-routes a call whose replica died and answers once). Importing this module imports
+neither vLLM nor SGLang (nor Ray).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from cluster.failures import kind_of
+from cluster.retry import TRANSPORT_ERROR, RetryPolicy
+from cluster.schema import GroupRequest, GroupResult, MemberRequest, MemberResult
+from grrm_client.config import ClientConfig
+from grrm_client.transports import FatalError, RetryableError, Transport, make_transport
+
+__all__ = ["CallOutcome", "RewardClient", "group_incomplete", "retryable_result"]
+
+R = TypeVar("R", MemberResult, GroupResult)
+
+
+@dataclass(frozen=True)
+class CallOutcome(Generic[R]):
+    """What one logical request ended with.
+
+    ``result`` is the service's answer (possibly a flagged failure such as ``parse_failed``), or
+    None when no answer was obtained; then ``failure`` says why (``deadline``, ``transport_error``,
+    or a failure code of ``cluster/failures.py`` such as ``unavailable``, ``overloaded``,
+    ``invalid_request``) and ``error`` describes it. ``attempts`` counts sends that
+    failed or answered; ``rejoins`` the re-sends of a member whose group was still incomplete.
+    """
+
+    result: R | None
+    attempts: int
+    failure: str | None = None
+    error: str | None = None
+    latency_s: float = 0.0
+    rejoins: int = 0
+
+
+def group_incomplete(result: MemberResult | GroupResult) -> bool:
+    """Whether a member answer says its group did not complete in time (re-join it)."""
+    kind = kind_of(result.failure)
+    return isinstance(result, MemberResult) and kind is not None and kind.rejoin
+
+
+def retryable_result(result: MemberResult | GroupResult) -> bool:
+    """Whether a member answer is worth another attempt (a transient refusal: overload, shutdown)."""
+    return isinstance(result, MemberResult) and RetryPolicy.retryable(result.failure)
+
+
+class RewardClient:
+    """Members and groups to the reward cluster with deadlines, bounded retries and backoff."""
+
+    def __init__(
+        self,
+        config: ClientConfig,
+        transport: Transport | None = None,
+        *,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.config = config
+        self.policy = config.retry_policy
+        self.transport = transport if transport is not None else make_transport(config)
+        self._sleep = sleep
+        self._clock = clock
+        self.requests = 0
+        self.retries = 0  # attempts beyond the first, over all requests
+        self.rejoins = 0  # re-sends of members whose group was still incomplete, over all requests
+
+    async def score_member(self, member: MemberRequest) -> CallOutcome[MemberResult]:
+        """One rollout as a member of its group; answers when the group is scored."""
+        return await self._call(self.transport.member, member)
+
+    async def score_group(self, group: GroupRequest) -> CallOutcome[GroupResult]:
+        """One whole group."""
+        return await self._call(self.transport.group, group)
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        await self.transport.aclose()
+
+    async def _call(self, send: Callable[..., Awaitable[R]], request: Any) -> CallOutcome[R]:
+        policy = self.policy
+        self.requests += 1
+        call = _Call(started=self._clock())
+        deadline = call.started + policy.deadline_s
+        while True:
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                return self._outcome(call, "deadline", f"deadline_s {policy.deadline_s} ran out")
+            retry_after: float | None = None
+            try:
+                result = await asyncio.wait_for(send(request, remaining, attempt=call.reroutes), timeout=remaining)
+            except (asyncio.TimeoutError, TimeoutError):
+                call.attempts += 1
+                return self._outcome(call, "deadline", f"deadline_s {policy.deadline_s} ran out")
+            except FatalError as refused:
+                call.attempts, call.last = call.attempts + 1, None
+                return self._outcome(call, refused.reason, str(refused))
+            except RetryableError as transient:
+                failure, error, retry_after = transient.reason, str(transient), transient.retry_after
+                call.reroutes += transient.replica_lost
+            except Exception as unexpected:  # noqa: BLE001 - a reward must not crash the trainer step
+                call.attempts, call.last = call.attempts + 1, None
+                return self._outcome(call, TRANSPORT_ERROR, f"{type(unexpected).__name__}: {unexpected}")
+            else:
+                call.last = result
+                if group_incomplete(result):
+                    # Not a failed attempt: the group is still being generated. Re-join it at once
+                    # (a short pause only, so that even a tiny assembly timeout makes no hot loop).
+                    call.rejoins += 1
+                    self.rejoins += 1
+                    await self._sleep(min(policy.backoff_s, max(0.0, deadline - self._clock())))
+                    continue
+                if not retryable_result(result):
+                    call.attempts += 1
+                    return self._outcome(call, None, None)
+                failure, error = result.failure or "unavailable", result.error or ""
+            call.attempts += 1
+            if call.attempts >= policy.max_attempts:
+                return self._outcome(call, failure, error)
+            delay = max(policy.delay(call.attempts), retry_after or 0.0)
+            if self._clock() + delay >= deadline:
+                return self._outcome(call, "deadline", f"no time left to retry after: {error}")
+            self.retries += 1
+            await self._sleep(delay)
+
+    def _outcome(self, call: _Call, failure: str | None, error: str | None) -> CallOutcome:
+        result = call.last
+        if result is not None and not retryable_result(result) and not group_incomplete(result):
+            failure, error = None, None
+        return CallOutcome(
+            result=result,
+            attempts=call.attempts,
+            failure=failure,
+            error=error,
+            latency_s=self._clock() - call.started,
+            rejoins=call.rejoins,
+        )
+
+
+@dataclass
+class _Call:
+    """The progress of one logical request."""
+
+    started: float
+    attempts: int = 0
+    rejoins: int = 0
+    reroutes: int = 0  # attempts whose replica died (the router's `attempt` of the next send)
+    last: Any = None  # the last answer (a flagged one, when the request ends without a good one)
+
+

@@ -1,0 +1,202 @@
+"""Transports: one attempt at a member or a group, over a Ray Serve handle or HTTP.
+
+A transport never retries: it sends once and returns the service's answer, or raises
+:class:`RetryableError` (overload, a replica gone, the network) or :class:`FatalError` (the request
+itself refused), each with the failure's code (``cluster/failures.py``). The retrying is
+:class:`~grrm_client.reward_client.RewardClient`'s. ``attempt`` (0 first; the count of earlier
+sends whose replica died) is passed to the replicas' router: a whole group re-sent after its
+replica died takes pure ring order and lands where its members do, while a retry after overload
+keeps the load-bounded choice.
+
+Importing this module imports neither vLLM nor SGLang, nor Ray (the handle transport imports Ray
+Serve when it is first used).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable
+from typing import Any, Protocol, TypeVar
+
+import httpx
+
+from cluster.failures import code_for_status, kind_of
+from cluster.schema import GroupRequest, GroupResult, MemberRequest, MemberResult
+from grrm_client.config import ClientConfig
+
+__all__ = ["FatalError", "HTTPTransport", "HandleTransport", "RetryableError", "Transport", "make_transport"]
+
+R = TypeVar("R", MemberResult, GroupResult)
+
+
+class RetryableError(Exception):
+    """This attempt failed in a way another attempt may not (overload, lost replica, network).
+
+    ``reason`` is a failure code (``cluster/failures.py``) or ``transport_error``;
+    ``replica_lost``: the replica died holding the call (the next attempt is routed in ring order)."""
+
+    def __init__(self, reason: str, message: str, retry_after: float | None = None, replica_lost: bool = False):
+        super().__init__(message)
+        self.reason = reason
+        self.retry_after = retry_after
+        self.replica_lost = replica_lost
+
+
+class FatalError(Exception):
+    """The request itself is refused (bad input, authentication): no retry. ``reason``: its code."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+class Transport(Protocol):
+    """One attempt at a member or group call; raises RetryableError / FatalError."""
+
+    async def member(self, member: MemberRequest, timeout_s: float, attempt: int = 0) -> MemberResult: ...
+
+    async def group(self, group: GroupRequest, timeout_s: float, attempt: int = 0) -> GroupResult: ...
+
+    async def aclose(self) -> None: ...
+
+
+def make_transport(config: ClientConfig) -> Transport:
+    """The transport the config names."""
+    if config.transport == "http":
+        return HTTPTransport(config)
+    return HandleTransport(config)
+
+
+class HandleTransport:
+    """Calls the replica deployment through a Ray Serve handle (the trainer is on the same Ray cluster)."""
+
+    def __init__(self, config: ClientConfig, handle: Any = None):
+        self.config = config
+        self._handle = handle
+        self._scorer: Any = None
+
+    def _client(self) -> Any:
+        if self._scorer is None:
+            from deployments.client import ReplicaCallPolicy, ScorerClient
+
+            handle = self._handle
+            if handle is None:
+                from ray import serve
+
+                handle = serve.get_deployment_handle(self.config.replica_deployment, app_name=self.config.app_name)
+            # One send per attempt: RewardClient is the one layer that retries (and re-joins).
+            self._scorer = ScorerClient(handle, ReplicaCallPolicy(max_attempts=1, resend_on_timeout=False))
+        return self._scorer
+
+    async def member(self, member: MemberRequest, timeout_s: float, attempt: int = 0) -> MemberResult:
+        return await self._guard(self._client().score_member(member, attempt=attempt))
+
+    async def group(self, group: GroupRequest, timeout_s: float, attempt: int = 0) -> GroupResult:
+        return await self._guard(self._client().score_group(group, attempt=attempt))
+
+    @staticmethod
+    async def _guard(call: Awaitable[R]) -> R:
+        from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+
+        from deployments.client import REPLICA_GONE_ERRORS
+
+        try:
+            return await call
+        except (BackPressureError, DeploymentUnavailableError) as overloaded:
+            raise RetryableError("unavailable", f"{type(overloaded).__name__}: {overloaded}") from None
+        except REPLICA_GONE_ERRORS as gone:
+            raise RetryableError("unavailable", f"replica gone: {type(gone).__name__}: {gone}", replica_lost=True) from None
+
+    async def aclose(self) -> None:
+        self._scorer = None
+
+
+class HTTPTransport:
+    """Calls the HTTP API (``POST /v1/score/member`` and ``POST /v1/score``) with httpx."""
+
+    def __init__(self, config: ClientConfig, http: httpx.AsyncClient | None = None):
+        self.config = config
+        self.base_url = config.http_url.rstrip("/")
+        self._given = http
+        self._clients: dict[int, httpx.AsyncClient] = {}  # one per event loop (httpx is loop-bound)
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._given is not None:
+            return self._given
+        loop = id(asyncio.get_running_loop())
+        client = self._clients.get(loop)
+        if client is None or client.is_closed:
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+            client = httpx.AsyncClient(timeout=None, limits=limits)
+            self._clients = {loop: client}  # clients of finished loops cannot be reused
+        return client
+
+    def _headers(self) -> dict[str, str]:
+        token = os.environ.get(self.config.token_env, "") if self.config.token_env else ""
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    async def _post(self, path: str, body: dict[str, Any], timeout_s: float) -> httpx.Response:
+        try:
+            return await self._client().post(
+                f"{self.base_url}{path}", json=body, headers=self._headers(), timeout=httpx.Timeout(timeout_s)
+            )
+        except httpx.TimeoutException:
+            raise asyncio.TimeoutError from None
+        except httpx.TransportError as error:
+            raise RetryableError("unavailable", f"{type(error).__name__}: {error}") from None
+
+    async def member(self, member: MemberRequest, timeout_s: float, attempt: int = 0) -> MemberResult:
+        response = await self._post("/v1/score/member", member.model_dump(), timeout_s)
+        body = _json(response)
+        if isinstance(body, dict) and "group_id" in body and "code" not in body:
+            # The member's own answer (whatever its status): its `failure` says what happened.
+            return MemberResult.model_validate(body)
+        raise _status_error(response, body)
+
+    async def group(self, group: GroupRequest, timeout_s: float, attempt: int = 0) -> GroupResult:
+        response = await self._post("/v1/score", {"groups": [group.model_dump()]}, timeout_s)
+        if response.status_code == 200:
+            return GroupResult.model_validate(response.json()["results"][0])
+        raise _status_error(response, _json(response))
+
+    async def aclose(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            try:
+                await client.aclose()
+            except RuntimeError:  # created on a loop that is gone
+                pass
+
+
+def _json(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+def _status_error(response: httpx.Response, body: Any) -> Exception:
+    """The exception for an error answer, by its ``code`` (else by its status, for answers of
+    something in between, such as a proxy): retry what its kind says is retryable (and other 5xx),
+    refuse the rest."""
+    status = response.status_code
+    body = body if isinstance(body, dict) else {}
+    message = f"HTTP {status}: {str(body.get('error') or response.text)[:500]}"
+    code = body.get("code") if kind_of(body.get("code")) is not None else code_for_status(status)
+    kind = kind_of(code)
+    if kind is not None and kind.retryable:
+        return RetryableError(kind.code, message, retry_after=_retry_after(response))
+    if kind is None and status >= 500:
+        return RetryableError("transport_error", message, retry_after=_retry_after(response))
+    return FatalError(code or f"http_{status}", message)
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None  # an HTTP date: fall back to our own backoff
