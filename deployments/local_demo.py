@@ -73,7 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     serve_command = [str(serve_cli)] if serve_cli.exists() else [sys.executable, "-m", "ray.serve.scripts"]
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     print(f"[demo] starting: serve run {args.config}", flush=True)
-    process = subprocess.Popen([*serve_command, "run", args.config], cwd=PROJECT_ROOT, env=env)
+    # SIGINT at its default in the child (a background shell ignores it, and the child would inherit
+    # that): `serve run` then stops on SIGINT as on Ctrl-C, shutting down what it started cleanly.
+    process = subprocess.Popen([*serve_command, "run", args.config], cwd=PROJECT_ROOT, env=env,
+                               preexec_fn=_default_sigint)
     try:
         waited = wait_until_serving(args.url, process, args.timeout_s)
         print(f"[demo] serving after {waited:.1f} s; POST {args.url}/v1/score", flush=True)
@@ -93,13 +96,26 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        if process.poll() is None:
-            # A background `serve run` ignores SIGINT; SIGTERM shuts down what it started.
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop(process)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def stop(process: subprocess.Popen, timeout_s: float = 60) -> None:
+    """Stop ``serve run`` as Ctrl-C does (a clean shutdown, no stack dump); SIGTERM, then SIGKILL,
+    only when it does not end in time. (Ray's core worker answers SIGTERM with a stack dump that
+    reads like a crash.)"""
+    for send in (lambda: process.send_signal(signal.SIGINT), process.terminate, process.kill):
+        if process.poll() is not None:
+            return
+        send()
+        try:
+            process.wait(timeout=timeout_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 if __name__ == "__main__":

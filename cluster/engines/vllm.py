@@ -212,6 +212,12 @@ class VLLMEngine:
             engine, self._engine = self._engine, None
             self._tokenizer = None
             if engine is not None:
+                # The output handler reads the engine core's outputs: stopped first, it does not
+                # log the core's own shutdown as an EngineDeadError with a traceback.
+                handler = getattr(engine, "output_handler", None)
+                if isinstance(handler, asyncio.Task) and not handler.done():
+                    handler.cancel()
+                    await asyncio.gather(handler, return_exceptions=True)
                 await asyncio.to_thread(engine.shutdown)
 
     # -- interface -------------------------------------------------------------------------------

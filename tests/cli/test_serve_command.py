@@ -56,3 +56,8 @@ def test_grrm_serve_starts_a_config_scores_the_demo_group_and_stops(tmp_path):
     body = completed.stdout[completed.stdout.index("{"):completed.stdout.rindex("}") + 1]
     (result,) = json.loads(body)["results"]
     assert result["valid"] and len(result["scores"]) == 4 and result["group_id"] == "demo-frog"
+    # A clean stop, as on Ctrl-C: nothing that reads like a crash (Ray's answer to SIGTERM is a
+    # "*** SIGTERM received ... PC: @" stack dump).
+    output = completed.stdout + completed.stderr
+    assert "Got KeyboardInterrupt, shutting down" in output
+    assert "SIGTERM received" not in output and "Traceback" not in output, output[-3000:]
