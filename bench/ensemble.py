@@ -1,7 +1,7 @@
 """Benchmark: large groups (split-and-merge) and position-bias ensembles (permutations).
 
 SIMULATED (scripted engine). Every number here comes from the deterministic scripted engine
-(cluster/engines/scripted.py), not from a GRRM model: candidates carry their true quality as a
+(simulated/scripted_engine.py), not from a GRRM model: candidates carry their true quality as a
 ``[q=N]`` marker, and the engine's verdict is that quality plus seeded judgement errors
 (``score_noise``, ``oversize_noise`` per candidate beyond ``trained_group_size``, a per-prompt
 ``prompt_shift_noise``) and, in part 2, a ``position_bias``. The numbers show what the
@@ -39,7 +39,7 @@ from pathlib import Path
 from cluster import gqm
 from cluster.config import ScoringConfig
 from cluster.engines import EngineConfig, ScriptedEngineOptions, make_engine
-from cluster.engines.scripted import count_scripted_tokens, group_scores, noise_sd
+from simulated.scripted_engine import count_scripted_tokens, group_scores, noise_sd
 from cluster.schema import GroupRequest, GroupResult
 from cluster.scorer import GroupScorer
 

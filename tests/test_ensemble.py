@@ -15,7 +15,7 @@ from cluster import ensemble, gqm
 from cluster.config import ScoringConfig
 from cluster.engines import EngineConfig, ScriptedEngineOptions, make_engine
 from cluster.engines.base import count_tokens
-from cluster.engines.scripted import group_scores, noise_sd
+from simulated.scripted_engine import group_scores, noise_sd
 from cluster.schema import GroupRequest
 from cluster.scorer import GroupScorer
 

@@ -26,7 +26,7 @@ ENGINE_CLASSES: dict[str, str] = {
     "vllm": "cluster.engines.vllm:VLLMEngine",
     "sglang": "cluster.engines.sglang:SGLangEngine",
     "transformers": "cluster.engines.transformers:TransformersEngine",
-    "scripted": "cluster.engines.scripted:ScriptedEngine",
+    "scripted": "simulated.scripted_engine:ScriptedEngine",
 }
 
 

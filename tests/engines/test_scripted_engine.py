@@ -29,7 +29,7 @@ from cluster.engines import (
     make_engine,
 )
 from cluster.engines.base import Tokenizer, apply_chat_template, count_tokens
-from cluster.engines.scripted import (
+from simulated.scripted_engine import (
     MALFORMED_LAST_LINE,
     ScriptedEngine,
     ScriptedTokenizer,
@@ -106,7 +106,7 @@ def test_tokenizer_counts_words_and_punctuation_with_stable_ids():
 
 def test_token_ids_do_not_depend_on_python_hash_seed():
     code = (
-        "from cluster.engines.scripted import ScriptedTokenizer, candidate_quality;"
+        "from simulated.scripted_engine import ScriptedTokenizer, candidate_quality;"
         "print(ScriptedTokenizer().encode('Hallo Welt, wie geht es?'), candidate_quality('src', 'cand'))"
     )
     outputs = {
@@ -632,7 +632,7 @@ def test_default_engine_needs_no_files():
 @pytest.mark.parametrize(("limit", "expected_peak"), [(None, 6), (2, 2), (1, 1)])
 async def test_max_concurrent_prompts_bounds_the_latency_model(monkeypatch, limit, expected_peak):
     """With a limit, generations queue for the engine's capacity (a busy GPU), without one they overlap."""
-    import cluster.engines.scripted as scripted_module
+    import simulated.scripted_engine as scripted_module
     from cluster.engines import ScriptedEngineOptions
 
     running, peak = 0, 0

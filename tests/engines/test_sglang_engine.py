@@ -18,7 +18,7 @@ import pytest
 
 import cluster.engines.sglang as sglang_adapter
 from cluster.engines import Engine, EngineConfig, EngineError, SamplingSettings, make_engine
-from cluster.engines.scripted import ScriptedTokenizer
+from simulated.scripted_engine import ScriptedTokenizer
 from cluster.engines.sglang import (
     SGLangEngine,
     generation_from_sglang_output,
