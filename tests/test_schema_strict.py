@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from cluster.schema import GroupRequest, MemberRequest
-from deployments.ingress import ScoreRequest
+from deployments.http.models import ScoreRequest
 
 MEMBER = {"group_id": "g", "group_size": 4, "index": 1, "source": "Quelle.", "candidate": "Source.",
           "src_lang": "de", "trg_lang": "en", "invalid": False}

@@ -11,7 +11,7 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError
 
 from cluster.failures import kind_of
-from deployments.ingress import _RETRY_LATER, _overloaded, error_response
+from deployments.http.errors import RETRY_LATER, error_response, unanswered
 
 
 @pytest.mark.parametrize(
@@ -19,8 +19,8 @@ from deployments.ingress import _RETRY_LATER, _overloaded, error_response
     [(RayActorError(), "unavailable"), (BackPressureError(num_queued_requests=3, max_queued_requests=2), "overloaded")],
 )
 def test_unanswered_calls_become_503_with_retry_after(error, code):
-    assert isinstance(error, _RETRY_LATER)
-    problem = _overloaded(error)
+    assert isinstance(error, RETRY_LATER)
+    problem = unanswered(error)
     assert problem.code == code and kind_of(code).retryable
     response = error_response(problem.code, problem.error, retry_after_s=1)
     assert response.status_code == 503 and response.headers["Retry-After"] == "1"

@@ -1,0 +1,84 @@
+"""Error answers of the HTTP API: every one an ``ErrorResponse`` whose ``code`` is a failure kind
+(``cluster/failures.py``), whose status is that kind's, with ``Retry-After`` where it is retryable."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from cluster.failures import ErrorCode, code_for_status, kind_of
+from deployments.availability import ReplicasUnschedulableError
+from deployments.client import REPLICA_GONE_ERRORS
+from deployments.http.models import ErrorResponse
+
+
+class HTTPProblem(Exception):
+    """An error answer of one failure kind (turned into an ErrorResponse with the kind's status)."""
+
+    def __init__(self, code: ErrorCode, error: str, detail: Any = None):
+        super().__init__(error)
+        self.code = code
+        self.error = error
+        self.detail = detail
+
+
+def error_response(code: ErrorCode, error: str, detail: Any = None, retry_after_s: int = 1) -> JSONResponse:
+    """The HTTP answer for a failure kind: its status, an ErrorResponse, Retry-After where it is retryable."""
+    kind = kind_of(code)
+    headers = {"Retry-After": str(retry_after_s)} if kind.retry_after else None
+    body = ErrorResponse(code=code, error=error, detail=detail).model_dump()
+    return JSONResponse(status_code=kind.http_status, content=body, headers=headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Answer every error of ``app`` in the API's error shape (never a bare 400 or a 500 for bad input)."""
+    app.add_exception_handler(HTTPProblem, _problem)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _invalid)
+
+
+async def _problem(request: Request, problem: HTTPProblem) -> JSONResponse:
+    return error_response(problem.code, problem.error, problem.detail, request.app.state.config.http.retry_after_s)
+
+
+async def _http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
+    # FastAPI answers a body it cannot decode (bad UTF-8, broken JSON) with a bare 400: report
+    # it as the invalid input it is, in the API's error shape.
+    if error.status_code == 400:
+        return error_response("invalid_request", f"body: could not be parsed as UTF-8 JSON ({error.detail})")
+    code = code_for_status(error.status_code) or "invalid_request"
+    body = ErrorResponse(code=code, error=str(error.detail)).model_dump()
+    return JSONResponse(status_code=error.status_code, content=body, headers=getattr(error, "headers", None))
+
+
+async def _invalid(_: Request, error: RequestValidationError) -> JSONResponse:
+    # Echoing inputs back would return huge or invalid texts: report location and message only.
+    problems = [
+        {"field": ".".join(str(part) for part in item.get("loc", ())), "message": item.get("msg", "")}
+        for item in error.errors()
+    ]
+    summary = "; ".join(f"{p['field']}: {p['message']}" for p in problems[:5]) or "invalid request"
+    return error_response("invalid_request", summary, problems)
+
+
+def unanswered(error: Exception) -> HTTPProblem:
+    """The problem for a call no replica answered (one of :data:`RETRY_LATER`): 503, retryable."""
+    if isinstance(error, ReplicasUnschedulableError):  # not load: no replica can run; say what is missing
+        return HTTPProblem("unavailable", f"unavailable: {error}", detail=error.availability)
+    if isinstance(error, REPLICA_GONE_ERRORS):  # the client's re-sends all met dying replicas
+        return HTTPProblem(
+            "unavailable",
+            f"unavailable: the scorer replicas went away during the call ({type(error).__name__}); retry later",
+        )
+    if isinstance(error, BackPressureError):
+        return HTTPProblem("overloaded", f"overloaded: {type(error).__name__}; retry later")
+    return HTTPProblem("unavailable", f"unavailable: {type(error).__name__}: {error}; retry later")
+
+
+# Errors that leave the request unanswered but worth sending again: 503 with Retry-After, never a 500.
+RETRY_LATER = (BackPressureError, DeploymentUnavailableError, *REPLICA_GONE_ERRORS)

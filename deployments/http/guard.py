@@ -1,0 +1,142 @@
+"""Guards before a request reaches a route: the bearer token, the body size, and the limits of a
+batch's groups and texts. A refused request is answered in the API's error shape, its name the
+setting that refused it."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import os
+
+from fastapi.responses import JSONResponse
+
+from cluster.schema import GroupRequest
+from deployments.config import AppConfig
+from deployments.http.errors import HTTPProblem, error_response
+
+
+class RequestGuard:
+    """ASGI middleware: bearer-token check and request-size limit, before the body is parsed.
+
+    The body is read (at most ``limits.max_request_bytes``) and replayed to the app, so an
+    oversized request is refused without ever being parsed. A request refused before its body
+    was read (401, 413) is answered only after the rest of its body has been read and dropped
+    (:func:`refuse_unread`): clients that send the whole body before reading the answer
+    (Python's urllib and http.client) would otherwise see a connection reset, not the answer.
+    """
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or "/v1/" not in scope.get("path", ""):
+            return await self.app(scope, receive, send)
+        config: AppConfig = scope["app"].state.config
+        headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope.get("headers", [])}
+        declared = headers.get("content-length")
+
+        async def refuse(response: JSONResponse, read: int = 0) -> None:
+            await refuse_unread(response, receive, config.limits, declared, read)
+            await response(scope, receive, send)
+
+        token_env = config.http.auth_token_env
+        expected = os.environ.get(token_env, "") if token_env else ""
+        if expected:
+            supplied = headers.get("authorization", "")
+            if not hmac.compare_digest(supplied.encode(), f"Bearer {expected}".encode()):
+                response = error_response("unauthorized", "authorization: missing or wrong bearer token")
+                response.headers["WWW-Authenticate"] = "Bearer"
+                return await refuse(response)
+        limit = config.limits.max_request_bytes
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            return await refuse(_too_large(limit))
+        messages = []
+        size = 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            size += len(message.get("body", b""))
+            more_body = message.get("more_body", False)
+            if size > limit:
+                if more_body:
+                    return await refuse(_too_large(limit), read=size)
+                return await _too_large(limit)(scope, receive, send)
+            if not more_body:
+                break
+
+        async def replay():
+            return messages.pop(0) if messages else await receive()
+
+        return await self.app(scope, replay, send)
+
+
+# How long a refused request may take to send the rest of its body (see refuse_unread).
+DISCARD_TIMEOUT_S = 30.0
+
+
+async def refuse_unread(response: JSONResponse, receive, limits, declared: str | None, read: int = 0) -> None:
+    """Before a refusal is sent on a request whose body is not fully read: read the rest and drop it.
+
+    A server that answers and closes while the client is still sending leaves unread bytes in
+    its socket, so the kernel resets the connection, and a client that sends its whole body
+    before reading (urllib, which also asks for ``Connection: close``) gets that reset instead
+    of the answer. Bodies of at most ``limits.max_discard_bytes`` in all (declared or counted;
+    ``read`` bytes already read) that arrive within ``DISCARD_TIMEOUT_S`` are read to their end,
+    never stored; beyond that the answer goes out at once with ``Connection: close``, so the
+    server stops reading (clients that read while sending, like curl and httpx, still get it).
+    """
+    bound = limits.max_discard_bytes
+    ended = False
+    if declared is None or (declared.isdigit() and int(declared) <= bound):
+
+        async def discard() -> bool:
+            nonlocal read
+            while read <= bound:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return False  # the client went away
+                read += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return read <= bound
+            return False
+
+        try:
+            ended = await asyncio.wait_for(discard(), DISCARD_TIMEOUT_S)
+        except TimeoutError:
+            ended = False
+    if not ended:
+        response.headers["Connection"] = "close"
+
+
+def _too_large(limit: int) -> JSONResponse:
+    return error_response("too_large", f"request body exceeds limits.max_request_bytes ({limit} bytes)")
+
+
+
+def check_group_limits(groups: list[GroupRequest], config: AppConfig) -> None:
+    """Raise a 413 naming the limit when a batch is larger than the deployment allows."""
+    limits = config.limits
+    if len(groups) > limits.max_groups_per_request:
+        raise HTTPProblem(
+            "too_large", f"groups: {len(groups)} groups exceed limits.max_groups_per_request ({limits.max_groups_per_request})"
+        )
+    for index, group in enumerate(groups):
+        if len(group.candidates) > limits.max_candidates_per_group:
+            raise HTTPProblem(
+                "too_large",
+                f"groups[{index}].candidates: {len(group.candidates)} candidates exceed "
+                f"limits.max_candidates_per_group ({limits.max_candidates_per_group})",
+            )
+        check_text_limits({"source": group.source}, config, f"groups[{index}].")
+        check_text_limits({f"candidates[{i}]": c for i, c in enumerate(group.candidates)}, config, f"groups[{index}].")
+
+
+def check_text_limits(texts: dict[str, str], config: AppConfig, prefix: str = "") -> None:
+    """Raise a 413 naming the field when a text is longer than limits.max_text_chars."""
+    limit = config.limits.max_text_chars
+    for field, text in texts.items():
+        if len(text) > limit:
+            raise HTTPProblem("too_large", f"{prefix}{field}: {len(text)} characters exceed limits.max_text_chars ({limit})")
+
