@@ -97,25 +97,24 @@ async def replica_infos(handle, app: str, timeout_s: float = 10) -> dict[str, di
     return infos
 
 
-def engine_core_pid(replica_pid: int) -> int:
-    """The vLLM engine-core process of a replica: AsyncLLM runs it as a child of the replica."""
+def _only_child(parent_pid: int, name: str) -> int:
+    """The one child process of ``parent_pid`` called ``name`` (raises if there is not exactly one)."""
     import psutil
 
-    cores = [child.pid for child in psutil.Process(replica_pid).children() if child.name() == "VLLM::EngineCore"]
-    if len(cores) != 1:
-        raise RuntimeError(f"replica process {replica_pid} has {len(cores)} VLLM::EngineCore children")
-    return cores[0]
+    children = [child.pid for child in psutil.Process(parent_pid).children() if child.name() == name]
+    if len(children) != 1:
+        raise RuntimeError(f"process {parent_pid} has {len(children)} {name} children")
+    return children[0]
+
+
+def engine_core_pid(replica_pid: int) -> int:
+    """The vLLM engine-core process of a replica: AsyncLLM runs it as a child of the replica."""
+    return _only_child(replica_pid, "VLLM::EngineCore")
 
 
 def tensor_parallel_worker_pid(replica_pid: int, rank: int = 1) -> int:
     """A tensor-parallel rank's worker process (``mp`` executor: a child of the engine core)."""
-    import psutil
-
-    name = f"VLLM::Worker_TP{rank}"
-    workers = [child.pid for child in psutil.Process(engine_core_pid(replica_pid)).children() if child.name() == name]
-    if len(workers) != 1:
-        raise RuntimeError(f"replica process {replica_pid}'s engine core has {len(workers)} {name} children")
-    return workers[0]
+    return _only_child(engine_core_pid(replica_pid), f"VLLM::Worker_TP{rank}")
 
 
 def app_rss_mib(app: str) -> float:
