@@ -42,9 +42,8 @@ class ClientConfig(BaseModel):
     max_backoff_s: float = Field(8.0, ge=0)
 
     @model_validator(mode="after")
-    def _backoff_ordered(self) -> ClientConfig:
-        if self.max_backoff_s < self.backoff_s:
-            raise ValueError(f"max_backoff_s ({self.max_backoff_s}) is less than backoff_s ({self.backoff_s})")
+    def _valid_policy(self) -> ClientConfig:
+        self.retry_policy  # noqa: B018 - RetryPolicy checks its own bounds (backoff ordered, attempts >= 1)
         return self
 
     @property
