@@ -20,10 +20,11 @@ import contextvars
 import dataclasses
 import uuid
 from dataclasses import dataclass
+from typing import Literal
 
 from ray.exceptions import RayActorError
 from ray.serve import context as serve_context
-from ray.serve.exceptions import ReplicaUnavailableError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle
 
 from cluster.retry import RetryPolicy
@@ -32,6 +33,17 @@ from deployments.availability import Availability, DeploymentAvailability
 
 # Errors that mean "the replica went away", not "the request is bad": safe to send again.
 REPLICA_GONE_ERRORS: tuple[type[BaseException], ...] = (RayActorError, ReplicaUnavailableError)
+# Errors that leave a call unanswered but worth sending again: its replica went away, none can
+# answer now, or Serve's queue is full.
+UNANSWERED_ERRORS: tuple[type[BaseException], ...] = (
+    BackPressureError, DeploymentUnavailableError, *REPLICA_GONE_ERRORS,
+)
+
+
+def unanswered_code(error: BaseException) -> Literal["overloaded", "unavailable"]:
+    """The failure kind (``cluster/failures.py``) of a call that met one of :data:`UNANSWERED_ERRORS`:
+    Serve's back pressure is overload; no replica to answer (none placed, all gone) is unavailable."""
+    return "overloaded" if isinstance(error, BackPressureError) else "unavailable"
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,12 +20,11 @@ from fastapi.responses import JSONResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from cluster.failures import kind_of
 from cluster.schema import MemberRequest, MemberResult
 from deployments.availability import Availability
-from deployments.client import ScorerClient
+from deployments.client import UNANSWERED_ERRORS, ScorerClient
 from deployments.config import AppConfig
-from deployments.http.errors import RETRY_LATER, HTTPProblem, install_error_handlers, unanswered
+from deployments.http.errors import HTTPProblem, answer_of_kind, install_error_handlers, unanswered
 from deployments.http.guard import RequestGuard, check_group_limits, check_text_limits
 from deployments.http.models import ErrorResponse, ScoreRequest, ScoreResponse
 
@@ -58,7 +57,7 @@ class GRRMIngress:
         check_group_limits(body.groups, self.config)
         try:
             results = await asyncio.gather(*(self.client.score_group(group) for group in body.groups))
-        except RETRY_LATER as error:
+        except UNANSWERED_ERRORS as error:
             raise unanswered(error) from None
         if not self.config.http.include_answers:
             results = [result.model_copy(update={"answer": None}) for result in results]
@@ -92,14 +91,10 @@ class GRRMIngress:
             )
         try:
             result = await self.client.score_member(member)
-        except RETRY_LATER as error:
+        except UNANSWERED_ERRORS as error:
             raise unanswered(error) from None
         # A member's answer is its MemberResult whatever happened; the status is its failure kind's.
-        kind = kind_of(result.failure)
-        if kind is None:
-            return JSONResponse(status_code=200, content=jsonable_encoder(result))
-        headers = {"Retry-After": str(self.config.http.retry_after_s)} if kind.retry_after else None
-        return JSONResponse(status_code=kind.http_status, content=jsonable_encoder(result), headers=headers)
+        return answer_of_kind(result.failure, jsonable_encoder(result), self.config.http.retry_after_s)
 
     async def _availability(self, max_age_s: float | None = None) -> Availability | None:
         availability = self.client.availability

@@ -22,6 +22,7 @@ from typing import Any, Protocol, TypeVar
 import httpx
 
 from cluster.failures import code_for_status, kind_of
+from cluster.retry import TRANSPORT_ERROR
 from cluster.schema import GroupRequest, GroupResult, MemberRequest, MemberResult
 from grrm_client.config import ClientConfig
 
@@ -97,16 +98,15 @@ class HandleTransport:
 
     @staticmethod
     async def _guard(call: Awaitable[R]) -> R:
-        from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
-
-        from deployments.client import REPLICA_GONE_ERRORS
+        from deployments.client import REPLICA_GONE_ERRORS, UNANSWERED_ERRORS, unanswered_code
 
         try:
             return await call
-        except (BackPressureError, DeploymentUnavailableError) as overloaded:
-            raise RetryableError("unavailable", f"{type(overloaded).__name__}: {overloaded}") from None
-        except REPLICA_GONE_ERRORS as gone:
-            raise RetryableError("unavailable", f"replica gone: {type(gone).__name__}: {gone}", replica_lost=True) from None
+        except UNANSWERED_ERRORS as error:
+            # The same kinds as the HTTP ingress answers for these errors (overloaded / unavailable).
+            lost = isinstance(error, REPLICA_GONE_ERRORS)
+            message = f"{'replica gone: ' if lost else ''}{type(error).__name__}: {error}"
+            raise RetryableError(unanswered_code(error), message, replica_lost=lost) from None
 
     async def aclose(self) -> None:
         self._scorer = None
@@ -183,13 +183,12 @@ def _status_error(response: httpx.Response, body: Any) -> Exception:
     status = response.status_code
     body = body if isinstance(body, dict) else {}
     message = f"HTTP {status}: {str(body.get('error') or response.text)[:500]}"
-    code = body.get("code") if kind_of(body.get("code")) is not None else code_for_status(status)
-    kind = kind_of(code)
+    kind = kind_of(body.get("code")) or kind_of(code_for_status(status))
     if kind is not None and kind.retryable:
         return RetryableError(kind.code, message, retry_after=_retry_after(response))
     if kind is None and status >= 500:
-        return RetryableError("transport_error", message, retry_after=_retry_after(response))
-    return FatalError(code or f"http_{status}", message)
+        return RetryableError(TRANSPORT_ERROR, message, retry_after=_retry_after(response))
+    return FatalError(kind.code if kind is not None else f"http_{status}", message)
 
 
 def _retry_after(response: httpx.Response) -> float | None:

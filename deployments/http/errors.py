@@ -8,12 +8,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+from ray.serve.exceptions import BackPressureError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cluster.failures import ErrorCode, code_for_status, kind_of
 from deployments.availability import ReplicasUnschedulableError
-from deployments.client import REPLICA_GONE_ERRORS
+from deployments.client import REPLICA_GONE_ERRORS, unanswered_code
 from deployments.http.models import ErrorResponse
 
 
@@ -27,12 +27,19 @@ class HTTPProblem(Exception):
         self.detail = detail
 
 
+def answer_of_kind(code: str | None, content: Any, retry_after_s: int = 1) -> JSONResponse:
+    """A JSON answer with the status of failure kind ``code`` (200 for none) and Retry-After where
+    the kind is retryable: an error body, or a member's result that carries its ``failure``."""
+    kind = kind_of(code)
+    if kind is None:
+        return JSONResponse(status_code=200, content=content)
+    headers = {"Retry-After": str(retry_after_s)} if kind.retry_after else None
+    return JSONResponse(status_code=kind.http_status, content=content, headers=headers)
+
+
 def error_response(code: ErrorCode, error: str, detail: Any = None, retry_after_s: int = 1) -> JSONResponse:
     """The HTTP answer for a failure kind: its status, an ErrorResponse, Retry-After where it is retryable."""
-    kind = kind_of(code)
-    headers = {"Retry-After": str(retry_after_s)} if kind.retry_after else None
-    body = ErrorResponse(code=code, error=error, detail=detail).model_dump()
-    return JSONResponse(status_code=kind.http_status, content=body, headers=headers)
+    return answer_of_kind(code, ErrorResponse(code=code, error=error, detail=detail).model_dump(), retry_after_s)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -67,18 +74,16 @@ async def _invalid(_: Request, error: RequestValidationError) -> JSONResponse:
 
 
 def unanswered(error: Exception) -> HTTPProblem:
-    """The problem for a call no replica answered (one of :data:`RETRY_LATER`): 503, retryable."""
+    """The problem for a call no replica answered (one of ``deployments.client.UNANSWERED_ERRORS``):
+    503 with Retry-After, never a 500."""
+    code = unanswered_code(error)
     if isinstance(error, ReplicasUnschedulableError):  # not load: no replica can run; say what is missing
-        return HTTPProblem("unavailable", f"unavailable: {error}", detail=error.availability)
+        return HTTPProblem(code, f"unavailable: {error}", detail=error.availability)
     if isinstance(error, REPLICA_GONE_ERRORS):  # the client's re-sends all met dying replicas
         return HTTPProblem(
-            "unavailable",
-            f"unavailable: the scorer replicas went away during the call ({type(error).__name__}); retry later",
+            code, f"unavailable: the scorer replicas went away during the call ({type(error).__name__}); retry later"
         )
     if isinstance(error, BackPressureError):
-        return HTTPProblem("overloaded", f"overloaded: {type(error).__name__}; retry later")
-    return HTTPProblem("unavailable", f"unavailable: {type(error).__name__}: {error}; retry later")
+        return HTTPProblem(code, f"overloaded: {type(error).__name__}; retry later")
+    return HTTPProblem(code, f"unavailable: {type(error).__name__}: {error}; retry later")
 
-
-# Errors that leave the request unanswered but worth sending again: 503 with Retry-After, never a 500.
-RETRY_LATER = (BackPressureError, DeploymentUnavailableError, *REPLICA_GONE_ERRORS)

@@ -11,7 +11,8 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError
 
 from cluster.failures import kind_of
-from deployments.http.errors import RETRY_LATER, error_response, unanswered
+from deployments.client import UNANSWERED_ERRORS
+from deployments.http.errors import error_response, unanswered
 
 
 @pytest.mark.parametrize(
@@ -19,7 +20,7 @@ from deployments.http.errors import RETRY_LATER, error_response, unanswered
     [(RayActorError(), "unavailable"), (BackPressureError(num_queued_requests=3, max_queued_requests=2), "overloaded")],
 )
 def test_unanswered_calls_become_503_with_retry_after(error, code):
-    assert isinstance(error, RETRY_LATER)
+    assert isinstance(error, UNANSWERED_ERRORS)
     problem = unanswered(error)
     assert problem.code == code and kind_of(code).retryable
     response = error_response(problem.code, problem.error, retry_after_s=1)
