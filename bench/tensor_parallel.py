@@ -23,20 +23,11 @@ import httpx
 
 from bench.chaos import chaos_config
 from bench.common import free_port, machine, print_table, summarize, write_json
+from bench.serving import make_group
 
 APP = "tensor-parallel"
 COLUMNS = ["tensor_parallel_size", "executor", "start_s", "groups", "valid", "groups_per_s", "p50_ms", "p99_ms",
            "start_vs_tp1", "groups_per_s_vs_tp1"]
-
-
-def group(index: int) -> dict[str, Any]:
-    return {
-        "group_id": f"tp-bench-{index}",
-        "source": f"Sentence number {index} of the tensor-parallel benchmark, with a few more words.",
-        "candidates": [f"Satz Nummer {index}, Kandidat {k}." for k in range(4)],
-        "src_lang": "en",
-        "trg_lang": "de",
-    }
 
 
 async def score_groups(url: str, groups: int, concurrency: int) -> dict[str, Any]:
@@ -49,7 +40,7 @@ async def score_groups(url: str, groups: int, concurrency: int) -> dict[str, Any
             nonlocal valid
             async with limit:
                 started = time.perf_counter()
-                response = await http.post(f"{url}/v1/score", json={"groups": [group(index)]})
+                response = await http.post(f"{url}/v1/score", json={"groups": [make_group(index).model_dump()]})
                 latencies.append(time.perf_counter() - started)
                 valid += response.status_code == 200 and response.json()["results"][0]["valid"]
 
