@@ -201,3 +201,18 @@ def route_key(args: tuple | list, kwargs: Mapping[str, object]) -> RouteKey:
     if isinstance(request, GroupRequest):
         return RouteKey(group_id=request.group_id, work=float(len(request.candidates)), member=False, attempt=attempt)
     return RouteKey(group_id=None, work=1.0, member=False, attempt=attempt)
+
+
+def copy_holders(replicas: Iterable[str], copy: int, exclude: str | None = None) -> list[str]:
+    """The replicas, in preference order, that hold copy ``copy`` of a replicated record.
+
+    Copy ``k`` lives on the ``k``-th replica in name order, so copies ``0 .. n-1`` of a record land
+    on ``n`` distinct replicas whenever ``n`` replicas run; the others follow as fallbacks (a
+    write still lands somewhere while a replica is being replaced). ``exclude`` leaves one out
+    (a replica asking its peers for their records).
+    """
+    names = sorted(name for name in set(replicas) if name != exclude)
+    if not names:
+        return []
+    start = copy % len(names)
+    return names[start:] + names[:start]

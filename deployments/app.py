@@ -15,11 +15,12 @@ from ray.serve.config import RequestRouterConfig
 
 from deployments.config import AppConfig
 from deployments.ingress import GRRMIngress
-from deployments.ledger import GroupLedger
+from deployments.ledger import LedgerReplica
 from deployments.replica import GRRMReplica
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ROUTER_CLASS = "deployments.router:GroupAwareRequestRouter"
+LEDGER_ROUTER_CLASS = "deployments.ledger:LedgerCopyRouter"
 
 
 def resolve_model_path(config: AppConfig) -> AppConfig:
@@ -78,19 +79,20 @@ def _runtime_env(env_vars: dict[str, str]) -> dict[str, Any]:
 def build_app(args: AppConfig) -> Application:
     """Build the reward application: scorer replicas behind the group-aware router, and HTTP."""
     config = resolve_model_path(args if isinstance(args, AppConfig) else AppConfig.model_validate(args))
-    ledger = serve.deployment(GroupLedger).options(
+    ledger = serve.deployment(LedgerReplica).options(
         name=config.ledger_deployment_name,
-        num_replicas=1,
         max_ongoing_requests=100_000,
-        ray_actor_options={"num_cpus": 0},
+        ray_actor_options={"num_cpus": config.ledger.num_cpus},
+        request_router_config=RequestRouterConfig(request_router_class=LEDGER_ROUTER_CLASS),
         logging_config={"enable_access_log": config.replicas.access_log},
-    ).bind(config.completed_ttl_s)
+        **config.ledger.serve_options(),
+    ).bind(config.completed_ttl_s, copies=config.ledger.num_replicas)
     replicas = serve.deployment(GRRMReplica).options(**replica_options(config)).bind(config, ledger)
     ingress = GRRMIngress.options(
         name=config.ingress_deployment_name,
-        num_replicas=1,
         max_ongoing_requests=100_000,  # backpressure belongs to the replicas (503 from there)
-        ray_actor_options={"num_cpus": 0, **_runtime_env(config.http.env_vars)},
+        ray_actor_options={"num_cpus": config.ingress.num_cpus, **_runtime_env(config.http.env_vars)},
         logging_config={"enable_access_log": config.replicas.access_log},
+        **config.ingress.serve_options(),
     )
     return ingress.bind(replicas, config)

@@ -61,7 +61,12 @@ class ReplicaSettings(_Strict):
     # GPUs per tensor/pipeline-parallel rank (a whole one when there are several ranks); 0 on a
     # CPU machine. A replica takes this times engine.tensor_parallel_size x pipeline_parallel_size.
     gpus_per_rank: float = Field(1.0, ge=0)
-    health_check_period_s: float = Field(10.0, gt=0)
+    # Serve checks each replica this often; the check probes the engine, and an engine that does
+    # not answer within hang_timeout_s is hung: the replica ends and is replaced. So a hang is
+    # found within about health_check_period_s + hang_timeout_s. A probe is answered between two
+    # engine steps, so a long generation is not a hang; a step longer than hang_timeout_s is.
+    health_check_period_s: float = Field(5.0, gt=0)
+    hang_timeout_s: float = Field(8.0, gt=0)
     health_check_timeout_s: float = Field(30.0, gt=0)
     graceful_shutdown_timeout_s: float = Field(20.0, ge=0)
     # Serve's per-request access log lines cost CPU on every call; errors are logged regardless.
@@ -73,7 +78,34 @@ class ReplicaSettings(_Strict):
     def _one_sizing(self) -> ReplicaSettings:
         if self.num_replicas is not None and self.autoscaling is not None:
             raise ValueError("replicas: set either num_replicas or autoscaling, not both")
+        if self.hang_timeout_s >= self.health_check_timeout_s:
+            raise ValueError(
+                f"replicas.hang_timeout_s ({self.hang_timeout_s}) must be below health_check_timeout_s "
+                f"({self.health_check_timeout_s}): Serve would give up on the check before the probe does"
+            )
         return self
+
+
+class ServiceSettings(_Strict):
+    """A small deployment callers depend on besides the scorers: the HTTP ingress or the ledger.
+
+    Two or more replicas survive the loss of one; Serve spreads a deployment's replicas over the
+    nodes that can hold them. ``num_cpus`` above 0 keeps them off a head started with
+    ``num-cpus: 0`` (a 0-CPU actor may land anywhere, the head included).
+    """
+
+    num_replicas: int = Field(1, ge=1)
+    num_cpus: float = Field(0.0, ge=0)
+    # At most this many replicas on one node (Serve's max_replicas_per_node): 1 guarantees
+    # distinct nodes, and leaves a replica pending where the cluster has fewer nodes.
+    max_replicas_per_node: int | None = Field(None, ge=1)
+
+    def serve_options(self) -> dict[str, Any]:
+        """The Serve deployment options these settings stand for."""
+        options: dict[str, Any] = {"num_replicas": self.num_replicas}
+        if self.max_replicas_per_node is not None:
+            options["max_replicas_per_node"] = self.max_replicas_per_node
+        return options
 
 
 class RoutingSettings(_Strict):
@@ -125,6 +157,10 @@ class AppConfig(_Strict):
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
     http: HTTPSettings = Field(default_factory=HTTPSettings)
+    # The HTTP ingress's replicas.
+    ingress: ServiceSettings = Field(default_factory=ServiceSettings)
+    # The ledger of scored groups: each record is kept on every ledger replica.
+    ledger: ServiceSettings = Field(default_factory=ServiceSettings)
     # Members of a group that do not all arrive within this many seconds get a timeout error.
     assembly_timeout_s: float = Field(120.0, gt=0)
     # How long a scored group's answer is kept for retried members (idempotency).

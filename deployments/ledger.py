@@ -1,64 +1,158 @@
-"""The ledger of scored groups: one small Serve deployment every scorer replica writes to.
+"""The ledger of scored groups: a small replicated Serve deployment every scorer replica writes to.
 
 A replica publishes each scored group here before answering its members, so the answer
 outlives the replica: a member whose answer was lost when its replica died is re-sent to
 another replica, which finds the group here (see ``cluster.assembly.CompletedGroupLedger``).
 Entries hold digests and scores only, expire after ``ttl_s``, and are bounded in number.
+
+The ledger itself must outlive any one of its replicas (or their node): every record is written
+to ``copies`` replicas (copy ``k`` on the ``k``-th replica in name order, chosen by
+:class:`LedgerCopyRouter`), a lookup asks all of them, and every replica keeps taking what its
+peers were written (so a replacement for a dead one is filled within seconds). Serve spreads the
+replicas over nodes.
 """
 
 from __future__ import annotations
 
-import time
-from collections import OrderedDict
+import asyncio
+import logging
+from typing import Any
 
+from ray import serve
+from ray.serve.experimental.consistent_hash_router import ConsistentHashRouter
 from ray.serve.handle import DeploymentHandle
+from ray.serve.request_router import PendingRequest, RunningReplica
 
 from cluster.assembly import CompletedGroup
+from cluster.ledger import GroupLedger
+from cluster.routing import copy_holders
+
+logger = logging.getLogger("ray.serve")
+
+# How often a ledger replica takes what its peers were written meanwhile, and how long one such
+# call may take.
+PEER_SYNC_PERIOD_S = 2.0
+PEER_CALL_TIMEOUT_S = 10.0
 
 
-class GroupLedger:
-    """In-memory, bounded, expiring map from group id to its scored record."""
+class LedgerReplica(GroupLedger):
+    """One replica of the ledger deployment: a :class:`GroupLedger` that keeps up with its peers.
 
-    def __init__(self, ttl_s: float, max_groups: int = 200_000):
-        self.ttl_s = ttl_s
-        self.max_groups = max_groups
-        self._records: OrderedDict[str, tuple[float, CompletedGroup]] = OrderedDict()
+    Writers put every record on each replica already; every ``sync_period_s`` a replica also
+    takes what its peers were written since it last asked. That repairs what a direct write
+    missed (a write that fell back to another replica while one was being replaced, or that a
+    router sent before it knew every replica) and fills a replacement with its peers' records.
+    """
 
-    def put(self, group_id: str, record: CompletedGroup) -> None:
-        """Store (or replace) a scored group."""
-        self._expire()
-        self._records[group_id] = (time.monotonic() + self.ttl_s, record)
-        self._records.move_to_end(group_id)
-        while len(self._records) > self.max_groups:
-            self._records.popitem(last=False)
+    async def __init__(self, ttl_s: float, copies: int = 1, sync_period_s: float = PEER_SYNC_PERIOD_S,
+                     max_groups: int = 200_000):
+        super().__init__(ttl_s, max_groups)
+        self.copies = copies
+        self.synced_from_peers = 0
+        context = serve.get_replica_context()
+        self._name = context.replica_id.unique_id
+        self._deployment = (context.deployment, context.app_name)
+        self._peers: DeploymentHandle | None = None  # made in the sync loop, once the replica runs
+        self._cursors: dict[str, int] = {}  # peer -> the number of its last write taken
+        if copies > 1:
+            self._sync = asyncio.get_running_loop().create_task(self._keep_up(sync_period_s))
 
-    def get(self, group_id: str) -> CompletedGroup | None:
-        """The scored group, if it is known and not expired."""
-        self._expire()
-        entry = self._records.get(group_id)
-        return entry[1] if entry is not None else None
+    async def _keep_up(self, period_s: float) -> None:
+        await asyncio.sleep(period_s)
+        self._peers = serve.get_deployment_handle(*self._deployment)
+        while True:
+            for peer in range(self.copies - 1):
+                try:
+                    await asyncio.wait_for(self._take_from(peer), period_s + PEER_CALL_TIMEOUT_S)
+                except Exception as error:  # noqa: BLE001 - a peer being replaced: next round
+                    logger.info("ledger replica %s: peer %d did not answer: %r", self._name, peer, error)
+            await asyncio.sleep(period_s)
 
-    def size(self) -> int:
-        """Groups held."""
-        return len(self._records)
+    async def _take_from(self, peer: int) -> None:
+        name = await self._peers.name.remote(copy=peer, exclude=self._name)
+        last_write, records = await self._peers.changes_since.remote(
+            self._cursors.get(name, 0), copy=peer, exclude=self._name, peer=name
+        )
+        self.synced_from_peers += self.merge(records)
+        self._cursors[name] = last_write
 
-    def _expire(self) -> None:
-        now = time.monotonic()
-        while self._records:
-            expires_at, _ = next(iter(self._records.values()))
-            if expires_at > now:
-                break
-            self._records.popitem(last=False)
+    def name(self, copy: int = 0, exclude: str | None = None) -> str:
+        """This replica's name (its Serve replica id)."""
+        return self._name
+
+    def changes_since(self, since: int, exclude: str | None = None, copy: int = 0, peer: str | None = None):
+        if peer is not None and peer != self._name:
+            raise LookupError(f"ledger replica {self._name} is not {peer}")  # routed elsewhere meanwhile
+        return super().changes_since(since)
+
+    def info(self, copy: int = 0) -> dict[str, Any]:
+        """This replica's name, size and how many records it took from its peers."""
+        return {"replica": self._name, "groups": self.size(), "synced_from_peers": self.synced_from_peers}
+
+
+class LedgerCopyRouter(ConsistentHashRouter):
+    """Sends copy ``k`` of a ledger call to the ``k``-th ledger replica in name order.
+
+    Extends Ray's consistent-hash router for its routing loop, which fulfils exactly the request
+    whose ranks it computed (Ray's base loop may hand a replica to an older request instead).
+    """
+
+    def initialize_state(self, **_: Any) -> None:
+        pass
+
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
+        if pending_request is None or not candidate_replicas:
+            return [candidate_replicas] if candidate_replicas else []
+        kwargs = pending_request.kwargs
+        copy = kwargs.get("copy", 0)
+        exclude = kwargs.get("exclude")
+        by_name = {replica.replica_id.unique_id: replica for replica in candidate_replicas}
+        order = copy_holders(by_name, copy if isinstance(copy, int) else 0, exclude if isinstance(exclude, str) else None)
+        return [[by_name[name]] for name in order]
 
 
 class ServeLedger:
-    """The assembler's ledger interface over a handle to the GroupLedger deployment."""
+    """The assembler's ledger interface over a handle to the ledger deployment.
 
-    def __init__(self, handle: DeploymentHandle):
+    A record is written to ``copies`` ledger replicas at once; a lookup asks as many and takes the
+    first that knows the group. A write counts when one copy landed (a ledger outage must not hold
+    answers back: the assembler bounds every call).
+    """
+
+    def __init__(self, handle: DeploymentHandle, copies: int = 1):
+        if copies < 1:
+            raise ValueError(f"copies must be at least 1, got {copies}")
         self.handle = handle
+        self.copies = copies
 
     async def put(self, group_id: str, record: CompletedGroup) -> None:
-        await self.handle.put.remote(group_id, record)
+        outcomes = await asyncio.gather(
+            *(self.handle.put.remote(group_id, record, copy=copy) for copy in range(self.copies)),
+            return_exceptions=True,
+        )
+        failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+        if len(failures) == self.copies:
+            raise failures[0]
 
     async def get(self, group_id: str) -> CompletedGroup | None:
-        return await self.handle.get.remote(group_id)
+        pending = {asyncio.ensure_future(self._get_copy(group_id, copy)) for copy in range(self.copies)}
+        errors: list[BaseException] = []
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task.exception() is not None:
+                        errors.append(task.exception())
+                    elif task.result() is not None:
+                        return task.result()
+        finally:
+            for task in pending:
+                task.cancel()
+        if len(errors) == self.copies:
+            raise errors[0]  # no copy answered: the assembler counts a ledger error
+        return None
+
+    async def _get_copy(self, group_id: str, copy: int) -> CompletedGroup | None:
+        return await self.handle.get.remote(group_id, copy=copy)

@@ -88,7 +88,7 @@ class GRRMReplica:
             completed_ttl_s=config.completed_ttl_s,
             max_pending_groups=config.replicas.max_assembling_groups,
             replica=self.name,
-            ledger=ServeLedger(ledger) if ledger is not None else None,
+            ledger=ServeLedger(ledger, copies=config.ledger.num_replicas) if ledger is not None else None,
         )
         self._outstanding_work = 0.0
         self._groups_scored = 0  # GQM groups whose engine path returned (a verdict or a flagged failure)
@@ -183,8 +183,12 @@ class GRRMReplica:
         """
         if self._engine_lost is not None:
             raise EngineDeadError(f"replica {self.name} lost its engine")
+        hang_timeout_s = self.config.replicas.hang_timeout_s
         try:
-            await self.engine.check_health()
+            try:
+                await asyncio.wait_for(self.engine.check_health(), hang_timeout_s)
+            except asyncio.TimeoutError as timeout:
+                raise EngineDeadError(f"the engine did not answer a health probe within {hang_timeout_s} s") from timeout
         except Exception as error:
             self._lose_engine(error)
             raise

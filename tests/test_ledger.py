@@ -1,0 +1,74 @@
+"""The ledger's store (cluster/ledger.py) and where its copies go (cluster.routing.copy_holders)."""
+
+from __future__ import annotations
+
+from cluster.assembly import CompletedGroup, Verdict
+from cluster.ledger import GroupLedger
+from cluster.routing import copy_holders
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def record(score: int) -> CompletedGroup:
+    verdict = Verdict(scores=(score,), valid=True, error=None, failure=None, replica="r", attempts=1)
+    return CompletedGroup(group_size=1, src_lang="en", trg_lang="de", source_digest=b"s",
+                          candidate_digests=(b"c",), verdict=verdict, expires_at=0.0)
+
+
+def test_copies_of_a_record_land_on_distinct_replicas_and_fall_back_to_the_others():
+    replicas = ["b", "a", "c"]
+    assert [copy_holders(replicas, copy)[0] for copy in range(3)] == ["a", "b", "c"]
+    assert copy_holders(replicas, 1) == ["b", "c", "a"]
+    assert copy_holders(replicas, 4) == copy_holders(replicas, 1)  # more copies than replicas wrap
+    assert copy_holders(["a"], 1) == ["a"]  # one replica left: every copy goes there
+    assert copy_holders(replicas, 0, exclude="a") == ["b", "c"]
+    assert copy_holders(["a"], 0, exclude="a") == []
+
+
+def test_a_peer_takes_only_what_was_written_since_it_last_asked():
+    clock = Clock()
+    source, peer = GroupLedger(ttl_s=100, clock=clock), GroupLedger(ttl_s=100, clock=Clock(5.0))
+    source.put("g1", record(1))
+    source.put("g2", record(2))
+    cursor, changed = source.changes_since(0)
+    assert cursor == 2 and {group_id for group_id, _, _ in changed} == {"g1", "g2"}
+    assert peer.merge(changed) == 2 and peer.get("g2").verdict.scores == (2,)
+    source.put("g3", record(3))
+    cursor, changed = source.changes_since(cursor)
+    assert [group_id for group_id, _, _ in changed] == ["g3"] and cursor == 3
+    assert peer.merge(changed) == 1 and peer.merge(changed) == 0  # known groups are not taken twice
+    assert peer.size() == 3
+
+
+def test_merged_records_keep_their_remaining_time_on_the_peers_clock_and_can_be_passed_on():
+    clock = Clock(1000.0)
+    source = GroupLedger(ttl_s=100, clock=clock)
+    source.put("old", record(1))
+    clock.now += 60  # "old" has 40 s left
+    source.put("new", record(2))
+    peer_clock = Clock(7.0)  # another process's monotonic clock
+    peer = GroupLedger(ttl_s=100, clock=peer_clock)
+    peer.merge(source.changes_since(0)[1])
+    peer_clock.now += 41
+    assert peer.get("old") is None and peer.get("new") is not None
+    # A replica that starts later takes the peer's merged records from it as well.
+    late = GroupLedger(ttl_s=100, clock=Clock())
+    assert late.merge(peer.changes_since(0)[1]) == 1 and late.get("new") is not None
+
+
+def test_expired_or_evicted_records_are_not_passed_on():
+    clock = Clock()
+    ledger = GroupLedger(ttl_s=10, max_groups=2, clock=clock)
+    for number in range(3):
+        ledger.put(f"g{number}", record(number))
+    assert ledger.get("g0") is None and ledger.size() == 2
+    assert sorted(group_id for group_id, _, _ in ledger.changes_since(0)[1]) == ["g1", "g2"]
+    clock.now += 11
+    assert ledger.changes_since(0) == (3, [])
+    assert GroupLedger(ttl_s=10).merge([("g", -1.0, record(0))]) == 0
