@@ -602,6 +602,9 @@ class ScriptedEngine:
         limit = self.options.die_after_generations
         if limit is not None and self.generations_served >= limit:
             self.kill()
+        stall_after = self.options.stall_after_generations
+        if stall_after is not None and self.generations_served >= stall_after:
+            self.stall()
         return list(results)
 
     # ----------------------------------------------------------------- internals

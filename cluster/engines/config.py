@@ -48,6 +48,9 @@ class ScriptedEngineOptions(BaseModel):
     # The engine dies (check_health fails, every call raises) after serving this many
     # generations: a crashed engine, for health-check and replacement tests.
     die_after_generations: int | None = Field(None, ge=0)
+    # The engine hangs (generations and health probes never answer) after serving this many
+    # generations: a hung engine, for hang-detection tests.
+    stall_after_generations: int | None = Field(None, ge=0)
     # Add this many points to candidate A, fewer to later ones (a position bias to remove).
     position_bias: float = Field(0.0, ge=0)
     # Judgement noise (simulations of a fallible reward model). Each candidate's score in a group

@@ -29,7 +29,7 @@ def faulty_app(name: str, serve_instance: str, **options) -> str:
         engine=EngineConfig(kind="scripted", scripted=ScriptedEngineOptions(**options)),
         scoring=ScoringConfig(retries=2, generation_timeout_s=1.0),
         replicas=ReplicaSettings(num_replicas=1, num_cpus=0.5, gpus_per_rank=0,
-                                 health_check_period_s=1.0, health_check_timeout_s=5.0),
+                                 health_check_period_s=1.0, hang_timeout_s=3.0, health_check_timeout_s=5.0),
         assembly_timeout_s=10,
     )
     serve.run(build_app(config), name=name, route_prefix=f"/{name}")
@@ -126,3 +126,49 @@ def test_a_dead_engine_ends_its_replica_and_its_group_is_scored_on_the_new_one(s
         assert live_replica(handle) == result["replica"]
     finally:
         serve.delete("dies")
+
+
+def hang_app(name: str, serve_instance: str, **options) -> tuple[str, object]:
+    """One scripted replica whose engine is probed every second and counts as hung after 3 s."""
+    config = AppConfig(
+        engine=EngineConfig(kind="scripted", scripted=ScriptedEngineOptions(**options)),
+        scoring=ScoringConfig(retries=0, generation_timeout_s=60.0),
+        replicas=ReplicaSettings(num_replicas=1, num_cpus=0.5, gpus_per_rank=0, health_check_period_s=1.0,
+                                 hang_timeout_s=3.0, health_check_timeout_s=10.0),
+        assembly_timeout_s=60,
+    )
+    serve.run(build_app(config), name=name, route_prefix=f"/{name}")
+    return f"{serve_instance}/{name}", serve.get_deployment_handle("GRRMReplica", app_name=name)
+
+
+def test_a_hung_engine_is_found_within_the_hang_timeout_and_its_group_scored_elsewhere(serve_instance):
+    url, handle = hang_app("stalls", serve_instance, stall_after_generations=1)
+    try:
+        first_replica = handle.info.remote().result(timeout_s=30)["replica"]
+        status, body = score(url)
+        assert status == 200 and body["results"][0]["valid"]  # served, then the engine hung
+        # The next group hangs in the engine; the health probe finds the hang within
+        # period + hang_timeout (1 + 3 s), the replica ends, and the group is re-sent to the new one.
+        started = time.monotonic()
+        status, body = score(url, timeout=120)
+        result = body["results"][0]
+        assert status == 200 and result["valid"] and result["replica"] != first_replica, result
+        # Found in ~4 s; the new replica then starts (a scripted engine: about a second). Serve's
+        # own check timeout (10 s) would take longer than this bound.
+        elapsed = time.monotonic() - started
+        print(f"hung engine: group answered by a new replica after {elapsed:.1f} s")
+        assert elapsed < 10
+    finally:
+        serve.delete("stalls")
+
+
+def test_a_long_generation_is_not_a_hang(serve_instance):
+    url, handle = hang_app("slow", serve_instance, per_prompt_s=8.0)
+    try:
+        first_replica = handle.info.remote().result(timeout_s=30)["replica"]
+        status, body = score(url, timeout=60)  # one generation of 8 s: past the 3 s hang timeout
+        result = body["results"][0]
+        assert status == 200 and result["valid"] and result["replica"] == first_replica
+        assert live_replica(handle) == first_replica  # never replaced
+    finally:
+        serve.delete("slow")
