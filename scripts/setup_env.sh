@@ -7,6 +7,17 @@ cd "$(dirname "$0")/.."
 VENV=.venv
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
+# redis-server (a system package, in no wheel) backs GCS fault tolerance in the node-fault tests.
+if ! command -v redis-server >/dev/null; then
+  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    echo "[setup] installing redis-server from the system's packages" >&2
+    apt-get install -y -q redis-server >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null && apt-get install -y -q redis-server >/dev/null; }
+  else
+    echo "[setup] redis-server is missing and cannot be installed here: run 'apt-get install redis-server' as root" >&2
+  fi
+fi
+
 digest=$(cat requirements/*.txt pyproject.toml scripts/setup_env.sh | sha256sum | cut -c1-16)
 stamp="$VENV/.installed-$digest"
 if [ -f "$stamp" ]; then
