@@ -82,7 +82,6 @@ def build_app(args: AppConfig) -> Application:
     ledger = serve.deployment(LedgerReplica).options(
         name=config.ledger_deployment_name,
         max_ongoing_requests=100_000,
-        ray_actor_options={"num_cpus": config.ledger.num_cpus},
         request_router_config=RequestRouterConfig(request_router_class=LEDGER_ROUTER_CLASS),
         logging_config={"enable_access_log": config.replicas.access_log},
         **config.ledger.serve_options(),
@@ -91,8 +90,7 @@ def build_app(args: AppConfig) -> Application:
     ingress = GRRMIngress.options(
         name=config.ingress_deployment_name,
         max_ongoing_requests=100_000,  # backpressure belongs to the replicas (503 from there)
-        ray_actor_options={"num_cpus": config.ingress.num_cpus, **_runtime_env(config.http.env_vars)},
         logging_config={"enable_access_log": config.replicas.access_log},
-        **config.ingress.serve_options(),
+        **config.ingress.serve_options(env_vars=config.http.env_vars),
     )
     return ingress.bind(replicas, config)

@@ -96,13 +96,21 @@ class ServiceSettings(_Strict):
 
     num_replicas: int = Field(1, ge=1)
     num_cpus: float = Field(0.0, ge=0)
+    # Custom Ray resources each replica asks for (the Kubernetes render pins them to a worker
+    # group of their own this way).
+    resources: dict[str, float] = Field(default_factory=dict)
     # At most this many replicas on one node (Serve's max_replicas_per_node): 1 guarantees
     # distinct nodes, and leaves a replica pending where the cluster has fewer nodes.
     max_replicas_per_node: int | None = Field(None, ge=1)
 
-    def serve_options(self) -> dict[str, Any]:
-        """The Serve deployment options these settings stand for."""
-        options: dict[str, Any] = {"num_replicas": self.num_replicas}
+    def serve_options(self, env_vars: dict[str, str] | None = None) -> dict[str, Any]:
+        """The Serve deployment options these settings stand for (``env_vars``: the processes' environment)."""
+        actor: dict[str, Any] = {"num_cpus": self.num_cpus}
+        if self.resources:
+            actor["resources"] = dict(self.resources)
+        if env_vars:
+            actor["runtime_env"] = {"env_vars": dict(env_vars)}
+        options: dict[str, Any] = {"num_replicas": self.num_replicas, "ray_actor_options": actor}
         if self.max_replicas_per_node is not None:
             options["max_replicas_per_node"] = self.max_replicas_per_node
         return options

@@ -57,6 +57,8 @@ CLIENT_PORT = 10001
 # Custom Ray resources that tag each worker group (see README "Keeping the two workloads apart").
 GRRM_RESOURCE = "grrm_worker"
 TRAINER_RESOURCE = "verl_trainer"
+# Advertised by the grrm-services pods only; the ingress and the ledger ask for one unit each.
+SERVICE_RESOURCE = "grrm_service"
 
 # Where verl loads the reward manager from. verl 0.9.1 accepts a file path or "pkg://module";
 # the package form imports trainer_bridge/reward_manager.py from the installed project, so it
@@ -124,6 +126,16 @@ class RenderOptions:
     # placeholder for `envsubst '$GRRM_RAY_CLUSTER'` (see README).
     ray_cluster_name: str = "${GRRM_RAY_CLUSTER}"
     upgrade_strategy: str = "NewCluster"
+    # GCS fault tolerance: the head's GCS keeps its state in this Redis, so a head failure does
+    # not restart the workers (their replicas keep serving while the head comes back). An
+    # operator-provided, highly available Redis; '' turns it off.
+    redis_address: str = "redis://grrm-redis.grrm.svc.cluster.local:6379"
+    redis_password_secret: str = "grrm-redis"
+    # CPU pods of their own for the ingress and the ledger: one replica of each per pod, so losing
+    # a pod (or its node) loses one replica of each, never both.
+    service_pods: int = 2
+    service_cpus: int = 2
+    service_memory_gi: int = 4
 
 
 # ------------------------------------------------------------------------------------------
@@ -163,6 +175,14 @@ def application_for(options: RenderOptions, serve_config: dict[str, Any] | None 
             autoscaling["min_replicas"] = options.min_replicas
         if options.max_replicas is not None:
             autoscaling["max_replicas"] = options.max_replicas
+    for service in ("ingress", "ledger"):
+        # On the grrm-services pods, one per pod: never on the head, a reward pod or a trainer pod.
+        args[service] = {
+            "num_replicas": options.service_pods,
+            "num_cpus": 0,
+            "resources": {SERVICE_RESOURCE: 1},
+            "max_replicas_per_node": 1,
+        }
     return application
 
 
@@ -384,8 +404,6 @@ def head_group(options: RenderOptions) -> dict[str, Any]:
             {"containerPort": SERVE_PORT, "name": "serve"},
             {"containerPort": METRICS_PORT, "name": "metrics"},
         ],
-        # The ingress deployment asks for 0 CPUs, so Ray may place it here: it needs the token.
-        "env": [api_token_env(options)],
         "resources": resources(options.head_cpus, options.head_memory_gi),
         "readinessProbe": agent_health_probe(initial_delay=10, period=5, timeout=5, failures=10),
         "livenessProbe": agent_health_probe(initial_delay=30, period=10, timeout=5, failures=60),
@@ -447,6 +465,37 @@ def reward_worker_group(options: RenderOptions, sizing: Sizing) -> dict[str, Any
             "metrics-export-port": str(METRICS_PORT),
         },
         "template": {"metadata": {"labels": labels(options, "reward-worker")}, "spec": spec},
+    }
+
+
+def service_worker_group(options: RenderOptions) -> dict[str, Any]:
+    """CPU pods for the ingress and the ledger, one replica of each per pod (max_replicas_per_node)."""
+    container = {
+        "name": "ray-worker",
+        "image": options.image,
+        "imagePullPolicy": "IfNotPresent",
+        "ports": [
+            {"containerPort": SERVE_PORT, "name": "serve"},
+            {"containerPort": METRICS_PORT, "name": "metrics"},
+        ],
+        "env": [api_token_env(options)],
+        "resources": resources(options.service_cpus, options.service_memory_gi),
+        "readinessProbe": serve_proxy_probe(),
+        "livenessProbe": agent_health_probe(initial_delay=30, period=10, timeout=5, failures=30),
+    }
+    return {
+        "groupName": "grrm-services",
+        "replicas": options.service_pods,
+        "minReplicas": options.service_pods,
+        "maxReplicas": options.service_pods,
+        "rayStartParams": {
+            # No Ray CPU: nothing that asks for one (trainer actors) lands here; the ingress and the
+            # ledger ask for the custom resource instead (one each per pod).
+            "num-cpus": "0",
+            "resources": ray_resources_param({SERVICE_RESOURCE: 2}),
+            "metrics-export-port": str(METRICS_PORT),
+        },
+        "template": {"metadata": {"labels": labels(options, "reward-services")}, "spec": {"containers": [container]}},
     }
 
 
@@ -558,9 +607,28 @@ def rayservice(options: RenderOptions, serve_config: dict[str, Any], sizing: Siz
                     "resources": resources("1", 1),
                 },
                 "headGroupSpec": head_group(options),
-                "workerGroupSpecs": [reward_worker_group(options, sizing), policy_worker_group(options)],
+                "workerGroupSpecs": [
+                    reward_worker_group(options, sizing),
+                    service_worker_group(options),
+                    policy_worker_group(options),
+                ],
+                **gcs_fault_tolerance(options),
             },
         },
+    }
+
+
+def gcs_fault_tolerance(options: RenderOptions) -> dict[str, Any]:
+    """The RayService's GCS fault tolerance on an external Redis (KubeRay >= 1.3), if configured."""
+    if not options.redis_address:
+        return {}
+    return {
+        "gcsFaultToleranceOptions": {
+            "redisAddress": options.redis_address,
+            "redisPassword": {
+                "valueFrom": {"secretKeyRef": {"name": options.redis_password_secret, "key": "password"}}
+            },
+        }
     }
 
 
@@ -568,13 +636,13 @@ def namespace(options: RenderOptions) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": options.namespace, "labels": labels(options)}}
 
 
-def secret(options: RenderOptions, name: str, component: str, placeholder: str) -> dict[str, Any]:
+def secret(options: RenderOptions, name: str, component: str, placeholder: str, key: str = "token") -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {"name": name, "namespace": options.namespace, "labels": labels(options, component)},
         "type": "Opaque",
-        "stringData": {"token": placeholder},
+        "stringData": {key: placeholder},
     }
 
 
@@ -747,6 +815,11 @@ def render(options: RenderOptions | None = None) -> dict[str, str]:
         f"#   kubectl -n {options.namespace} create secret generic {options.api_token_secret} "
         '--from-literal=token="$(openssl rand -hex 32)"\n'
     )
+    redis_note = (
+        "# A template: the password of the Redis that backs GCS fault tolerance (an HA Redis you run).\n"
+        f"#   kubectl -n {options.namespace} create secret generic {options.redis_password_secret} "
+        "--from-literal=password=...\n"
+    )
     job_note = (
         f"# clusterSelector needs the RayService's active RayCluster name (it carries a generated suffix):\n"
         f"#   export GRRM_RAY_CLUSTER=$(kubectl -n {options.namespace} get rayservice {options.name} "
@@ -760,6 +833,13 @@ def render(options: RenderOptions | None = None) -> dict[str, str]:
         ),
         "secret-api-token.yaml": documents_text(
             secret(options, options.api_token_secret, "api-auth", "REPLACE_WITH_API_TOKEN"), note=api_note
+        ),
+        **(
+            {"secret-redis-password.yaml": documents_text(
+                secret(options, options.redis_password_secret, "gcs-storage", "REPLACE_WITH_REDIS_PASSWORD",
+                       key="password"),
+                note=redis_note)}
+            if options.redis_address else {}
         ),
         "rayservice-grrm.yaml": documents_text(rayservice(options, serve_config, sizing)),
         "metrics-service.yaml": documents_text(metrics_service(options)),
@@ -825,6 +905,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[RenderOptions, argparse.N
         "job_name": "RayJob name",
         "ray_cluster_name": "RayCluster for the RayJob's clusterSelector",
         "upgrade_strategy": "RayService upgradeStrategy.type",
+        "redis_address": "Redis of GCS fault tolerance ('' = off)",
+        "redis_password_secret": "Secret (key `password`) with that Redis's password",
+        "service_pods": "grrm-services pods (= ingress and ledger replicas, one of each per pod)",
     }
     types = {field.name: field.type for field in fields(RenderOptions)}
     aliases = {"tensor_parallel_size": ["--tp"]}
@@ -834,6 +917,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[RenderOptions, argparse.N
         parser.add_argument(flag, *aliases.get(key, []), dest=key, type=kind, default=None, help=text)
     args = parser.parse_args(argv)
     values = {key: getattr(args, key) for key in flags if getattr(args, key) is not None}
+    if values.get("redis_address") == "":
+        values["redis_address"] = ""
     for key in ("gpu_product", "trainer_data_pvc"):
         if values.get(key) == "":
             values[key] = "" if key == "gpu_product" else None

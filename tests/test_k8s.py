@@ -335,10 +335,51 @@ def test_embedded_serve_config_is_grrm_yaml(committed: dict[str, str]) -> None:
     source = yaml.safe_load(GRRM_YAML.read_text())
     rayservice = one(committed, "rayservice-grrm.yaml")
     embedded = serve_config_of(rayservice)
-    assert embedded["applications"] == source["applications"]
+    # The render places the ingress and the ledger on pods of their own (the next test); the rest
+    # is grrm.yaml's, key for key.
+    assert drop_services(embedded["applications"]) == drop_services(source["applications"])
     assert embedded["proxy_location"] == source["proxy_location"]
     assert embedded["http_options"]["host"] == "0.0.0.0"
     assert embedded["http_options"]["port"] == 8000
+
+
+def drop_services(applications: list[dict]) -> list[dict]:
+    return [{**app, "args": {k: v for k, v in app["args"].items() if k not in ("ingress", "ledger")}}
+            for app in applications]
+
+
+def test_ingress_and_ledger_run_one_replica_each_on_pods_of_their_own(committed: dict[str, str]) -> None:
+    rayservice = one(committed, "rayservice-grrm.yaml")
+    (application,) = serve_config_of(rayservice)["applications"]
+    groups = {group["groupName"]: group for group in rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"]}
+    services = groups["grrm-services"]
+    pods = services["replicas"]
+    assert pods >= 2 and services["minReplicas"] == services["maxReplicas"] == pods
+    assert services["rayStartParams"]["num-cpus"] == "0"  # no trainer actor lands there
+    assert ray_custom_resources(services["rayStartParams"]) == {k8s_render.SERVICE_RESOURCE: 2}
+    for service in ("ingress", "ledger"):
+        settings = application["args"][service]
+        # >= 2 replicas, at most one per pod, and only the services pods advertise the resource.
+        assert settings == {"num_replicas": pods, "num_cpus": 0, "resources": {k8s_render.SERVICE_RESOURCE: 1},
+                            "max_replicas_per_node": 1}
+    for name, group in groups.items():
+        if name != "grrm-services":
+            assert k8s_render.SERVICE_RESOURCE not in ray_custom_resources(group["rayStartParams"])
+
+
+def test_gcs_fault_tolerance_keeps_the_head_state_in_redis(committed: dict[str, str]) -> None:
+    cluster = one(committed, "rayservice-grrm.yaml")["spec"]["rayClusterConfig"]
+    options = cluster["gcsFaultToleranceOptions"]
+    assert options["redisAddress"].startswith("redis://")
+    secret_ref = options["redisPassword"]["valueFrom"]["secretKeyRef"]
+    secret = one(committed, "secret-redis-password.yaml")
+    assert secret_ref == {"name": secret["metadata"]["name"], "key": "password"}
+    assert "password" in secret["stringData"]
+    # The head settings it had are kept: no work on the head.
+    assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    off = k8s_render.render(k8s_render.RenderOptions(redis_address=""))
+    assert "secret-redis-password.yaml" not in off
+    assert "gcsFaultToleranceOptions" not in yaml.safe_load(off["rayservice-grrm.yaml"])["spec"]["rayClusterConfig"]
 
 
 def test_embedded_application_validates_as_app_config(committed: dict[str, str]) -> None:
@@ -378,7 +419,7 @@ def test_other_sizes_render_valid_manifests(tp, low, high, per_worker, crd_valid
     expected["args"]["replicas"]["autoscaling"]["min_replicas"] = low
     expected["args"]["replicas"]["autoscaling"]["max_replicas"] = high
     (application,) = serve_config_of(rayservice)["applications"]
-    assert application == expected
+    assert drop_services([application]) == drop_services([expected])
     config = AppConfig.model_validate(application["args"])
 
     # GPUs: TP (x gpus_per_rank) per replica, per_worker replicas per pod.
@@ -486,6 +527,7 @@ def test_autoscaling_and_probes(committed: dict[str, str]) -> None:
         assert container["resources"]["requests"] == container["resources"]["limits"], name
         if name != "head":
             assert container["readinessProbe"]["httpGet"] == {"path": "/-/healthz", "port": 8000}, name
+        if name not in ("head", "grrm-services"):  # the CPU-only pods need no GPU toleration
             assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in template["spec"][
                 "tolerations"
             ]
@@ -498,7 +540,7 @@ def test_secrets_are_referenced_by_name_and_key(committed: dict[str, str]) -> No
         for doc in docs
         if doc["kind"] == "Secret"
     }
-    assert set(secrets) == {"hf-token", "grrm-api-token"}
+    assert set(secrets) == {"hf-token", "grrm-api-token", "grrm-redis"}
     rayservice = one(committed, "rayservice-grrm.yaml")
     seen: dict[str, set[str]] = {}
     for name, template in pod_templates(rayservice).items():
@@ -509,8 +551,8 @@ def test_secrets_are_referenced_by_name_and_key(committed: dict[str, str]) -> No
                 assert ref["key"] in secrets[ref["name"]]["stringData"], ref
                 seen.setdefault(env["name"], set()).add(name)
     assert seen["HF_TOKEN"] == seen["HUGGING_FACE_HUB_TOKEN"] == {"grrm-gpus", "policy-gpus"}
-    # The ingress (0 CPUs) may run on the head or a worker: both need the bearer token.
-    assert {"head", "grrm-gpus"} <= seen["GRRM_API_TOKEN"]
+    # The ingress runs on the grrm-services pods, never on the head: the token goes to the workers.
+    assert "grrm-services" in seen["GRRM_API_TOKEN"] and "head" not in seen["GRRM_API_TOKEN"]
 
 
 def test_metrics_service_and_scrape_config_cover_every_ray_pod(committed: dict[str, str]) -> None:
