@@ -424,8 +424,9 @@ def head_group(options: RenderOptions) -> dict[str, Any]:
     }
 
 
-def reward_worker_group(options: RenderOptions, sizing: Sizing) -> dict[str, Any]:
-    container = {
+def serving_container(options: RenderOptions, env: list[dict[str, Any]], quantities: dict[str, Any]) -> dict[str, Any]:
+    """A worker container that runs Serve replicas and a proxy (reward and services pods)."""
+    return {
         "name": "ray-worker",
         "image": options.image,
         "imagePullPolicy": "IfNotPresent",
@@ -433,13 +434,20 @@ def reward_worker_group(options: RenderOptions, sizing: Sizing) -> dict[str, Any
             {"containerPort": SERVE_PORT, "name": "serve"},
             {"containerPort": METRICS_PORT, "name": "metrics"},
         ],
-        "env": [*hf_env(options), api_token_env(options)],
-        "resources": resources(sizing.container_cpus, sizing.memory_gi, sizing.gpus_per_worker),
+        "env": env,
+        "resources": quantities,
         "readinessProbe": serve_proxy_probe(),
         # Model download and load do not block the raylet, so the node probe can stay strict.
         "livenessProbe": agent_health_probe(initial_delay=30, period=10, timeout=5, failures=30),
-        "volumeMounts": [{"name": "model-cache", "mountPath": "/models/hf"}],
     }
+
+
+def reward_worker_group(options: RenderOptions, sizing: Sizing) -> dict[str, Any]:
+    container = serving_container(
+        options, [*hf_env(options), api_token_env(options)],
+        resources(sizing.container_cpus, sizing.memory_gi, sizing.gpus_per_worker),
+    )
+    container["volumeMounts"] = [{"name": "model-cache", "mountPath": "/models/hf"}]
     spec: dict[str, Any] = {
         "containers": [container],
         "tolerations": gpu_tolerations(),
@@ -470,19 +478,7 @@ def reward_worker_group(options: RenderOptions, sizing: Sizing) -> dict[str, Any
 
 def service_worker_group(options: RenderOptions) -> dict[str, Any]:
     """CPU pods for the ingress and the ledger, one replica of each per pod (max_replicas_per_node)."""
-    container = {
-        "name": "ray-worker",
-        "image": options.image,
-        "imagePullPolicy": "IfNotPresent",
-        "ports": [
-            {"containerPort": SERVE_PORT, "name": "serve"},
-            {"containerPort": METRICS_PORT, "name": "metrics"},
-        ],
-        "env": [api_token_env(options)],
-        "resources": resources(options.service_cpus, options.service_memory_gi),
-        "readinessProbe": serve_proxy_probe(),
-        "livenessProbe": agent_health_probe(initial_delay=30, period=10, timeout=5, failures=30),
-    }
+    container = serving_container(options, [api_token_env(options)], resources(options.service_cpus, options.service_memory_gi))
     return {
         "groupName": "grrm-services",
         "replicas": options.service_pods,
