@@ -80,3 +80,33 @@ def test_serve_validates_yaml_args_against_the_typed_builder():
     with pytest.raises(ValidationError) as error:
         call_user_app_builder_with_args_if_necessary(build_app, {**good, "replica": {}})
     assert "replica" in str(error.value)
+
+
+def test_production_runs_two_ingress_and_two_ledger_replicas_off_a_zero_cpu_head():
+    config = load_app_config(DEPLOYMENTS / "grrm.yaml")
+    for service in (config.ingress, config.ledger):
+        options = service.serve_options()
+        assert options["num_replicas"] >= 2
+        # A CPU request: a head started with num-cpus 0 cannot hold them.
+        assert options["ray_actor_options"]["num_cpus"] > 0
+    # A hang is found within a period plus the hang timeout, well below Serve's own check timeout.
+    replicas = config.replicas
+    assert replicas.health_check_period_s + replicas.hang_timeout_s <= 15
+    assert replicas.hang_timeout_s < replicas.health_check_timeout_s
+
+
+def test_a_hang_timeout_serve_would_never_reach_is_refused_naming_both_fields():
+    with pytest.raises(ValidationError) as error:
+        AppConfig.model_validate({"engine": {"kind": "scripted"},
+                                  "replicas": {"hang_timeout_s": 30, "health_check_timeout_s": 30}})
+    assert "hang_timeout_s" in str(error.value) and "health_check_timeout_s" in str(error.value)
+
+
+def test_service_settings_become_serve_options():
+    from deployments.config import ServiceSettings
+
+    options = ServiceSettings(num_replicas=2, num_cpus=0, resources={"grrm_service": 1},
+                              max_replicas_per_node=1).serve_options(env_vars={"GRRM_API_TOKEN": "x"})
+    assert options == {"num_replicas": 2, "max_replicas_per_node": 1,
+                       "ray_actor_options": {"num_cpus": 0, "resources": {"grrm_service": 1},
+                                             "runtime_env": {"env_vars": {"GRRM_API_TOKEN": "x"}}}}
