@@ -13,11 +13,12 @@ Phases (each a row: members sent, valid, lost, groups duplicated or split, the t
 fault until every member in flight then was answered, and until Serve ran every replica again):
 
 1. ``baseline``: no fault;
-2. ``scorer_node_kill``: a worker node that holds a scorer replica (and, if possible, no ingress or
+2. ``ingress_kill``, ``ledger_kill``: one ingress or ledger replica's actor is killed;
+3. ``scorer_node_kill``: a worker node that holds a scorer replica (and, if possible, no ingress or
    ledger replica) dies without grace: its raylet and every process on it;
-3. ``ingress_ledger_node_kill``: a worker node that holds an ingress and a ledger replica (and a
+4. ``ingress_ledger_node_kill``: a worker node that holds an ingress and a ledger replica (and a
    scorer) dies the same way;
-4. with ``--redis``: ``gcs_restart``: the GCS (GCS fault tolerance on a local ``redis-server``)
+5. with ``--redis``: ``gcs_restart``: the GCS (GCS fault tolerance on a local ``redis-server``)
    is killed, stays down 5 s and restarts on the same Redis.
 
 A dead node is replaced by a fresh one (as KubeRay would start a new pod).
@@ -49,6 +50,8 @@ from cluster.schema import MemberRequest
 APP = "nodes"
 WORKER_CPUS = 2
 SCORERS = 3
+# Faults that kill one replica's actor, not a node: the deployment whose replica dies.
+REPLICA_FAULTS = {"ingress_kill": "GRRMIngress", "ledger_kill": "GRRMLedger"}
 COLUMNS = [
     "phase", "members_sent", "members_valid", "members_lost", "groups_duplicated", "split_groups",
     "in_flight_at_fault", "recovery_s", "replicas_back_s", "victim_held", "max_latency_s", "wall_s",
@@ -198,6 +201,14 @@ async def inject(cluster, fault: str, at_s: float, gcs_down_s: float) -> dict:
         await asyncio.sleep(gcs_down_s)
         await asyncio.to_thread(cluster.head_node.start_gcs_server)
         return {"at": at, "victim_held": "gcs", "victim": None}
+    if fault in REPLICA_FAULTS:
+        import ray
+
+        deployment = REPLICA_FAULTS[fault]
+        replica = next(replica for replica, (name, _) in actor_nodes(APP).items() if name == deployment)
+        at = time.monotonic()
+        ray.kill(ray.get_actor(f"SERVE_REPLICA::{APP}#{deployment}#{replica}", namespace="serve"), no_restart=True)
+        return {"at": at, "victim_held": f"{deployment.removeprefix('GRRM')} x1 (the actor only)", "victim": None}
     node, held = await asyncio.to_thread(choose_victim, cluster, APP, fault)
     at = time.monotonic()
     await asyncio.to_thread(cluster.remove_node, node, False)
@@ -301,7 +312,7 @@ def app_config():
 def run(groups: int, with_redis: bool) -> list[dict]:
     """The node phases on one fresh cluster, then (``with_redis``) the GCS phase on another with GCS
     fault tolerance; the rows (answers dropped)."""
-    rows = run_cluster([None, "scorer_node_kill", "ingress_ledger_node_kill"], groups, redis_address=None)
+    rows = run_cluster([None, *REPLICA_FAULTS, "scorer_node_kill", "ingress_ledger_node_kill"], groups, redis_address=None)
     if with_redis:
         # A cluster of its own: on Ray 2.60 a worker node killed on a cluster with GCS fault
         # tolerance was not declared dead within 5 minutes here (see BENCHMARKS.md), so the node

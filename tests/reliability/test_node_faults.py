@@ -3,8 +3,8 @@
 Runs ``bench.node_chaos --quick --redis`` in a process of its own (it starts its own Ray cluster:
 a head with 0 CPUs and 4 worker nodes; this test session's Ray would be in the way): members
 stream through the product's client (``RewardClient``), half over HTTP and half over the handle,
-while a worker node holding a scorer replica dies, then a node holding an ingress and a ledger
-replica, then (GCS fault tolerance on a local ``redis-server``) the GCS is down for 5 s. Every
+while an ingress replica and a ledger replica are killed, a worker node holding a scorer replica
+dies, then a node holding an ingress and a ledger replica, then (GCS fault tolerance on a local ``redis-server``) the GCS is down for 5 s. Every
 member gets its group's one verdict: none lost, none scored twice, no group split. The engine is
 scripted: what is tested is how Ray, Serve and the app survive a node, not the model.
 """
@@ -28,7 +28,7 @@ CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")
 def test_no_member_is_lost_when_a_node_or_the_gcs_dies(tmp_path):
     out = tmp_path / "rows.json"
     before = CURRENT_CLUSTER.read_text() if CURRENT_CLUSTER.exists() else None
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "GRRM_BENCH_RESULTS": str(tmp_path)}
     try:
         run = subprocess.run([sys.executable, "-m", "bench.node_chaos", "--quick", "--redis", "--out", str(out)],
                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)
@@ -41,7 +41,8 @@ def test_no_member_is_lost_when_a_node_or_the_gcs_dies(tmp_path):
     assert out.exists(), run.stdout[-3000:] + run.stderr[-3000:]
     rows = {row["phase"]: row for row in json.loads(out.read_text())}
     print(json.dumps(rows, indent=1))
-    assert set(rows) == {"baseline", "scorer_node_kill", "ingress_ledger_node_kill", "gcs_restart"}
+    assert set(rows) == {"baseline", "ingress_kill", "ledger_kill", "scorer_node_kill", "ingress_ledger_node_kill",
+                         "gcs_restart"}
     for phase, row in rows.items():
         assert row["members_sent"] == 96 and row["members_valid"] == 96, (phase, row["failures"])
         assert row["members_lost"] == 0 and row["groups_duplicated"] == 0 and row["split_groups"] == 0, row
@@ -50,7 +51,7 @@ def test_no_member_is_lost_when_a_node_or_the_gcs_dies(tmp_path):
     assert "Replica" in rows["scorer_node_kill"]["victim_held"]
     assert "Ingress" in rows["ingress_ledger_node_kill"]["victim_held"]
     assert "Ledger" in rows["ingress_ledger_node_kill"]["victim_held"]
-    for phase in ("scorer_node_kill", "ingress_ledger_node_kill", "gcs_restart"):
+    for phase in ("ingress_kill", "ledger_kill", "scorer_node_kill", "ingress_ledger_node_kill", "gcs_restart"):
         assert rows[phase]["in_flight_at_fault"] > 0, rows[phase]
     # Serve ran every scorer replica again after each node died.
     assert rows["scorer_node_kill"]["replicas_back_s"] is not None
