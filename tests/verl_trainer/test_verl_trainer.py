@@ -146,12 +146,19 @@ def test_colocate_async_groups_survive_the_training_phase_that_pauses_them(harne
     # is sampled (with 16 tokens every rollout is done before the replay buffer's 2 s poll; at 256
     # tokens and half this stop scale none was aborted). So varied that one may end blank. Two warm-up
     # batches keep two batches' groups generating when one is sampled (verl's default is one).
-    report = harness.train(
-        transport="handle", steps=STEPS, mode="colocate_async", policy_stop_scale=3.0, max_response_length=512,
-        extra_overrides=["trainer.v1.colocate_async.num_warmup_batches=2"],
-    )
-    check_rewards_came_from_the_cluster(report, STEPS, blanks_allowed=True)
-    paused = straddling(report)
+    # Whether a rollout is still generating when a batch is sampled is up to the scheduling of 2 shared
+    # cores: one CI run on record had none ("Aborted 0 requests"). A second training then makes the
+    # pause this test is about; every run's rewards are checked, and the pause must happen in one.
+    for run in range(2):
+        report = harness.train(
+            transport="handle", steps=STEPS, mode="colocate_async", policy_stop_scale=3.0, max_response_length=512,
+            extra_overrides=["trainer.v1.colocate_async.num_warmup_batches=2"],
+        )
+        check_rewards_came_from_the_cluster(report, STEPS, blanks_allowed=True)
+        paused = straddling(report)
+        if paused:
+            break
+        print(f"colocate_async run {run + 1}: no group straddled a training phase; training again")
     aborted = [line[-160:] for line in report.log_path.read_text(errors="replace").splitlines() if "Aborted" in line]
     assert paused, (aborted, report.training_phases, report.scored_groups)
     assert all(group["complete_at"] - group["first_sent_at"] > ASSEMBLY_TIMEOUT_S for group in paused)
