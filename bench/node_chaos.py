@@ -43,7 +43,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.chaos import GROUP_SIZE, member_of, tally
+from bench.chaos import stream, tally
 from bench.common import free_port, machine, print_table, write_json
 from cluster.schema import MemberRequest
 
@@ -172,21 +172,6 @@ class ClientSender:
     async def aclose(self) -> None:
         for client in self.clients.values():
             await client.aclose()
-
-
-async def stream(sender: ClientSender, run: str, groups: int, interval_s: float, spread_s: float) -> list[dict]:
-    """Group g starts at g * interval_s; its members go out within spread_s, alternately over HTTP
-    and the handle (bench/chaos.py's stream, through the product's client)."""
-    import random
-
-    rng = random.Random(21)
-    delays = {(g, k): g * interval_s + rng.uniform(0, spread_s) for g in range(groups) for k in range(GROUP_SIZE)}
-
-    async def one(g: int, k: int) -> dict:
-        await asyncio.sleep(delays[g, k])
-        return await sender.send(member_of(run, g, k), "http" if (g + k) % 2 == 0 else "handle")
-
-    return list(await asyncio.gather(*(one(g, k) for g, k in delays)))
 
 
 # ------------------------------------------------------------------------------ the faults

@@ -13,7 +13,7 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
-from deployments.config import AppConfig
+from deployments.config import AppConfig, runtime_env
 from deployments.ingress import GRRMIngress
 from deployments.ledger import LedgerReplica
 from deployments.replica import GRRMReplica
@@ -63,17 +63,13 @@ def replica_options(config: AppConfig) -> dict[str, Any]:
             request_routing_stats_period_s=config.routing.stats_period_s,
         )
     placed = config.placement.serve_options()
-    placed["ray_actor_options"].update(_runtime_env(replicas.env_vars))
+    placed["ray_actor_options"].update(runtime_env(replicas.env_vars))
     options.update(placed)
     if replicas.autoscaling is not None:
         options["autoscaling_config"] = replicas.autoscaling.model_dump(exclude_none=True)
     else:
         options["num_replicas"] = replicas.num_replicas or 1
     return options
-
-
-def _runtime_env(env_vars: dict[str, str]) -> dict[str, Any]:
-    return {"runtime_env": {"env_vars": dict(env_vars)}} if env_vars else {}
 
 
 def build_app(args: AppConfig) -> Application:

@@ -108,12 +108,16 @@ class ServiceSettings(_Strict):
         actor: dict[str, Any] = {"num_cpus": self.num_cpus}
         if self.resources:
             actor["resources"] = dict(self.resources)
-        if env_vars:
-            actor["runtime_env"] = {"env_vars": dict(env_vars)}
+        actor.update(runtime_env(env_vars or {}))
         options: dict[str, Any] = {"num_replicas": self.num_replicas, "ray_actor_options": actor}
         if self.max_replicas_per_node is not None:
             options["max_replicas_per_node"] = self.max_replicas_per_node
         return options
+
+
+def runtime_env(env_vars: dict[str, str]) -> dict[str, Any]:
+    """Ray actor options that set these environment variables in a replica's process (none: {})."""
+    return {"runtime_env": {"env_vars": dict(env_vars)}} if env_vars else {}
 
 
 class RoutingSettings(_Strict):
