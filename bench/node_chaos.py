@@ -1,5 +1,5 @@
-"""Node chaos (issue 21): the app on a multi-node Ray cluster on one machine, a node or the GCS
-lost while members stream through the product's client (``grrm_client.RewardClient``), half over
+"""Node chaos (issue 21): the app on a multi-node Ray cluster on one machine, a node, the GCS or
+the whole head lost while members stream through the product's client (``grrm_client.RewardClient``), half over
 HTTP and half over the Serve handle.
 
 The cluster is ``ray.cluster_utils.Cluster``: a head with 0 CPUs (the Serve controller and the
@@ -18,8 +18,14 @@ fault until every member in flight then was answered, and until Serve ran every 
    ledger replica) dies without grace: its raylet and every process on it;
 4. ``ingress_ledger_node_kill``: a worker node that holds an ingress and a ledger replica (and a
    scorer) dies the same way;
-5. with ``--redis``: ``gcs_restart``: the GCS (GCS fault tolerance on a local ``redis-server``)
-   is killed, stays down 5 s and restarts on the same Redis.
+5. with ``--redis``, on a second cluster with GCS fault tolerance on a local ``redis-server``:
+   ``gcs_restart``: the GCS is killed, stays down 5 s and restarts on the same Redis;
+   ``head_restart``: the whole head (GCS, Serve controller, head raylet and proxy) is killed without
+   grace, stays down 5 s and a new head starts on the same Redis and GCS port (as KubeRay restarts
+   the head pod). On that cluster the members stream from a detached actor on a worker node, over
+   that node's own Serve proxy (each worker proxy binds a port of its own,
+   ``RAY_SERVE_WORKER_PROXY_HTTP_PORT``) and the handle, so that the client outlives the head; the
+   row counts the answers that arrived while the GCS or the head was down.
 
 A dead node is replaced by a fresh one (as KubeRay would start a new pod).
 
@@ -52,9 +58,17 @@ WORKER_CPUS = 2
 SCORERS = 3
 # Faults that kill one replica's actor, not a node: the deployment whose replica dies.
 REPLICA_FAULTS = {"ingress_kill": "GRRMIngress", "ledger_kill": "GRRMLedger"}
+# Faults of the head (GCS fault tolerance on): the bench's driver and the client outlive them.
+HEAD_FAULTS = ("gcs_restart", "head_restart")
+HEAD_ARGS = {"num_cpus": 0, "include_dashboard": False}
+# Worker nodes' Serve proxies bind a port of their own (Ray 2.60's knob for proxies that share a
+# machine): node id -> port.
+PROXY_PORT_ENV = "RAY_SERVE_WORKER_PROXY_HTTP_PORT"
+WORKER_PROXY_PORTS: dict[str, int] = {}
 COLUMNS = [
     "phase", "members_sent", "members_valid", "members_lost", "groups_duplicated", "split_groups",
-    "in_flight_at_fault", "recovery_s", "replicas_back_s", "victim_held", "max_latency_s", "wall_s",
+    "in_flight_at_fault", "recovery_s", "replicas_back_s", "scorers_replaced", "answered_while_down",
+    "app_status_after", "victim_held", "max_latency_s", "wall_s",
 ]
 
 
@@ -90,19 +104,33 @@ def redis_server() -> Iterator[str]:
 
 def start_cluster(workers: int, redis_address: str | None):
     """A head with 0 CPUs and ``workers`` worker nodes; the driver connected to it."""
-    import ray
     from ray.cluster_utils import Cluster
 
     if redis_address is not None:
         # Read by the head's GCS when it starts (and again when it restarts).
         os.environ["RAY_REDIS_ADDRESS"] = redis_address
         os.environ["RAY_external_storage_namespace"] = f"grrm-{os.getpid()}"
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    cluster = Cluster(initialize_head=True, head_node_args=HEAD_ARGS)
     for _ in range(workers):
-        cluster.add_node(num_cpus=WORKER_CPUS)
+        add_worker(cluster)
     cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    connect(cluster)
     return cluster
+
+
+def add_worker(cluster):
+    """A worker node of ``WORKER_CPUS`` whose Serve proxy, if it gets one, binds a free port of its own."""
+    port = free_port()
+    node = cluster.add_node(num_cpus=WORKER_CPUS, env_vars={PROXY_PORT_ENV: str(port)})
+    WORKER_PROXY_PORTS[node.node_id] = port
+    return node
+
+
+def connect(cluster) -> None:
+    """Attach this process (the bench's driver) to the cluster's head."""
+    import ray
+
+    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
 
 
 def actor_nodes(app: str) -> dict[str, tuple[str, str]]:
@@ -136,6 +164,14 @@ def choose_victim(cluster, app: str, fault: str) -> tuple[Any, dict[str, list[st
                                               -held(n, "GRRMIngress") - held(n, "GRRMLedger"), -held(n, "GRRMReplica")))
     victim = wanted[0]
     return nodes[victim], holdings.get(victim, {})
+
+
+def live_actors(prefix: str) -> dict[str, str]:
+    """Name -> node id of the live actors whose name starts with ``prefix`` (read from the GCS)."""
+    import ray
+
+    return {actor["Name"]: actor["Address"]["NodeID"] for actor in ray._private.state.actors().values()
+            if actor.get("State") == "ALIVE" and (actor.get("Name") or "").startswith(prefix)}
 
 
 # ------------------------------------------------------------------------------ the load
@@ -174,18 +210,105 @@ class ClientSender:
             await client.aclose()
 
 
+class LocalStreams:
+    """A phase's members streamed from this process, over the Serve proxy at ``url`` and ``handle``."""
+
+    def __init__(self, url: str, handle):
+        self.url, self.handle = url, handle
+
+    async def __call__(self, run: str, groups: int, interval_s: float, spread_s: float) -> list[dict]:
+        sender = ClientSender(self.url, self.handle)
+        try:
+            return await stream(sender, run, groups, interval_s, spread_s)
+        finally:
+            await sender.aclose()
+
+
+class StreamRunner:
+    """Streams a phase's members from a worker node: a detached actor there outlives the head and
+    the bench's driver (which is attached to the head). Writes the answers to a file as JSON."""
+
+    async def start(self, url: str, run: str, groups: int, interval_s: float, spread_s: float, path: str) -> None:
+        from ray import serve
+
+        streams = LocalStreams(url, serve.get_deployment_handle("GRRMReplica", app_name=APP))
+        self._task = asyncio.ensure_future(self._write(streams(run, groups, interval_s, spread_s), Path(path)))
+
+    @staticmethod
+    async def _write(answers, path: Path) -> None:
+        try:
+            payload = {"answers": await answers}
+        except Exception as error:  # the orchestrator reports it; nothing to retry here
+            payload = {"error": repr(error)}
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps(payload, default=str))
+        partial.replace(path)
+
+
+class RemoteStreams:
+    """A phase's members streamed by a :class:`StreamRunner` on a worker node with a Serve proxy,
+    over that node's proxy and a handle made there (the head's faults, ``HEAD_FAULTS``)."""
+
+    def __init__(self, timeout_s: float = 60):
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        deadline = time.monotonic() + timeout_s
+        while not (nodes := [n for n in live_actors("SERVE_PROXY_ACTOR").values() if n in WORKER_PROXY_PORTS]):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no worker node ran a Serve proxy within {timeout_s} s")
+            time.sleep(0.5)
+        self.url = f"http://127.0.0.1:{WORKER_PROXY_PORTS[nodes[0]]}/{APP}"
+        self.directory = Path(tempfile.mkdtemp(prefix="grrm-node-chaos-"))
+        self.runner = ray.remote(num_cpus=0)(StreamRunner).options(
+            name="node_chaos_stream_runner", namespace="grrm-node-chaos", lifetime="detached",
+            scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[0], soft=False)).remote()
+
+    async def __call__(self, run: str, groups: int, interval_s: float, spread_s: float,
+                       timeout_s: float = 600) -> list[dict]:
+        path = self.directory / f"{run}.json"
+        await self.runner.start.remote(self.url, run, groups, interval_s, spread_s, str(path))
+        deadline = time.monotonic() + timeout_s
+        # Only the file: this driver is detached from the cluster while the head is down.
+        while not path.exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{run}: the stream runner wrote no answers within {timeout_s} s")
+            await asyncio.sleep(0.2)
+        payload = json.loads(path.read_text())
+        if "error" in payload:
+            raise RuntimeError(f"{run}: the stream runner failed: {payload['error']}")
+        return payload["answers"]
+
+
 # ------------------------------------------------------------------------------ the faults
 
 
-async def inject(cluster, fault: str, at_s: float, gcs_down_s: float) -> dict:
-    """At ``at_s``, kill a worker node (:func:`phase` starts a fresh one after the stream) or stop the GCS for ``gcs_down_s``."""
+async def inject(cluster, fault: str, at_s: float, down_s: float) -> dict:
+    """At ``at_s``, kill a worker node (:func:`phase` starts a fresh one after the stream), a
+    replica's actor, or the GCS or the whole head for ``down_s``."""
     await asyncio.sleep(at_s)
     if fault == "gcs_restart":
         at = time.monotonic()
         await asyncio.to_thread(cluster.head_node.kill_gcs_server)
-        await asyncio.sleep(gcs_down_s)
+        await asyncio.sleep(down_s)
         await asyncio.to_thread(cluster.head_node.start_gcs_server)
-        return {"at": at, "victim_held": "gcs", "victim": None}
+        return {"at": at, "back": time.monotonic(), "victim_held": "the GCS", "victim": None}
+    if fault == "head_restart":
+        import ray
+
+        gcs_port = int(cluster.address.rsplit(":", 1)[1])
+        ray.shutdown()  # this driver is attached to the head's raylet and would die with it
+        at = time.monotonic()
+        cluster.head_node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
+        cluster.head_node = None  # not remove_node: it would also clear the head's storage
+        await asyncio.sleep(down_s)
+        # A new head on the same Redis and GCS port, as KubeRay restarts the head pod; in the main
+        # thread (Ray sets signal handlers). The workers' raylets reconnect to it.
+        cluster.add_node(**HEAD_ARGS, gcs_server_port=gcs_port)
+        back = time.monotonic()
+        connect(cluster)
+        return {"at": at, "back": back, "victim_held": "the head: GCS, Serve controller, raylet, proxy",
+                "victim": None}
     if fault in REPLICA_FAULTS:
         import ray
 
@@ -202,35 +325,45 @@ async def inject(cluster, fault: str, at_s: float, gcs_down_s: float) -> dict:
     return {"at": at, "victim_held": summary or "nothing", "victim": scorers[0] if scorers else None}
 
 
-async def phase(cluster, url: str, handle, fault: str | None, groups: int, *, interval_s: float = 0.25,
-                spread_s: float = 1.0, gcs_down_s: float = 5.0) -> dict:
-    """Stream ``groups`` groups, inject ``fault`` a third of the way in, tally (see the docstring)."""
+async def phase(cluster, streams, fault: str | None, groups: int, *, interval_s: float = 0.25,
+                spread_s: float = 1.0, down_s: float = 5.0) -> dict:
+    """Stream ``groups`` groups with ``streams``, inject ``fault`` a third of the way in, tally (see
+    the docstring)."""
     run = fault or "baseline"
     before = await asyncio.to_thread(replica_infos_outside, cluster.address)
-    sender = ClientSender(url, handle)
     started = time.monotonic()
-    injection = asyncio.ensure_future(inject(cluster, fault, groups * interval_s / 3, gcs_down_s)) if fault else None
-    answers = await stream(sender, run, groups, interval_s, spread_s)
+    injection = asyncio.ensure_future(inject(cluster, fault, groups * interval_s / 3, down_s)) if fault else None
+    answers = await streams(run, groups, interval_s, spread_s)
     injected = await injection if injection is not None else {}
-    await sender.aclose()
     wall_s = time.monotonic() - started
     row: dict[str, Any] = {"phase": run}
     replicas_back_s = None
-    if fault and fault != "gcs_restart":
-        cluster.add_node(num_cpus=WORKER_CPUS)  # the main thread only (Ray sets signal handlers)
+    if fault and fault not in HEAD_FAULTS and fault not in REPLICA_FAULTS:
+        add_worker(cluster)  # the main thread only (Ray sets signal handlers)
     if fault:
-        back_s = await wait_for_app(injected["victim"])
+        back_s = await wait_for_app(injected["victim"], cluster.head_node.node_id)
         replicas_back_s = None if back_s is None else time.monotonic() - injected["at"]
     # Read from a process of its own: after a node death this process's handles kept waiting on
     # calls routed to the dead node's replica before Ray declared it dead (Ray 2.60, one machine).
     after = await asyncio.to_thread(replica_infos_outside, cluster.address)
     row.update(tally(answers, before, after, injected.get("victim")))
+    # A head restart with GCS fault tolerance keeps every scorer (no model reloads); a node death replaces its own.
+    row["scorers_replaced"] = len(set(before) - set(after))
+    if fault in HEAD_FAULTS:  # the controller runs again and still knows the app (its state is in Redis)
+        from ray import serve
+
+        status = serve.status().applications[APP].status
+        row["app_status_after"] = getattr(status, "value", str(status))
     if fault:
         at = injected["at"]
         in_flight = [a for a in answers if a["sent_at"] < at < a["answered_at"]]
         row.update(in_flight_at_fault=len(in_flight),
                    recovery_s=max((a["answered_at"] - at for a in in_flight), default=0.0),
                    replicas_back_s=replicas_back_s, victim_held=injected["victim_held"])
+    if "back" in injected:  # answers that arrived while the GCS or the head was down
+        down = [a for a in answers if injected["at"] < a["answered_at"] < injected["back"]]
+        row["answered_while_down"] = {transport: sum(a["transport"] == transport for a in down)
+                                      for transport in ("http", "handle")}
     row.update(
         transports=sorted({a["transport"] for a in answers}),
         retried_members=sum(a["attempts"] > 1 for a in answers),
@@ -240,14 +373,18 @@ async def phase(cluster, url: str, handle, fault: str | None, groups: int, *, in
     return row
 
 
-async def wait_for_app(gone: str | None, timeout_s: float = 180) -> float | None:
-    """Seconds until the app runs 3 scorer replicas (none of them ``gone``), 2 ingress and 2 ledger
-    replicas again, by the GCS's actor states (None: not within ``timeout_s``)."""
+async def wait_for_app(gone: str | None, head_node_id: str, timeout_s: float = 180) -> float | None:
+    """Seconds until the Serve controller runs on the (current) head and the app runs 3 scorer
+    replicas (none of them ``gone``), 2 ingress and 2 ledger replicas again, by the GCS's actor
+    states (None: not within ``timeout_s``)."""
     started = time.monotonic()
     while time.monotonic() - started < timeout_s:
         placed = actor_nodes(APP)
         deployments = [deployment for deployment, _ in placed.values()]
-        if (gone not in placed and deployments.count("GRRMReplica") >= SCORERS
+        # After a head restart the GCS reports the old controller alive until it notices the old head is gone.
+        controller_node = live_actors("SERVE_CONTROLLER_ACTOR").get("SERVE_CONTROLLER_ACTOR")
+        if (gone not in placed and controller_node == head_node_id
+                and deployments.count("GRRMReplica") >= SCORERS
                 and deployments.count("GRRMIngress") >= 2 and deployments.count("GRRMLedger") >= 2):
             return time.monotonic() - started
         await asyncio.sleep(0.5)
@@ -303,7 +440,7 @@ def run(groups: int, with_redis: bool) -> list[dict]:
         # tolerance was not declared dead within 5 minutes here (see BENCHMARKS.md), so the node
         # phases run without it.
         with redis_server() as redis_address:
-            rows += run_cluster(["gcs_restart"], groups, redis_address=redis_address)
+            rows += run_cluster(list(HEAD_FAULTS), groups, redis_address=redis_address)
     return rows
 
 
@@ -315,13 +452,18 @@ def run_cluster(faults: list[str | None], groups: int, redis_address: str | None
     from deployments.app import build_app
 
     cluster = start_cluster(workers=4, redis_address=redis_address)
+    address = cluster.address
     try:
         port = free_port()
-        serve.start(http_options={"host": "127.0.0.1", "port": port, "location": "HeadOnly"})
+        # The head's faults need proxies on the worker nodes; the node faults go through the head's.
+        location = "EveryNode" if redis_address else "HeadOnly"
+        serve.start(http_options={"host": "127.0.0.1", "port": port, "location": location})
         serve.run(build_app(app_config()), name=APP, route_prefix=f"/{APP}")
-        handle = serve.get_deployment_handle("GRRMReplica", app_name=APP)
-        url = f"http://127.0.0.1:{port}/{APP}"
-        return asyncio.run(run_phases(cluster, url, handle, faults, groups))
+        if redis_address:
+            streams = RemoteStreams()
+        else:
+            streams = LocalStreams(f"http://127.0.0.1:{port}/{APP}", serve.get_deployment_handle("GRRMReplica", app_name=APP))
+        return asyncio.run(run_phases(cluster, streams, faults, groups))
     finally:
         try:
             serve.shutdown()
@@ -329,7 +471,8 @@ def run_cluster(faults: list[str | None], groups: int, redis_address: str | None
             ray.shutdown()
             cluster.shutdown()
             os.environ.pop("RAY_REDIS_ADDRESS", None)
-            forget_cluster(cluster.address)
+            WORKER_PROXY_PORTS.clear()
+            forget_cluster(address)
 
 
 def forget_cluster(address: str) -> None:
@@ -343,10 +486,10 @@ def forget_cluster(address: str) -> None:
         pass
 
 
-async def run_phases(cluster, url: str, handle, faults: list[str | None], groups: int) -> list[dict]:
+async def run_phases(cluster, streams, faults: list[str | None], groups: int) -> list[dict]:
     rows = []
     for fault in faults:
-        row = await phase(cluster, url, handle, fault, groups)
+        row = await phase(cluster, streams, fault, groups)
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows

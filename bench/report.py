@@ -32,6 +32,8 @@ def fmt(value: Any) -> str:
         return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+    if isinstance(value, dict):
+        return ", ".join(f"{key} {fmt(item)}" for key, item in value.items())
     return str(value)
 
 
@@ -287,7 +289,7 @@ def main() -> int:
         from bench.node_chaos import COLUMNS as NODE_COLUMNS
 
         sections.append(section(
-            "14. Node, ingress, ledger and GCS faults on a multi-node cluster (issue 21)",
+            "14. Node, ingress, ledger, GCS and head faults on a multi-node cluster (issue 21)",
             ".venv/bin/python -m bench.node_chaos --redis",
             table(node_chaos["phases"], NODE_COLUMNS),
             "node_chaos",
@@ -299,10 +301,16 @@ def main() -> int:
             "stream (as KubeRay would start a pod). `victim_held`: the replicas on the killed node. `recovery_s`: "
             "from the fault until every member then in flight was answered (a dead node is noticed by Ray's "
             "health checks, ~10-15 s); `replicas_back_s`: until 3 scorers, 2 ingress and 2 ledger replicas ran "
-            "again. The GCS row runs on a second cluster with GCS fault tolerance on a local redis-server "
-            "(5 s outage): on Ray 2.60 a worker node killed on a cluster with GCS fault tolerance was not declared "
-            "dead within 5 minutes here, so the node rows run without it. A whole-head restart is not measured "
-            "(README: \"Surviving a node or the head\").",
+            "again (and, after a head fault, the Serve controller ran on the new head). The GCS and head rows run on "
+            "a second cluster with GCS fault tolerance on a local redis-server: `gcs_restart` kills the GCS for 5 s; "
+            "`head_restart` kills the whole head (GCS, Serve controller, raylet, proxy) without grace and starts a "
+            "new head on the same Redis and GCS port 5 s later (as KubeRay restarts the head pod). There the "
+            "members stream from a detached actor on a worker node, over that node's own Serve proxy "
+            "(`RAY_SERVE_WORKER_PROXY_HTTP_PORT`: each worker proxy binds its own port on one machine) and a handle; "
+            "`answered_while_down`: answers that arrived while the GCS or the head was down; `scorers_replaced`: "
+            "scorer replicas gone after the phase (0: no model reload); `app_status_after`: the app's status from "
+            "the restarted controller. On Ray 2.60 a worker node killed on a cluster with GCS fault tolerance was "
+            "not declared dead within 5 minutes here, so the node rows run without it.",
         ))
     OUT.write_text("\n".join(sections))
     print(f"wrote {OUT}")

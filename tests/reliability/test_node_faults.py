@@ -4,9 +4,12 @@ Runs ``bench.node_chaos --quick --redis`` in a process of its own (it starts its
 a head with 0 CPUs and 4 worker nodes; this test session's Ray would be in the way): members
 stream through the product's client (``RewardClient``), half over HTTP and half over the handle,
 while an ingress replica and a ledger replica are killed, a worker node holding a scorer replica
-dies, then a node holding an ingress and a ledger replica, then (GCS fault tolerance on a local ``redis-server``) the GCS is down for 5 s. Every
-member gets its group's one verdict: none lost, none scored twice, no group split. The engine is
-scripted: what is tested is how Ray, Serve and the app survive a node, not the model.
+dies, then a node holding an ingress and a ledger replica; then, on a cluster with GCS fault
+tolerance on a local ``redis-server``, the GCS is down for 5 s, and the whole head (GCS, Serve
+controller, head raylet and proxy) is killed and a new head starts on the same Redis 5 s later,
+while members stream from a worker node over its own Serve proxy and a handle. Every member gets
+its group's one verdict: none lost, none scored twice, no group split. The engine is scripted:
+what is tested is how Ray, Serve and the app survive a node or the head, not the model.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")
 
 
-def test_no_member_is_lost_when_a_node_or_the_gcs_dies(tmp_path):
+def test_no_member_is_lost_when_a_node_the_gcs_or_the_head_dies(tmp_path):
     out = tmp_path / "rows.json"
     before = CURRENT_CLUSTER.read_text() if CURRENT_CLUSTER.exists() else None
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "GRRM_BENCH_RESULTS": str(tmp_path)}
@@ -42,7 +45,7 @@ def test_no_member_is_lost_when_a_node_or_the_gcs_dies(tmp_path):
     rows = {row["phase"]: row for row in json.loads(out.read_text())}
     print(json.dumps(rows, indent=1))
     assert set(rows) == {"baseline", "ingress_kill", "ledger_kill", "scorer_node_kill", "ingress_ledger_node_kill",
-                         "gcs_restart"}
+                         "gcs_restart", "head_restart"}
     for phase, row in rows.items():
         assert row["members_sent"] == 96 and row["members_valid"] == 96, (phase, row["failures"])
         assert row["members_lost"] == 0 and row["groups_duplicated"] == 0 and row["split_groups"] == 0, row
@@ -52,8 +55,16 @@ def test_no_member_is_lost_when_a_node_or_the_gcs_dies(tmp_path):
     # The node holding the most ingress and ledger replicas (both, where Serve placed them together).
     held = rows["ingress_ledger_node_kill"]["victim_held"]
     assert "Ingress" in held or "Ledger" in held, held
-    for phase in ("ingress_kill", "ledger_kill", "scorer_node_kill", "ingress_ledger_node_kill", "gcs_restart"):
+    for phase in ("ingress_kill", "ledger_kill", "scorer_node_kill", "ingress_ledger_node_kill", "gcs_restart",
+                  "head_restart"):
         assert rows[phase]["in_flight_at_fault"] > 0, rows[phase]
+    # While the GCS or the whole head was down, worker-node proxies and handles kept answering, every
+    # scorer replica kept running (no model reload), and the restarted controller still runs the app.
+    for phase in ("gcs_restart", "head_restart"):
+        row = rows[phase]
+        assert row["answered_while_down"]["http"] > 0 and row["answered_while_down"]["handle"] > 0, row
+        assert row["scorers_replaced"] == 0 and row["app_status_after"] == "RUNNING", row
+        assert row["replicas_back_s"] is not None, row
     # Serve ran every scorer replica again after each node died.
     assert rows["scorer_node_kill"]["replicas_back_s"] is not None
     assert rows["ingress_ledger_node_kill"]["replicas_back_s"] is not None
