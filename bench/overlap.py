@@ -4,7 +4,10 @@ Three ways to reward a GRPO batch of P prompts x n rollouts:
   colocated_sequential  GRRM's published practice: generate all, then score all on the same
                         GPUs (plus --swap-s to swap the reward model in and out, default 0).
   separate_after_batch  a separate reward cluster, but scoring starts after the whole batch.
-  streamed              the trainer bridge: each group is sent when its last rollout finishes.
+  streamed              the trainer bridge: each group is sent when its last rollout finishes;
+                        the reward side scores complete groups first come, first served.
+  streamed_largest_first  the same, but when groups wait for the reward side, the largest goes
+                        first (``engine.scheduling: largest_first``).
 
 SIMULATED (labelled in every row): rollout lengths are drawn from a long-tailed distribution
 (lognormal, clipped to [--min-len, --max-len]: most short, a tail to the max); a rollout finishes
@@ -13,8 +16,9 @@ proportional to its tokens, scaled so scoring the whole batch on the reward capa
 slots groups at once) takes `ratio` x the generation time. --per-token-s defaults to the real
 CPU vLLM run's measured rate when bench/results/grpo_overlap.json exists.
 
-The limit: a step's exposed reward time can't be less than the scoring time of the group that
-finishes generating last. Also one REAL run (examples/grpo_overlap.py: tiny policy on the CPU
+The limit (docs/exposure.md): no schedule of the same groups, released when they complete, on
+the same --reward-slots finishes before ``F`` (``trainer_bridge.exposure.schedule_finish_bound``);
+``limit_exposed_s = F - generation``. Also one REAL run (examples/grpo_overlap.py: tiny policy on the CPU
 vLLM engine, the reward cluster on local Ray Serve) unless --skip-real.
 
     .venv/bin/python -m bench.overlap       # bench/results/overlap.json and overlap.png
@@ -31,8 +35,9 @@ import statistics
 from pathlib import Path
 
 from bench.common import RESULTS, machine, print_table, write_json
+from trainer_bridge.exposure import ScoredGroup, schedule_finish_bound
 
-MODES = ("colocated_sequential", "separate_after_batch", "streamed")
+MODES = ("colocated_sequential", "separate_after_batch", "streamed", "streamed_largest_first")
 
 
 def rollout_lengths(rng: random.Random, count: int, median: float, sigma: float, low: int, high: int) -> list[int]:
@@ -40,15 +45,27 @@ def rollout_lengths(rng: random.Random, count: int, median: float, sigma: float,
     return [min(high, max(low, round(rng.lognormvariate(math.log(median), sigma)))) for _ in range(count)]
 
 
-def schedule(arrivals: list[float], work: list[float], slots: int) -> list[float]:
-    """Finish times of jobs served FIFO by arrival on `slots` parallel servers."""
+def schedule(arrivals: list[float], work: list[float], slots: int, largest_first: bool = False) -> list[float]:
+    """Finish times of jobs on `slots` parallel servers: whenever a server is free it takes the
+    earliest-arrived job that has arrived (FIFO), or with `largest_first` the largest one."""
     servers = [0.0] * slots
     heapq.heapify(servers)
     finish = [0.0] * len(work)
-    for job in sorted(range(len(work)), key=lambda j: (arrivals[j], j)):
+    by_arrival = sorted(range(len(work)), key=lambda j: (arrivals[j], j))
+    waiting: list[tuple[float, int]] = []  # (-work or arrival, job): the next one to take first
+    taken = 0
+    while taken < len(work):
         free_at = heapq.heappop(servers)
-        finish[job] = max(free_at, arrivals[job]) + work[job]
+        while by_arrival and arrivals[by_arrival[0]] <= free_at:
+            job = by_arrival.pop(0)
+            heapq.heappush(waiting, (-work[job] if largest_first else arrivals[job], job))
+        if not waiting:  # idle until the next job arrives (other servers may free up before it)
+            heapq.heappush(servers, arrivals[by_arrival[0]])
+            continue
+        _, job = heapq.heappop(waiting)
+        finish[job] = free_at + work[job]
         heapq.heappush(servers, finish[job])
+        taken += 1
     return finish
 
 
@@ -64,8 +81,9 @@ def simulate_step(rng: random.Random, args, n: int, ratio: float) -> dict[str, d
     work = [w * scale for w in raw]
     after_batch = max(schedule([generation] * len(work), work, args.reward_slots)) - generation
     streamed_end = max(schedule(done, work, args.reward_slots))
-    last = max(range(len(done)), key=lambda g: (done[g], work[g]))
-    limit = work[last]
+    largest_first_end = max(schedule(done, work, args.reward_slots, largest_first=True))
+    bound = schedule_finish_bound([ScoredGroup(release, 0.0, w) for release, w in zip(done, work)], args.reward_slots)
+    limit = bound - generation
     return {
         "colocated_sequential": {"step_s": generation + args.swap_s + after_batch, "exposed_reward_s": args.swap_s + after_batch,
                                  "generation_s": generation, "limit_exposed_s": limit},
@@ -73,6 +91,9 @@ def simulate_step(rng: random.Random, args, n: int, ratio: float) -> dict[str, d
                                  "generation_s": generation, "limit_exposed_s": limit},
         "streamed": {"step_s": max(generation, streamed_end), "exposed_reward_s": max(0.0, streamed_end - generation),
                      "generation_s": generation, "limit_exposed_s": limit},
+        "streamed_largest_first": {"step_s": max(generation, largest_first_end),
+                                   "exposed_reward_s": max(0.0, largest_first_end - generation),
+                                   "generation_s": generation, "limit_exposed_s": limit},
     }
 
 
@@ -120,13 +141,13 @@ def plot(rows: list[dict], path: Path) -> None:
     sizes = sorted({r["n"] for r in rows if r["simulated"]})
     figure, axes = plt.subplots(1, len(sizes), figsize=(4.2 * len(sizes), 3.6), sharey=True)
     for axis, n in zip(axes, sizes):
-        for mode, style in zip(MODES, ("o-", "s--", "^-")):
+        for mode, style in zip(MODES, ("o-", "s--", "^-", "v-")):
             points = sorted((r["reward_to_generation"], r["exposed_reward_s"] / r["generation_s"])
                             for r in rows if r["simulated"] and r["n"] == n and r["mode"] == mode)
             axis.plot(*zip(*points), style, label=mode)
         limit = sorted((r["reward_to_generation"], r["limit_exposed_s"] / r["generation_s"])
                        for r in rows if r["simulated"] and r["n"] == n and r["mode"] == "streamed")
-        axis.plot(*zip(*limit), ":", color="grey", label="limit (last group's scoring)")
+        axis.plot(*zip(*limit), ":", color="grey", label="limit (optimal schedule bound F)")
         axis.set_title(f"n = {n} (simulated)")
         axis.set_xlabel("reward time / generation time")
         axis.grid(alpha=0.3)
