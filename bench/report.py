@@ -99,11 +99,16 @@ def main() -> int:
             "1. Overlap (headline)", ".venv/bin/python -m bench.overlap",
             table(rows, ["n", "reward_to_generation", "mode", "simulated", "step_s", "exposed_reward_s",
                          "limit_exposed_s", "step_vs_colocated", "hidden_reward_share", "exposed_vs_limit"])
-            + "\n\nAll n in {4, 8, 16}: `bench/results/overlap.json`; plot: `bench/results/overlap.png`.",
+            + "\n\nStreamed, every n (simulated), exposed reward / limit:\n\n"
+            + table([r for r in overlap if r["simulated"] and r["mode"].startswith("streamed")],
+                    ["n", "reward_to_generation", "mode", "exposed_reward_s", "limit_exposed_s", "exposed_vs_limit"])
+            + "\n\nAll rows: `bench/results/overlap.json`; plot: `bench/results/overlap.png`.",
             "overlap",
             "Simulated rows: long-tailed rollout lengths, reward work scaled to the given ratio, colocated mode "
-            "pays an assumed 2 s reward-model swap per step. `exposed_vs_limit` near 1 means streaming exposes "
-            "only the scoring of the last group to finish generating. The non-simulated rows are the real "
+            "pays an assumed 2 s reward-model swap per step. `limit_exposed_s`: the bound `F` of docs/exposure.md "
+            "minus the generation time: no schedule of the same groups (released when they complete) on the same "
+            "8 reward slots exposes less. `streamed` serves complete groups first come, first served; "
+            "`streamed_largest_first` takes the largest waiting group first. The non-simulated rows are the real "
             "`examples/grpo_overlap.py` run (tiny policy on vLLM-CPU, reward cluster on local Ray Serve).",
         ))
     serving = load("serving")
