@@ -387,8 +387,9 @@ class GroupScorer:
             ) from error
 
     async def _generate(self, prompt: str, sampling: SamplingSettings) -> Generation:
+        # The longest prompt (the largest group) first, for engines that schedule by priority.
         generations = await asyncio.wait_for(
-            self.engine.generate([prompt], sampling), timeout=self.config.generation_timeout_s
+            self.engine.generate([prompt], sampling, priority=-len(prompt)), timeout=self.config.generation_timeout_s
         )
         return generations[0]
 

@@ -51,6 +51,7 @@ from cluster.engines.base import (
     Tokenizer,
 )
 from cluster.engines.config import EngineConfig, ScriptedEngineOptions
+from simulated.slots import PrioritySlots
 
 __all__ = [
     "CHATML_ASSISTANT_START",
@@ -497,7 +498,7 @@ class ScriptedEngine:
         self._stalled = False
         self._abort: asyncio.Event | None = None
         limit = self.options.max_concurrent_prompts
-        self._slots = asyncio.Semaphore(limit) if limit is not None else None  # the latency model's capacity
+        self._slots = PrioritySlots(limit) if limit is not None else None  # the latency model's capacity
         self.generations_served = 0
         self.generate_calls = 0
         self.prompts_seen: list[str] = []
@@ -576,7 +577,7 @@ class ScriptedEngine:
                 raise EngineDeadError("scripted engine died while stalled (kill() was called)")
             raise EngineError("scripted engine: stopped while stalled")
 
-    async def generate(self, prompts: Sequence[str], sampling: SamplingSettings) -> list[Generation]:
+    async def generate(self, prompts: Sequence[str], sampling: SamplingSettings, priority: int = 0) -> list[Generation]:
         await self.check_health()
         if isinstance(prompts, str):
             raise TypeError("prompts: pass a list of prompt strings, not a string")
@@ -587,7 +588,8 @@ class ScriptedEngine:
         plans = [self._plan(prompt) for prompt in prompts]
         if not plans:
             return []
-        tasks = [asyncio.ensure_future(self._generate_one(plan, sampling)) for plan in plans]
+        priority = priority if self.config.scheduling == "largest_first" else 0
+        tasks = [asyncio.ensure_future(self._generate_one(plan, sampling, priority)) for plan in plans]
         try:
             results = await asyncio.gather(*tasks)
         except BaseException:
@@ -658,7 +660,7 @@ class ScriptedEngine:
         words = self.options.analysis_words + self.options.analysis_words_per_candidate * candidates
         return analysis_text(words, seed)
 
-    async def _generate_one(self, plan: _Plan, sampling: SamplingSettings) -> Generation:
+    async def _generate_one(self, plan: _Plan, sampling: SamplingSettings, priority: int = 0) -> Generation:
         if plan.kind == "error":
             raise EngineError("scripted engine: injected generation error")
         if plan.kind == "hang":
@@ -696,7 +698,7 @@ class ScriptedEngine:
             if self._slots is None:
                 await asyncio.sleep(delay)
             else:
-                async with self._slots:
+                async with self._slots.hold(priority):
                     await asyncio.sleep(delay)
         if self._killed:
             raise EngineDeadError("scripted engine died during generation (kill() was called)")

@@ -95,8 +95,11 @@ class Engine(Protocol):
     def tokenizer(self) -> Tokenizer:
         """The model's tokenizer (available after :meth:`start`)."""
 
-    async def generate(self, prompts: Sequence[str], sampling: SamplingSettings) -> list[Generation]:
-        """Generate one output per prompt (prompts are final text: chat template applied)."""
+    async def generate(self, prompts: Sequence[str], sampling: SamplingSettings, priority: int = 0) -> list[Generation]:
+        """Generate one output per prompt (prompts are final text: chat template applied).
+
+        ``priority``: lower is served first while the engine is saturated, by engines configured
+        with ``scheduling: largest_first``; the others ignore it."""
 
     async def check_health(self) -> None:
         """Raise :class:`EngineError` (preferably :class:`EngineDeadError`) when the engine can no

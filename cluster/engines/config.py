@@ -7,6 +7,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 EngineKind = Literal["vllm", "sglang", "transformers", "scripted"]
+# Which waiting prompt an engine serves first when it is saturated: "fifo", first come; or
+# "largest_first", the longest prompt (the largest group), which shortens a step's tail when many
+# groups complete together (bench/overlap.py). vLLM and the scripted engine only.
+Scheduling = Literal["fifo", "largest_first"]
+SCHEDULING_ENGINES = ("vllm", "scripted")
 # How an engine starts its tensor/pipeline-parallel ranks: "mp", processes of the replica on its
 # node (the replica holds every rank's device); "ray", Ray actors in the replica's placement group,
 # which may span nodes; "auto", "mp" (single-node parallelism, what most replicas need).
@@ -87,10 +92,20 @@ class EngineConfig(BaseModel):
     # transformers engine only: "auto" picks cuda when available, else cpu.
     device: str = "auto"
     seed: int = 0
+    scheduling: Scheduling = "fifo"
     # Passed through to the engine's own constructor (vLLM AsyncEngineArgs, sglang.Engine,
     # transformers from_pretrained; for transformers `max_batch_size` sets its micro-batch).
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
     scripted: ScriptedEngineOptions = Field(default_factory=ScriptedEngineOptions)
+
+    @model_validator(mode="after")
+    def _scheduling_is_supported(self) -> EngineConfig:
+        if self.scheduling != "fifo" and self.kind not in SCHEDULING_ENGINES:
+            raise ValueError(
+                f"engine.scheduling: {self.scheduling!r} needs an engine that schedules by priority "
+                f"({', '.join(SCHEDULING_ENGINES)}); the {self.kind} engine serves prompts first come, first served"
+            )
+        return self
 
     @model_validator(mode="after")
     def _placement_is_typed(self) -> EngineConfig:

@@ -207,7 +207,7 @@ class SGLangEngine:
             raise EngineError("the SGLang engine is not started (or was stopped)")
         return self._engine
 
-    async def generate(self, prompts: Sequence[str], sampling: SamplingSettings) -> list[Generation]:
+    async def generate(self, prompts: Sequence[str], sampling: SamplingSettings, priority: int = 0) -> list[Generation]:
         engine = self._require_engine()
         if isinstance(prompts, str):
             raise TypeError("prompts: pass a list of prompt strings, not a string")

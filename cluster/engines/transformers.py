@@ -505,7 +505,7 @@ class TransformersEngine:
             error = None if self._worker.cancelled() else self._worker.exception()
             raise EngineError(f"the engine's worker stopped: {error!r}")
 
-    async def generate(self, prompts: Sequence[str], sampling: SamplingSettings) -> list[Generation]:
+    async def generate(self, prompts: Sequence[str], sampling: SamplingSettings, priority: int = 0) -> list[Generation]:
         if isinstance(prompts, str):
             raise TypeError("prompts: a sequence of strings, not a single string")
         if not prompts:

@@ -92,6 +92,8 @@ def engine_args_kwargs(config: EngineConfig) -> dict[str, Any]:
         kwargs["max_model_len"] = config.max_model_len
     if config.pipeline_parallel_size > 1:
         kwargs["pipeline_parallel_size"] = config.pipeline_parallel_size
+    if config.scheduling == "largest_first":
+        kwargs["scheduling_policy"] = "priority"  # requests' `priority`: lower first
     if config.executor is not None:
         # "mp": ranks are processes of the replica, on the devices it holds; "ray": Ray actors in
         # the replica's placement group (deployments/placement.py decides the replica's resources).
@@ -272,7 +274,7 @@ class VLLMEngine:
         tokenizer = self.tokenizer
         return [{"prompt_token_ids": tokenizer.encode(p, add_special_tokens=False), "prompt": p} for p in prompts]
 
-    async def generate(self, prompts: Sequence[str], sampling: SamplingSettings) -> list[Generation]:
+    async def generate(self, prompts: Sequence[str], sampling: SamplingSettings, priority: int = 0) -> list[Generation]:
         if isinstance(prompts, str):
             raise TypeError("prompts: a sequence of strings, not a single string")
         if not prompts:
@@ -286,8 +288,10 @@ class VLLMEngine:
             self._raise_if_dead(engine, exc)
             raise EngineError(f"vLLM rejected a prompt: {exc}") from exc
         call_id = uuid.uuid4().hex[:12]
+        # vLLM's first-come scheduler refuses a priority other than 0.
+        priority = priority if self.config.scheduling == "largest_first" else 0
         tasks = [
-            asyncio.create_task(self._generate_one(engine, item, params, f"grrm-{call_id}-{index}"))
+            asyncio.create_task(self._generate_one(engine, item, params, f"grrm-{call_id}-{index}", priority))
             for index, item in enumerate(inputs)
         ]
         try:
@@ -307,10 +311,10 @@ class VLLMEngine:
             detail = f": {cause!r}" if cause is not None else ""
             raise EngineDeadError(f"the vLLM engine core is dead{detail}") from cause
 
-    async def _generate_one(self, engine: Any, item: Any, params: Any, request_id: str) -> Generation:
+    async def _generate_one(self, engine: Any, item: Any, params: Any, request_id: str, priority: int = 0) -> Generation:
         final = None
         try:
-            async for output in engine.generate(item, params, request_id):
+            async for output in engine.generate(item, params, request_id, priority=priority):
                 final = output
         except asyncio.CancelledError:
             raise

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -300,3 +301,46 @@ class TestVLLMEngine:
             await engine.generate(prompts[:1], SamplingSettings(max_tokens=4, regex="(unclosed"))
         assert await engine.generate([], SamplingSettings()) == []
         await engine.check_health()
+
+
+# -- scheduling: largest first (a process per engine: one in-process vLLM engine per process) ----
+
+_ORDER_SCRIPT = """
+import asyncio, json, sys
+from cluster.engines import EngineConfig, SamplingSettings, apply_chat_template, make_engine
+
+async def main(model, scheduling):
+    engine = make_engine(EngineConfig(kind="vllm", model=model, max_model_len=2048, dtype="float32", scheduling=scheduling,
+                                      engine_kwargs={"enforce_eager": True, "max_num_seqs": 1}))
+    await engine.start()
+    prompts = {name: apply_chat_template(engine.tokenizer, text)
+               for name, text in (("busy", "busy"), ("small", "small"), ("large", "large " * 60))}
+    order = []
+
+    async def one(name, tokens, delay_s):
+        await asyncio.sleep(delay_s)
+        prompt = prompts[name]
+        await engine.generate([prompt], SamplingSettings(max_tokens=tokens, ignore_eos=True), priority=-len(prompt))
+        order.append(name)
+
+    # One sequence at a time: `busy` runs while `small`, then `large`, wait for it.
+    await asyncio.gather(one("busy", 1500, 0), one("small", 4, 0.3), one("large", 4, 0.6))
+    await engine.stop()
+    print(json.dumps(order))
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheduling, expected", [("largest_first", ["busy", "large", "small"]),
+                                                  ("fifo", ["busy", "small", "large"])])
+def test_a_saturated_engine_serves_the_largest_waiting_prompt_first_with_largest_first(tiny_model_dir, scheduling,
+                                                                                         expected):
+    if not HAVE_VLLM:
+        pytest.skip("vllm is not installed")
+    done = subprocess.run([sys.executable, "-c", _ORDER_SCRIPT, str(tiny_model_dir), scheduling], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("[")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    assert json.loads(lines[-1]) == expected
