@@ -108,3 +108,5 @@ def test_vllm_gets_its_priority_scheduler_and_other_engines_refuse_the_setting()
     assert "scheduling_policy" not in engine_args_kwargs(EngineConfig(model="m"))
     with pytest.raises(ValidationError, match="engine.scheduling"):
         EngineConfig(kind="transformers", model="m", scheduling="largest_first")
+    with pytest.raises(ValidationError, match="engine_kwargs.scheduling_policy: set engine.scheduling"):
+        EngineConfig(model="m", scheduling="largest_first", engine_kwargs={"scheduling_policy": "fcfs"})

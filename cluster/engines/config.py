@@ -100,6 +100,8 @@ class EngineConfig(BaseModel):
 
     @model_validator(mode="after")
     def _scheduling_is_supported(self) -> EngineConfig:
+        if "scheduling_policy" in self.engine_kwargs:  # the priorities the scorer passes follow engine.scheduling
+            raise ValueError("engine.engine_kwargs.scheduling_policy: set engine.scheduling instead (fifo or largest_first)")
         if self.scheduling != "fifo" and self.kind not in SCHEDULING_ENGINES:
             raise ValueError(
                 f"engine.scheduling: {self.scheduling!r} needs an engine that schedules by priority "
