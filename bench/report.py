@@ -210,6 +210,24 @@ def main() -> int:
             f"--steps {settings.get('steps', '?')}`."
             + "\n\nPlot: `bench/results/verl_trainer.png`.",
         ))
+    offpolicy = load("verl_trainer_offpolicy")
+    if offpolicy:
+        from bench.verl_trainer import COLUMNS as VERL_COLUMNS
+
+        info = meta("verl_trainer_offpolicy")
+        settings = info.get("settings", {})
+        sections.append(section(
+            "9b. verl's real trainer, the off-policy modes one_step_off and fully_async (issue 19)",
+            f".venv/bin/python -m bench.verl_trainer --modes {settings.get('modes', '?')} --costs "
+            f"{settings.get('costs', '?')} --steps {settings.get('steps', '?')} --name verl_trainer_offpolicy",
+            table(offpolicy, VERL_COLUMNS),
+            "verl_trainer_offpolicy",
+            "A run of its own, set up as section 9 (the same SIMULATED reward cost model), calibrated on its own "
+            f"zero-cost sync run ({fmt(info.get('calibration_gen_s'))} s of generation per step): ratios within this "
+            "run only. Both modes run a second policy vLLM server (the rollouter) beside the trainer's on the same "
+            "2 cores. fully_async logs each step's training metrics one step late."
+            + "\n\nPlot: `bench/results/verl_trainer_offpolicy.png`.",
+        ))
     chaos = load("chaos")
     if chaos:
         sections.append(section(

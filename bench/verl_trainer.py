@@ -178,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group-latency-s", type=float, default=None,
                         help="seconds per group at cost 1 instead of calibrating on a zero-cost sync run")
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--name", default="verl_trainer",
+                        help="results name: bench/results/<name>.json (a run of other modes beside the main one)")
     parser.add_argument("--quick", action="store_true",
                         help="2 steps, 4 prompts of 64 tokens, after_batch and legacy at 0.4 s per group (CI)")
     args = parser.parse_args(argv)
@@ -240,11 +242,11 @@ def main(argv: list[str] | None = None) -> int:
     add_ratios(rows)
     print_table(rows, COLUMNS)
     write_json(
-        "verl_trainer",
+        args.name,
         rows,
         {
             "machine": machine(),
-            "settings": {key: str(value) for key, value in vars(args).items() if key != "workdir"},
+            "settings": {key: str(value) for key, value in vars(args).items() if key not in ("workdir", "name")},
             "calibration_gen_s": calibration["gen_s"],
             "simulated": "reward latency: scripted engine (per group, one at a time per replica, 2 replicas), "
             "calibrated on the zero-cost sync run's generation time; trainer, policy vLLM, Serve, routing and "
@@ -252,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         },
     )
     if not args.quick:
-        plot(rows, RESULTS / "verl_trainer.png")
+        plot(rows, RESULTS / f"{args.name}.png")
     return 0
 
 
