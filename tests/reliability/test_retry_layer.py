@@ -49,13 +49,24 @@ class CountingHandle:
         return Counted
 
 
-def members_of(group: int) -> list[MemberRequest]:
-    return [MemberRequest(group_id=f"r-{group}", group_size=4, index=k, source=f"Source {group}.",
+def members_of(group: int, round_: int = 0) -> list[MemberRequest]:
+    return [MemberRequest(group_id=f"r{round_}-{group}", group_size=4, index=k, source=f"Source {group}.",
                           candidate=f"Kandidat {group}-{k} [q={(group + 2 * k) % 11}]", src_lang="en", trg_lang="de")
             for k in range(4)]
 
 
 def test_sends_per_member_are_attempts_or_rejoins_and_attempts_stay_within_max_attempts(serve_instance):
+    # A round whose timing made no member retry (one CI run on a loaded machine: the killed replica
+    # held nothing and no replica refused) proves nothing about retries: one more round, fresh groups.
+    for round_ in range(2):
+        retried = run_round(round_)
+        if retried > 0:
+            break
+    assert retried > 0, "neither the overload nor the replica death made any member retry, in two rounds"
+
+
+def run_round(round_: int) -> int:
+    """Deploy, stream every member while a replica dies, check the retry contract; the members that retried."""
     config = AppConfig(
         engine=EngineConfig(kind="scripted", scripted=ScriptedEngineOptions(per_prompt_s=0.3, max_concurrent_prompts=1)),
         replicas=ReplicaSettings(num_replicas=2, num_cpus=0.5, gpus_per_rank=0, max_assembling_groups=2),
@@ -78,7 +89,8 @@ def test_sends_per_member_are_attempts_or_rejoins_and_attempts_stay_within_max_a
         return victim
 
     async def run():
-        sends = [send(member, 0.15 * group + 0.05 * member.index) for group in range(GROUPS) for member in members_of(group)]
+        sends = [send(member, 0.15 * group + 0.05 * member.index)
+                 for group in range(GROUPS) for member in members_of(group, round_)]
         killed = asyncio.ensure_future(kill_a_replica(1.0))
         outcomes = await asyncio.gather(*sends)
         return outcomes, await killed
@@ -97,6 +109,6 @@ def test_sends_per_member_are_attempts_or_rejoins_and_attempts_stay_within_max_a
         assert handle.sends[(member.group_id, member.index)] == outcome.attempts + outcome.rejoins, (member, outcome)
         assert 1 <= outcome.attempts <= MAX_ATTEMPTS
     retried = sum(outcome.attempts > 1 for _, outcome in outcomes)
-    assert retried > 0, "neither the overload nor the replica death made any member retry"
-    print(f"\n{len(outcomes)} members valid in {wall_s:.1f} s; {retried} retried, "
+    print(f"\nround {round_}: {len(outcomes)} members valid in {wall_s:.1f} s; {retried} retried, "
           f"max attempts {max(o.attempts for _, o in outcomes)}, client retries {client.retries}, rejoins {client.rejoins}")
+    return retried
