@@ -588,7 +588,7 @@ class ScriptedEngine:
         plans = [self._plan(prompt) for prompt in prompts]
         if not plans:
             return []
-        priority = priority if self.config.scheduling == "largest_first" else 0
+        priority = self.config.request_priority(priority)
         tasks = [asyncio.ensure_future(self._generate_one(plan, sampling, priority)) for plan in plans]
         try:
             results = await asyncio.gather(*tasks)

@@ -98,6 +98,11 @@ class EngineConfig(BaseModel):
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
     scripted: ScriptedEngineOptions = Field(default_factory=ScriptedEngineOptions)
 
+    def request_priority(self, priority: int) -> int:
+        """The priority an engine gives a request: the caller's with ``largest_first``, else 0
+        (vLLM's first-come scheduler refuses any other)."""
+        return priority if self.scheduling == "largest_first" else 0
+
     @model_validator(mode="after")
     def _scheduling_is_supported(self) -> EngineConfig:
         if "scheduling_policy" in self.engine_kwargs:  # the priorities the scorer passes follow engine.scheduling

@@ -288,8 +288,7 @@ class VLLMEngine:
             self._raise_if_dead(engine, exc)
             raise EngineError(f"vLLM rejected a prompt: {exc}") from exc
         call_id = uuid.uuid4().hex[:12]
-        # vLLM's first-come scheduler refuses a priority other than 0.
-        priority = priority if self.config.scheduling == "largest_first" else 0
+        priority = self.config.request_priority(priority)
         tasks = [
             asyncio.create_task(self._generate_one(engine, item, params, f"grrm-{call_id}-{index}", priority))
             for index, item in enumerate(inputs)
