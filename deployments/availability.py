@@ -10,12 +10,15 @@ transport) ask :class:`DeploymentAvailability` first, and fail at once with
 
 :func:`assess` and :func:`missing_resources` are pure (Serve's deployment details and the nodes'
 resources in, a verdict out); :class:`DeploymentAvailability` fetches those facts from Serve's
-controller and Ray's GCS, off the event loop and at most once per refresh period.
+controller and Ray's GCS, off the event loop and at most once per refresh period. A call never
+waits for them (:meth:`DeploymentAvailability.peek`): while the GCS is down a fetch blocks until it
+is back, and replicas, proxies and handles go on serving without it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import threading
@@ -211,10 +214,11 @@ class DeploymentAvailability:
         self.deployment_name = deployment_name
         self._fetch = fetch
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one fetch at a time
+        self._pending_lock = threading.Lock()
+        self._pending: concurrent.futures.Future | None = None  # the background refresh, while one runs
         self._last: Availability | None = None
         self._fetched_at = float("-inf")
-        self._refreshing = False
         self._warned = False
 
     @classmethod
@@ -235,7 +239,7 @@ class DeploymentAvailability:
     async def current(self, max_age_s: float | None = None) -> Availability | None:
         """The latest verdict, refreshed when older than ``max_age_s`` (default :attr:`refresh_s`);
         None when the facts cannot be read (unknown)."""
-        if self._fresh(max_age_s) or (max_age_s is None and self._refreshing and self._last is not None):
+        if self._fresh(max_age_s):
             return self._last
         return await asyncio.to_thread(self._refresh, max_age_s)
 
@@ -243,7 +247,6 @@ class DeploymentAvailability:
         with self._lock:
             if self._fresh(max_age_s):
                 return self._last
-            self._refreshing = True
             try:
                 deployment, nodes = self._fetch(self.app_name, self.deployment_name)
                 self._last = assess(deployment, nodes) if deployment is not None else None
@@ -254,12 +257,60 @@ class DeploymentAvailability:
                 self._last = None
             finally:
                 self._fetched_at = self._clock()
-                self._refreshing = False
             return self._last
 
-    async def raise_if_unschedulable(self, deployment_id: Any) -> Availability | None:
-        """The current verdict; raises :class:`ReplicasUnschedulableError` when no replica can run."""
-        verdict = await self.current()
-        if verdict is not None and not verdict.ready and verdict.unschedulable:
-            raise ReplicasUnschedulableError(deployment_id, verdict.describe(), verdict.as_dict())
+    def peek(self) -> tuple[Availability | None, concurrent.futures.Future | None]:
+        """The latest verdict at once, and, when it is stale, the refresh this starts in a thread of
+        its own (one at a time; its future resolves to the new verdict). The call path reads this:
+        a fetch blocks while the GCS is down, and the replicas still answer then."""
+        with self._pending_lock:
+            if self._fresh(None):
+                return self._last, None
+            if self._pending is None:
+                pending: concurrent.futures.Future = concurrent.futures.Future()
+                pending.set_running_or_notify_cancel()  # a waiter that gives up cannot cancel it for the others
+                self._pending = pending
+                threading.Thread(target=self._refresh_into, args=(pending,), daemon=True,
+                                 name=f"availability-{self.deployment_name}").start()
+            return self._last, self._pending
+
+    def _refresh_into(self, pending: concurrent.futures.Future) -> None:
+        try:
+            verdict = self._refresh(None)
+        finally:
+            with self._pending_lock:
+                self._pending = None
+        pending.set_result(verdict)
+
+    async def settled(self, wait_s: float) -> Availability | None:
+        """The latest verdict; with none yet, the first refresh's, if it comes within ``wait_s``
+        (``/healthz``: a probe must not hang while the GCS is down)."""
+        verdict, refreshing = self.peek()
+        if verdict is None and refreshing is not None:
+            return await wait_for_refresh(refreshing, wait_s)
         return verdict
+
+    def check(self, deployment_id: Any) -> tuple[Availability | None, concurrent.futures.Future | None]:
+        """:meth:`peek`; raises :class:`ReplicasUnschedulableError` when the verdict says no replica can run."""
+        verdict, refreshing = self.peek()
+        raise_if_unschedulable(verdict, deployment_id)
+        return verdict, refreshing
+
+
+async def wait_for_refresh(refreshing: concurrent.futures.Future, timeout_s: float | None,
+                           also: asyncio.Future | None = None) -> Availability | None:
+    """Wait up to ``timeout_s`` for a refresh :meth:`DeploymentAvailability.peek` started (or for
+    ``also`` to finish first); its verdict, or None if it did not come."""
+    refreshed = asyncio.wrap_future(refreshing)
+    watched = {refreshed} if also is None else {refreshed, also}
+    await asyncio.wait(watched, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    if not refreshed.done():
+        refreshed.cancel()  # only this waiter's view: the refresh itself runs on for the others
+        return None
+    return refreshed.result()
+
+
+def raise_if_unschedulable(verdict: Availability | None, deployment_id: Any) -> None:
+    """Raise :class:`ReplicasUnschedulableError` when ``verdict`` says no replica of the deployment can run."""
+    if verdict is not None and not verdict.ready and verdict.unschedulable:
+        raise ReplicasUnschedulableError(deployment_id, verdict.describe(), verdict.as_dict())

@@ -29,7 +29,8 @@ from ray.serve.handle import DeploymentHandle
 
 from cluster.retry import RetryPolicy
 from cluster.schema import GroupRequest, GroupResult, MemberRequest, MemberResult
-from deployments.availability import Availability, DeploymentAvailability
+from deployments.availability import DeploymentAvailability, wait_for_refresh
+from deployments.handles import ready_handle
 
 # Errors that mean "the replica went away", not "the request is bad": safe to send again.
 REPLICA_GONE_ERRORS: tuple[type[BaseException], ...] = (RayActorError, ReplicaUnavailableError)
@@ -69,7 +70,7 @@ class ScorerClient:
         policy: ReplicaCallPolicy | None = None,
         availability: DeploymentAvailability | None = None,
     ):
-        self.handle = handle
+        self.handle = ready_handle(handle)  # a GCS outage must not find its router unmade
         self.policy = policy or ReplicaCallPolicy()
         # Whether the deployment can serve at all (None for what is not a Serve handle).
         self.availability = availability or DeploymentAvailability.for_handle(handle)
@@ -117,21 +118,27 @@ class ScorerClient:
 
     async def _send_and_wait(self, method: str, request: GroupRequest | MemberRequest, attempt: int):
         availability = self.availability
-        verdict: Availability | None = None
-        if availability is not None:
-            verdict = await availability.raise_if_unschedulable(self.handle.deployment_id)
-        response = contextvars.copy_context().run(self._send, method, request, attempt)
-        if availability is None or verdict is None or verdict.ready:
+        if availability is None:
+            return await self._sent(method, request, attempt)
+        # The verdict known now, never a wait for a fresh one: fetching it needs the GCS, and a call
+        # must go on while the GCS is down (the replicas, proxies and handles serve without it).
+        verdict, refreshing = availability.check(self.handle.deployment_id)
+        response = self._sent(method, request, attempt)
+        if verdict is not None and verdict.ready:
             return await response
-        # No replica runs yet: the call waits in the handle's queue. Give up once none can start.
+        # Unknown yet, or no replica runs: the call waits in the handle's queue. Give up once a
+        # verdict says none can start (the first refresh's, as soon as it comes).
         waiting = asyncio.ensure_future(response)
         try:
             while True:
-                done, _ = await asyncio.wait({waiting}, timeout=availability.refresh_s)
-                if done:
+                if refreshing is None:
+                    await asyncio.wait({waiting}, timeout=availability.refresh_s)
+                else:
+                    await wait_for_refresh(refreshing, availability.refresh_s, also=waiting)
+                if waiting.done():
                     return waiting.result()
-                verdict = await availability.raise_if_unschedulable(self.handle.deployment_id)
-                if verdict is None or verdict.ready:
+                verdict, refreshing = availability.check(self.handle.deployment_id)
+                if verdict is not None and verdict.ready:
                     return await waiting
         finally:
             if not waiting.done():
@@ -139,6 +146,9 @@ class ScorerClient:
                 waiting.cancel()
                 # Its end (RequestCancelledError) is expected: read it so asyncio does not report it.
                 waiting.add_done_callback(lambda task: task.cancelled() or task.exception())
+
+    def _sent(self, method: str, request: GroupRequest | MemberRequest, attempt: int):
+        return contextvars.copy_context().run(self._send, method, request, attempt)
 
     def _send(self, method: str, request: GroupRequest | MemberRequest, attempt: int):
         # Calls made while serving one HTTP request inherit its internal request id, and Serve's

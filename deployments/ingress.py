@@ -34,6 +34,8 @@ app = FastAPI(
     description="Group reward scoring with GRRM (GQM prompts) for GRPO training of translation models.",
 )
 install_error_handlers(app)
+# How long /healthz waits for the first look at the scorer deployment (Kubernetes probes time out at 2 s).
+HEALTH_WAIT_S = 1.0
 app.add_middleware(RequestGuard)
 
 
@@ -96,14 +98,21 @@ class GRRMIngress:
         # A member's answer is its MemberResult whatever happened; the status is its failure kind's.
         return answer_of_kind(result.failure, jsonable_encoder(result), self.config.http.retry_after_s)
 
-    async def _availability(self, max_age_s: float | None = None) -> Availability | None:
+    async def _scorer_verdict(self, *, fresh: bool) -> Availability | None:
+        """The scorers' availability (None: unknown, or the client calls no Serve deployment):
+        read anew when ``fresh``, else the latest, waiting only for the first (a probe must answer
+        while the GCS is down)."""
         availability = self.client.availability
-        return None if availability is None else await availability.current(max_age_s)
+        if availability is None:
+            return None
+        return await (availability.current(max_age_s=0) if fresh else availability.settled(HEALTH_WAIT_S))
 
     @app.get("/healthz", responses={503: {"model": ErrorResponse}})
     async def healthz(self):
-        """Whether this application can score: 200 while a scorer replica runs, else 503 and why."""
-        verdict = await self._availability()
+        """Whether this application can score: 200 while a scorer replica runs, else 503 and why.
+
+        The latest verdict, never a wait for a fresh one beyond the first (a probe answers while the GCS is down)."""
+        verdict = await self._scorer_verdict(fresh=False)
         if verdict is not None and not verdict.ready:
             body = {"status": "unavailable", "code": "unavailable", "error": verdict.describe(),
                     "detail": verdict.as_dict()}
@@ -114,7 +123,7 @@ class GRRMIngress:
     async def info(self) -> dict[str, Any]:
         """Model, engine, prompt type and scorer replicas of this application (by state; with none
         running, why: ``unschedulable`` names the missing resources)."""
-        verdict = await self._availability(max_age_s=0)
+        verdict = await self._scorer_verdict(fresh=True)
         return {
             "model": self.config.engine.model,
             "engine": self.config.engine.kind,

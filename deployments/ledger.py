@@ -26,6 +26,7 @@ from ray.serve.request_router import PendingRequest, RunningReplica
 from cluster.assembly import CompletedGroup
 from cluster.ledger import GroupLedger
 from cluster.routing import copy_holders
+from deployments.handles import ready_handle
 
 logger = logging.getLogger("ray.serve")
 
@@ -59,7 +60,8 @@ class LedgerReplica(GroupLedger):
 
     async def _keep_up(self, period_s: float) -> None:
         await asyncio.sleep(period_s)
-        self._peers = serve.get_deployment_handle(*self._deployment)
+        # Off the event loop: setting the router up reads the GCS, which may be down right now.
+        self._peers = await asyncio.to_thread(lambda: ready_handle(serve.get_deployment_handle(*self._deployment)))
         while True:
             for peer in range(self.copies - 1):
                 try:
@@ -124,7 +126,7 @@ class ServeLedger:
     def __init__(self, handle: DeploymentHandle, copies: int = 1):
         if copies < 1:
             raise ValueError(f"copies must be at least 1, got {copies}")
-        self.handle = handle
+        self.handle = ready_handle(handle)  # a GCS outage must not find its router unmade
         self.copies = copies
 
     async def put(self, group_id: str, record: CompletedGroup) -> None:

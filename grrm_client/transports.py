@@ -9,7 +9,7 @@ replica died takes pure ring order and lands where its members do, while a retry
 keeps the load-bounded choice.
 
 Importing this module imports neither vLLM nor SGLang, nor Ray (the handle transport imports Ray
-Serve when it is first used).
+Serve when it is given a handle or first used).
 """
 
 from __future__ import annotations
@@ -76,6 +76,8 @@ class HandleTransport:
         self.config = config
         self._handle = handle
         self._scorer: Any = None
+        if handle is not None:
+            self._client()  # its router set up now, not at a first call that may meet a GCS outage
 
     def _client(self) -> Any:
         if self._scorer is None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 from ray.serve.exceptions import DeploymentUnavailableError
 
+from cluster.schema import GroupRequest
 from deployments.availability import (
     DeploymentAvailability,
     ReplicasUnschedulableError,
@@ -101,7 +103,7 @@ async def test_availability_is_cached_and_refreshed():
     assert first.unschedulable and fetched == [("grrm", "GRRMReplica")]
     assert await availability.current() is first and len(fetched) == 1  # cached
     with pytest.raises(ReplicasUnschedulableError) as raised:
-        await availability.raise_if_unschedulable("GRRMReplica")
+        availability.check("GRRMReplica")
     # A Serve DeploymentUnavailableError: callers that retry those (the trainer bridge) retry it.
     assert isinstance(raised.value, DeploymentUnavailableError)
     assert '"GPU": 1.0' in str(raised.value) and raised.value.availability["missing"] == {"GPU": 1.0}
@@ -119,7 +121,8 @@ async def test_unknown_availability_never_blocks_callers(caplog):
         raise ConnectionError("no controller")
 
     availability = DeploymentAvailability("grrm", "GRRMReplica", fetch=broken, clock=FakeClock())
-    assert await availability.raise_if_unschedulable("GRRMReplica") is None
+    verdict, refreshing = availability.check("GRRMReplica")
+    assert verdict is None and await asyncio.wrap_future(refreshing) is None
     # A deployment Serve does not know (yet) is unknown too.
     missing = DeploymentAvailability("grrm", "GRRMReplica", fetch=lambda a, n: (None, []), clock=FakeClock())
     assert await missing.current() is None
@@ -152,3 +155,101 @@ def test_concurrent_callers_share_one_fetch():
 
     verdicts = asyncio.run(many())
     assert all(v.ready for v in verdicts) and len(calls) == 1
+
+
+class BlockedFetch:
+    """Serve's facts as a fetch reads them while the GCS is down: it blocks until ``released``."""
+
+    def __init__(self, facts):
+        self.facts, self.calls = facts, 0
+        self.released = threading.Event()
+
+    def __call__(self, app, name):
+        self.calls += 1
+        assert self.released.wait(30), "never released"
+        return self.facts
+
+
+async def test_peek_answers_at_once_and_refreshes_once_in_the_background():
+    fetch = BlockedFetch((deployment("RUNNING"), nodes(CPU_NODE)))
+    availability = DeploymentAvailability("grrm", "GRRMReplica", fetch=fetch)
+    verdict, refreshing = availability.peek()
+    assert verdict is None and refreshing is not None  # unknown yet, not a wait
+    assert availability.peek() == (None, refreshing)  # the same refresh serves every caller
+    # A probe waits for the first look only so long, and a waiter giving up does not stop the refresh.
+    assert await availability.settled(0.05) is None and not refreshing.done()
+    fetch.released.set()
+    assert (await asyncio.wrap_future(refreshing)).ready and fetch.calls == 1
+    verdict, refreshing = availability.peek()
+    assert verdict.ready and refreshing is None and (await availability.settled(0.05)).ready
+
+
+class Response:
+    """A Serve DeploymentResponse's surface: awaitable, cancellable."""
+
+    def __init__(self, result=None):
+        self.future = asyncio.get_running_loop().create_future()
+        if result is not None:
+            self.future.set_result(result)
+
+    def __await__(self):
+        return self.future.__await__()
+
+    def cancel(self):
+        self.future.cancel()
+
+
+class Handle:
+    """A deployment handle whose ``score_group`` answers at once (``answer``) or never."""
+
+    class deployment_id:  # noqa: N801 - the shape of Serve's DeploymentID
+        name, app_name = "GRRMReplica", "grrm"
+
+    def __init__(self, answer=None):
+        self.responses = []
+        handle = self
+
+        class Method:
+            def remote(self, request, attempt=0):
+                handle.responses.append(Response(answer))
+                return handle.responses[-1]
+
+        self.score_group = Method()
+
+
+GROUP = {"group_id": "g", "source": "Hallo", "candidates": ["Hello", "Hi"], "src_lang": "German", "trg_lang": "English"}
+
+
+async def test_a_call_never_waits_for_the_verdict():
+    """While the GCS is down a fetch blocks (until the GCS is back); a call goes through to its
+    replica all the same, the first (no verdict yet) as well as one whose verdict went stale."""
+    from deployments.client import ScorerClient
+
+    clock = FakeClock()
+    fetch = BlockedFetch((deployment("RUNNING"), nodes(CPU_NODE)))
+    client = ScorerClient(Handle(answer="scored"),
+                          availability=DeploymentAvailability("grrm", "GRRMReplica", fetch=fetch, clock=clock))
+    assert await asyncio.wait_for(client.score_group(GroupRequest(**GROUP)), 5) == "scored"
+    fetch.released.set()
+    while client.availability.peek()[0] is None:
+        await asyncio.sleep(0.01)
+    fetch.released.clear()
+    clock.now += 60  # stale: the next call starts a refresh that blocks again
+    assert await asyncio.wait_for(client.score_group(GroupRequest(**GROUP)), 5) == "scored"
+    assert fetch.calls == 2
+    fetch.released.set()
+
+
+async def test_the_first_call_fails_as_soon_as_the_first_look_says_no_replica_can_run():
+    from deployments.client import ScorerClient
+
+    handle = Handle(answer=None)  # the call would wait in the handle's queue for ever
+    fetch = BlockedFetch((deployment("STARTING", required={"GPU": 1.0}), nodes(CPU_NODE)))
+    client = ScorerClient(handle, availability=DeploymentAvailability("grrm", "GRRMReplica", fetch=fetch))
+    call = asyncio.ensure_future(client.score_group(GroupRequest(**GROUP)))
+    await asyncio.sleep(0.2)
+    assert not call.done()  # sent, waiting: the look is not back yet
+    fetch.released.set()
+    with pytest.raises(ReplicasUnschedulableError, match='"GPU": 1.0'):
+        await asyncio.wait_for(call, 1.0)  # long before a refresh period (2 s)
+    assert handle.responses[0].future.cancelled()  # the waiting call was taken back
