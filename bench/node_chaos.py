@@ -19,13 +19,15 @@ fault until every member in flight then was answered, and until Serve ran every 
 4. ``ingress_ledger_node_kill``: a worker node that holds an ingress and a ledger replica (and a
    scorer) dies the same way;
 5. with ``--redis``, on a second cluster with GCS fault tolerance on a local ``redis-server``:
-   ``gcs_restart``: the GCS is killed, stays down 5 s and restarts on the same Redis;
+   ``gcs_restart``: the GCS is killed 0.8 s into the stream of a fresh app (while at least one scorer
+   replica has had no member yet), stays down 5 s and restarts on the same Redis;
    ``head_restart``: the whole head (GCS, Serve controller, head raylet and proxy) is killed without
    grace, stays down 5 s and a new head starts on the same Redis and GCS port (as KubeRay restarts
    the head pod). On that cluster the members stream from a detached actor on a worker node, over
    that node's own Serve proxy (each worker proxy binds a port of its own,
    ``RAY_SERVE_WORKER_PROXY_HTTP_PORT``) and the handle, so that the client outlives the head; the
-   row counts the answers that arrived while the GCS or the head was down.
+   row counts the answers that arrived while the GCS or the head was down, and the scorer replicas
+   that gave them. The client is made before the first phase, as a trainer's is.
 
 A dead node is replaced by a fresh one (as KubeRay would start a new pod).
 
@@ -44,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -60,6 +62,10 @@ SCORERS = 3
 REPLICA_FAULTS = {"ingress_kill": "GRRMIngress", "ledger_kill": "GRRMLedger"}
 # Faults of the head (GCS fault tolerance on): the bench's driver and the client outlive them.
 HEAD_FAULTS = ("gcs_restart", "head_restart")
+# When a fault strikes, in seconds after its phase's first member is due; a third of the stream
+# for those not named. The GCS dies while only the first two groups have been sent: a scorer
+# replica that gets its first member while the GCS is down must serve it (the app is fresh).
+FAULT_AT_S = {"gcs_restart": 0.8}
 HEAD_ARGS = {"num_cpus": 0, "include_dashboard": False}
 # Worker nodes' Serve proxies bind a port of their own (Ray 2.60's knob for proxies that share a
 # machine): node id -> port.
@@ -68,6 +74,7 @@ WORKER_PROXY_PORTS: dict[str, int] = {}
 COLUMNS = [
     "phase", "members_sent", "members_valid", "members_lost", "groups_duplicated", "split_groups",
     "in_flight_at_fault", "recovery_s", "replicas_back_s", "scorers_replaced", "answered_while_down",
+    "scorers_answering_while_down",
     "app_status_after", "victim_held", "max_latency_s", "wall_s",
 ]
 
@@ -206,28 +213,35 @@ class ClientSender:
 
 
 class LocalStreams:
-    """A phase's members streamed from this process, over the Serve proxy at ``url`` and ``handle``."""
+    """A phase's members streamed from this process, over the Serve proxy at ``url`` and ``handle``,
+    by one client made up front (as a trainer's is, long before a fault)."""
 
     def __init__(self, url: str, handle):
-        self.url, self.handle = url, handle
+        self.sender = ClientSender(url, handle)
 
-    async def __call__(self, run: str, groups: int, interval_s: float, spread_s: float) -> list[dict]:
-        sender = ClientSender(self.url, self.handle)
-        try:
-            return await stream(sender, run, groups, interval_s, spread_s)
-        finally:
-            await sender.aclose()
+    async def start(self, run: str, groups: int, interval_s: float, spread_s: float) -> tuple[float, Awaitable[list[dict]]]:
+        """Start streaming a phase's members: when it began (``time.monotonic()``) and its answers to come."""
+        return time.monotonic(), asyncio.ensure_future(stream(self.sender, run, groups, interval_s, spread_s))
+
+    async def aclose(self) -> None:
+        await self.sender.aclose()
 
 
 class StreamRunner:
     """Streams a phase's members from a worker node: a detached actor there outlives the head and
     the bench's driver (which is attached to the head). Writes the answers to a file as JSON."""
 
-    async def start(self, url: str, run: str, groups: int, interval_s: float, spread_s: float, path: str) -> None:
+    def __init__(self, url: str):
         from ray import serve
 
-        streams = LocalStreams(url, serve.get_deployment_handle("GRRMReplica", app_name=APP))
-        self._task = asyncio.ensure_future(self._write(streams(run, groups, interval_s, spread_s), Path(path)))
+        self._streams = LocalStreams(url, serve.get_deployment_handle("GRRMReplica", app_name=APP))
+
+    async def start(self, run: str, groups: int, interval_s: float, spread_s: float, path: str) -> float:
+        """Start streaming a phase's members (answers to ``path``); when it began (``time.monotonic()``,
+        one clock for every process of this machine)."""
+        began, answers = await self._streams.start(run, groups, interval_s, spread_s)
+        self._task = asyncio.ensure_future(self._write(answers, Path(path)))
+        return began
 
     @staticmethod
     async def _write(answers, path: Path) -> None:
@@ -257,12 +271,19 @@ class RemoteStreams:
         self.directory = Path(tempfile.mkdtemp(prefix="grrm-node-chaos-"))
         self.runner = ray.remote(num_cpus=0)(StreamRunner).options(
             name="node_chaos_stream_runner", namespace="grrm-node-chaos", lifetime="detached",
-            scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[0], soft=False)).remote()
+            scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[0], soft=False)).remote(self.url)
+        # Running, its client made, before the first phase: a phase times its fault from its start,
+        # and a client still being made then would wait out a GCS outage before sending anything.
+        ray.get(self.runner.__ray_ready__.remote(), timeout=timeout_s)
 
-    async def __call__(self, run: str, groups: int, interval_s: float, spread_s: float,
-                       timeout_s: float = 600) -> list[dict]:
+    async def start(self, run: str, groups: int, interval_s: float, spread_s: float) -> tuple[float, Awaitable[list[dict]]]:
+        """Start streaming a phase's members on the runner: when it began and its answers to come."""
         path = self.directory / f"{run}.json"
-        await self.runner.start.remote(self.url, run, groups, interval_s, spread_s, str(path))
+        began = await self.runner.start.remote(run, groups, interval_s, spread_s, str(path))
+        return began, self._answers(run, path)
+
+    @staticmethod
+    async def _answers(run: str, path: Path, timeout_s: float = 600) -> list[dict]:
         deadline = time.monotonic() + timeout_s
         # Only the file: this driver is detached from the cluster while the head is down.
         while not path.exists():
@@ -273,6 +294,9 @@ class RemoteStreams:
         if "error" in payload:
             raise RuntimeError(f"{run}: the stream runner failed: {payload['error']}")
         return payload["answers"]
+
+    async def aclose(self) -> None:
+        """Nothing to close here: the runner ends with the cluster."""
 
 
 # ------------------------------------------------------------------------------ the faults
@@ -322,13 +346,18 @@ async def inject(cluster, fault: str, at_s: float, down_s: float) -> dict:
 
 async def phase(cluster, streams, fault: str | None, groups: int, *, interval_s: float = 0.25,
                 spread_s: float = 1.0, down_s: float = 5.0) -> dict:
-    """Stream ``groups`` groups with ``streams``, inject ``fault`` a third of the way in, tally (see
-    the docstring)."""
+    """Stream ``groups`` groups with ``streams``, inject ``fault`` a third of the way in (or at its
+    ``FAULT_AT_S``), tally (see the docstring)."""
     run = fault or "baseline"
     before = await asyncio.to_thread(replica_infos_outside, cluster.address)
     started = time.monotonic()
-    injection = asyncio.ensure_future(inject(cluster, fault, groups * interval_s / 3, down_s)) if fault else None
-    answers = await streams(run, groups, interval_s, spread_s)
+    began, answers_to_come = await streams.start(run, groups, interval_s, spread_s)
+    if fault:
+        at_s = began + FAULT_AT_S.get(fault, groups * interval_s / 3) - time.monotonic()
+        injection = asyncio.ensure_future(inject(cluster, fault, max(0.0, at_s), down_s))
+    else:
+        injection = None
+    answers = await answers_to_come
     injected = await injection if injection is not None else {}
     wall_s = time.monotonic() - started
     row: dict[str, Any] = {"phase": run}
@@ -359,6 +388,8 @@ async def phase(cluster, streams, fault: str | None, groups: int, *, interval_s:
         down = [a for a in answers if injected["at"] < a["answered_at"] < injected["back"]]
         row["answered_while_down"] = {transport: sum(a["transport"] == transport for a in down)
                                       for transport in ("http", "handle")}
+        # A replica whose first call to a handle came during the outage froze until the GCS was back.
+        row["scorers_answering_while_down"] = len({a["replica"] for a in down if a["valid"]})
     row.update(
         transports=sorted({a["transport"] for a in answers}),
         retried_members=sum(a["attempts"] > 1 for a in answers),
@@ -484,10 +515,13 @@ def forget_cluster(address: str) -> None:
 
 async def run_phases(cluster, streams, faults: list[str | None], groups: int) -> list[dict]:
     rows = []
-    for fault in faults:
-        row = await phase(cluster, streams, fault, groups)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+    try:
+        for fault in faults:
+            row = await phase(cluster, streams, fault, groups)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        await streams.aclose()
     return rows
 
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.node_chaos import SCORERS
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,6 +65,8 @@ def test_no_member_is_lost_when_a_node_the_gcs_or_the_head_dies(tmp_path):
     for phase in ("gcs_restart", "head_restart"):
         row = rows[phase]
         assert row["answered_while_down"]["http"] > 0 and row["answered_while_down"]["handle"] > 0, row
+        # Every scorer replica answered while it was down: none froze waiting for the GCS.
+        assert row["scorers_answering_while_down"] == SCORERS, row
         assert row["scorers_replaced"] == 0 and row["app_status_after"] == "RUNNING", row
         assert row["replicas_back_s"] is not None, row
     # Serve ran every scorer replica again after each node died.
