@@ -179,7 +179,7 @@ class MemberSender:
 
     async def send(self, member: dict, transport: str) -> dict:
         record: dict[str, Any] = {"group_id": member["group_id"], "index": member["index"], "transport": transport,
-                                  "sent_at": time.monotonic()}
+                                  "sent_at": time.monotonic(), "replica": None, "group_scores": None}
         try:
             if transport == "http":
                 response = await self.http.post(f"{self.url}/v1/score/member", json=member)

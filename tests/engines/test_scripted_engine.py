@@ -646,7 +646,9 @@ async def test_max_concurrent_prompts_bounds_the_latency_model(monkeypatch, limi
         await real_sleep(0)
         running -= 1
 
-    monkeypatch.setattr(scripted_module.asyncio, "sleep", counting_sleep)
+    # Only the scripted engine's sleeps: patching asyncio.sleep itself would also count those of
+    # other threads' event loops in this process (a Serve handle's router, left by an earlier test).
+    monkeypatch.setattr(scripted_module, "asyncio", types.SimpleNamespace(**{**vars(asyncio), "sleep": counting_sleep}))
     options = ScriptedEngineOptions(per_prompt_s=1.0, max_concurrent_prompts=limit)
     engine = make_engine(EngineConfig(kind="scripted", scripted=options))
     await engine.start()
