@@ -7,7 +7,7 @@ else
   UV=.cache/uv-$UV_VERSION/bin/uv
   if [ ! -x "$UV" ]; then
     echo "[setup] bootstrapping uv $UV_VERSION with pip" >&2
-    "${PY:-python3}" -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+    "${PY:-python3}" -m pip install -qq --disable-pip-version-check --no-warn-script-location --root-user-action=ignore \
       --target ".cache/uv-$UV_VERSION" "uv==$UV_VERSION" >&2
   fi
 fi
