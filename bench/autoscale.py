@@ -15,7 +15,7 @@ import argparse
 import asyncio
 import time
 
-from bench.common import RESULTS, free_port, machine, print_table, write_json
+from bench.common import local_serve, machine, print_table, results_dir, write_json
 from cluster.engines import EngineConfig, ScriptedEngineOptions
 from cluster.schema import GroupRequest
 
@@ -117,16 +117,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.load_s, args.settle_s = 12.0, 40.0
 
-    import ray
     from ray import serve
 
     from deployments.app import build_app
     from deployments.client import ScorerClient
     from deployments.config import AppConfig, AutoscalingSettings, ReplicaSettings
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
-    try:
+    with local_serve():
         config = AppConfig(
             engine=EngineConfig(kind="scripted", scripted=ScriptedEngineOptions(per_prompt_s=args.per_request_s, jitter=0.2)),
             replicas=ReplicaSettings(
@@ -139,16 +136,13 @@ def main(argv: list[str] | None = None) -> int:
         serve.run(build_app(config), name="autoscale", route_prefix="/autoscale")
         client = ScorerClient(serve.get_deployment_handle("GRRMReplica", app_name="autoscale"))
         summary, timeline = asyncio.run(step_load(client, serve, "autoscale", args.rate, args.load_s, args.settle_s))
-    finally:
-        serve.shutdown()
-        ray.shutdown()
     summary.update({"simulated": True, "rate": args.rate, "load_s": args.load_s, "per_request_s": args.per_request_s,
                     "capacity_per_replica_rps": 4 / args.per_request_s})
     print_table([summary], list(summary))
     write_json("autoscale", {**summary, "requests_dropped": summary["dropped"], "timeline": timeline},
                {"machine": machine()})
-    plot(timeline, summary, RESULTS / "autoscale.png")
-    print(f"wrote {RESULTS / 'autoscale.json'} and {RESULTS / 'autoscale.png'}")
+    plot(timeline, summary, results_dir() / "autoscale.png")
+    print(f"wrote {results_dir() / 'autoscale.json'} and {results_dir() / 'autoscale.png'}")
     return 0 if summary["dropped"] == 0 else 1
 
 

@@ -42,7 +42,7 @@ from typing import Any
 import httpx
 
 from bench.autoscale import running_replicas
-from bench.common import free_port, machine, print_table, write_json
+from bench.common import local_serve, machine, print_table, write_json
 from cluster import gqm, prompt_guard
 from cluster.schema import MemberRequest
 
@@ -470,26 +470,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.tensor_parallel_size > 1:
         faults = (*faults, *TENSOR_PARALLEL_FAULTS)
 
-    import ray
     from ray import serve
 
     from cluster.tiny_model import ensure_tiny_model
     from deployments.app import build_app
 
     app = "chaos"
-    port = free_port()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    try:
+    with local_serve() as base_url:
         # A 10 s assembly timeout (local.yaml: 60 s) so the dangling members time out within the run.
         config = chaos_config(ensure_tiny_model(), assembly_timeout_s=10, tensor_parallel_size=args.tensor_parallel_size)
         serve.run(build_app(config), name=app, route_prefix=f"/{app}")
         handle = serve.get_deployment_handle(REPLICA_DEPLOYMENT, app_name=app)
-        url = f"http://127.0.0.1:{port}/{app}"
+        url = f"{base_url}/{app}"
         rows, bad = asyncio.run(run_chaos(url, handle, app, config, args.groups, args.dangling_groups, faults))
-    finally:
-        serve.shutdown()
-        ray.shutdown()
     print_table(rows, FAULT_COLUMNS)
     print_table(bad, ["input", "expected", "status", "answer"])
     name = "chaos" if args.tensor_parallel_size == 1 else f"chaos_tp{args.tensor_parallel_size}"

@@ -7,14 +7,52 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from cpu_harness.ray_head import free_port  # one implementation, importable wherever the project is installed
 
-# GRRM_BENCH_RESULTS redirects output (CI runs every benchmark with --quick into a temp dir).
-RESULTS = Path(os.environ.get("GRRM_BENCH_RESULTS", Path(__file__).resolve().parent / "results"))
+# The committed full runs; GRRM_BENCH_RESULTS redirects output (the tests run every benchmark with
+# --quick into a temp dir), read when a result is written.
+COMMITTED_RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def results_dir() -> Path:
+    """Where results go now: ``$GRRM_BENCH_RESULTS``, else ``bench/results``."""
+    return Path(os.environ.get("GRRM_BENCH_RESULTS", COMMITTED_RESULTS))
+
+
+@contextmanager
+def local_serve(num_cpus: int = 4) -> Iterator[str]:
+    """Ray and Serve on 127.0.0.1 for a benchmark; yields Serve's base URL.
+
+    Started here and stopped at the end, unless this process already runs them (a test session's
+    cluster): then those are used, and only the applications deployed meanwhile are deleted.
+    """
+    import ray
+    from ray import serve
+
+    if ray.is_initialized():
+        from ray.serve.context import _get_global_client
+
+        port = _get_global_client().http_config.port  # raises when this process's Ray runs no Serve
+        before = set(serve.status().applications)
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            for name in set(serve.status().applications) - before:
+                serve.delete(name)
+        return
+    port = free_port()
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -51,11 +89,12 @@ def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
 
 def write_json(name: str, rows: Any, meta: dict[str, Any] | None = None) -> Path:
     """Write rows to bench/results/<name>.json (a list of rows, as outside checks expect)."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    results = results_dir()
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / f"{name}.json"
     path.write_text(json.dumps(rows, indent=2))
     if meta is not None:
-        (RESULTS / f"{name}.meta.json").write_text(json.dumps(meta, indent=2))
+        (results / f"{name}.meta.json").write_text(json.dumps(meta, indent=2))
     return path
 
 

@@ -34,7 +34,6 @@ import math
 import random
 import statistics
 import time
-from pathlib import Path
 
 from cluster import gqm
 from cluster.config import ScoringConfig
@@ -43,9 +42,8 @@ from simulated.scripted_engine import count_scripted_tokens, group_scores, noise
 from cluster.schema import GroupRequest, GroupResult
 from cluster.scorer import GroupScorer
 
-from bench.common import RESULTS as RESULTS_DIR
+from bench.common import results_dir
 
-RESULTS = RESULTS_DIR / "ensemble.json"
 LABEL = "simulated (scripted engine)"
 
 _WORDS = (
@@ -292,17 +290,20 @@ def print_table(title: str, rows: list[dict], gap: bool = True) -> None:
         )
 
 
-async def main() -> None:
+async def run_parts(groups: int) -> tuple[list[dict], list[dict], list[dict]]:
+    """Part 1 (large groups), 1b (prompt shift) and 2 (position bias): their rows."""
+    return await part_large(groups), await part_shift(groups), await part_bias(groups)
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--groups", type=int, default=200, help="groups per setting")
     parser.add_argument("--quick", action="store_true", help="a few groups per setting (CI smoke run)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.quick:
         args.groups = 8
     started = time.perf_counter()
-    large = await part_large(args.groups)
-    shift = await part_shift(args.groups)
-    bias = await part_bias(args.groups)
+    large, shift, bias = asyncio.run(run_parts(args.groups))
     elapsed = time.perf_counter() - started
     print_table(
         "Part 1: large groups (ranking accuracy vs true qualities; cost relative to the first row per n)",
@@ -314,8 +315,9 @@ async def main() -> None:
         "Part 2: position bias, n = 8 (gap = mean error of the first half of positions minus the last half)", bias
     )
     print(f"\n{args.groups} groups per row; {elapsed:.1f} s")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
+    results = results_dir() / "ensemble.json"
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(
         json.dumps(
             {
                 "label": LABEL,
@@ -337,8 +339,9 @@ async def main() -> None:
         )
         + "\n"
     )
-    print(f"wrote {RESULTS}")
+    print(f"wrote {results}")
+    return 0
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    raise SystemExit(main())

@@ -34,7 +34,7 @@ import random
 import statistics
 from pathlib import Path
 
-from bench.common import RESULTS, machine, print_table, write_json
+from bench.common import machine, print_table, results_dir, write_json
 from trainer_bridge.exposure import ScoredGroup, schedule_finish_bound
 
 MODES = ("colocated_sequential", "separate_after_batch", "streamed", "streamed_largest_first")
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.n, args.ratios, args.steps, args.prompts, args.skip_real = [4, 8], [0.5, 1.0], 3, 16, True
 
-    real_path = RESULTS / "grpo_overlap.json"
+    real_path = results_dir() / "grpo_overlap.json"
     if not args.skip_real:
         import importlib.util
 
@@ -202,8 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows, ["n", "reward_to_generation", "mode", "simulated", "step_s", "exposed_reward_s", "limit_exposed_s",
                        "step_vs_colocated", "hidden_reward_share", "exposed_vs_limit"])
     path = write_json("overlap", rows, {"machine": machine(), **{k: v for k, v in vars(args).items()}})
-    plot(rows, RESULTS / "overlap.png")
-    print(f"wrote {path} and {RESULTS / 'overlap.png'}")
+    plot(rows, results_dir() / "overlap.png")
+    print(f"wrote {path} and {results_dir() / 'overlap.png'}")
     return 0
 
 

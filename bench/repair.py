@@ -33,40 +33,19 @@ def groups(count: int, size: int) -> list[GroupRequest]:
 
 
 async def run(args) -> list[dict]:
+    """The comparison on a fresh engine (the CPU build of vLLM on the tiny model)."""
     engine = make_engine(EngineConfig(kind="vllm", model=str(ensure_tiny_model(args.model)), dtype="float32",
                                       max_model_len=8192, engine_kwargs={"enforce_eager": True,
                                                                          "max_num_batched_tokens": 16384}))
     await engine.start()
-    rows = []
     try:
-        for size in args.sizes:
-            batch = groups(args.groups, size)
-            settings = {
-                "repair": ScoringConfig(retries=0, verdict_repair=True, max_answer_tokens=args.answer_tokens,
-                                        repair_max_tokens=args.repair_max_tokens),
-                "resample": ScoringConfig(retries=args.retries, verdict_repair=False, max_answer_tokens=args.answer_tokens),
-            }
-            for method, config in settings.items():
-                results = await GroupScorer(engine, config).score_groups(batch)
-                # Every group's first attempt is the same failed answer in both methods: what the
-                # recovery costs is everything beyond one prompt + one answer.
-                extra_completion = sum(r.usage.completion_tokens for r in results) - sum(
-                    min(args.answer_tokens, r.usage.completion_tokens) for r in results)
-                computed_prompt = sum(r.usage.prompt_tokens - r.usage.cached_prompt_tokens for r in results)
-                rows.append({
-                    "method": method, "group_size": size, "groups": len(results),
-                    "parsed_share": sum(r.valid for r in results) / len(results),
-                    "generations_per_group": sum(r.attempts + r.repairs for r in results) / len(results),
-                    "recovery_completion_tokens_per_failure": extra_completion / len(results),
-                    "prompt_tokens_computed_per_group": computed_prompt / len(results),
-                    "simulated": False,
-                })
+        return await compare(engine, args)
     finally:
         await engine.stop()
-    return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command's arguments (``--quick``: 2 groups of 4, short answers)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None)
     parser.add_argument("--sizes", type=int, nargs="+", default=[4, 8])
@@ -78,6 +57,39 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.sizes, args.groups, args.answer_tokens, args.retries = [4], 2, 48, 1
+    return args
+
+
+async def compare(engine, args) -> list[dict]:
+    """Repair and resampling on ``engine`` for each group size: one row per method and size."""
+    rows = []
+    for size in args.sizes:
+        batch = groups(args.groups, size)
+        settings = {
+            "repair": ScoringConfig(retries=0, verdict_repair=True, max_answer_tokens=args.answer_tokens,
+                                    repair_max_tokens=args.repair_max_tokens),
+            "resample": ScoringConfig(retries=args.retries, verdict_repair=False, max_answer_tokens=args.answer_tokens),
+        }
+        for method, config in settings.items():
+            results = await GroupScorer(engine, config).score_groups(batch)
+            # Every group's first attempt is the same failed answer in both methods: what the
+            # recovery costs is everything beyond one prompt + one answer.
+            extra_completion = sum(r.usage.completion_tokens for r in results) - sum(
+                min(args.answer_tokens, r.usage.completion_tokens) for r in results)
+            computed_prompt = sum(r.usage.prompt_tokens - r.usage.cached_prompt_tokens for r in results)
+            rows.append({
+                "method": method, "group_size": size, "groups": len(results),
+                "parsed_share": sum(r.valid for r in results) / len(results),
+                "generations_per_group": sum(r.attempts + r.repairs for r in results) / len(results),
+                "recovery_completion_tokens_per_failure": extra_completion / len(results),
+                "prompt_tokens_computed_per_group": computed_prompt / len(results),
+                "simulated": False,
+            })
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     rows = asyncio.run(run(args))
     print_table(rows, ["method", "group_size", "groups", "parsed_share", "generations_per_group",
                        "recovery_completion_tokens_per_failure", "prompt_tokens_computed_per_group"])

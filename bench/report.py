@@ -11,13 +11,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS
+from bench.common import results_dir
 
 OUT = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 
 
 def load(name: str) -> Any | None:
-    path = RESULTS / f"{name}.json"
+    path = results_dir() / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else None
 
 

@@ -16,7 +16,7 @@ import argparse
 import asyncio
 import time
 
-from bench.common import free_port, machine, print_table, write_json
+from bench.common import local_serve, machine, print_table, write_json
 from cluster.schema import GroupRequest
 
 LONG_SOURCE = (
@@ -74,7 +74,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.groups = 6
 
-    import ray
     from ray import serve
 
     from cluster.tiny_model import ensure_tiny_model
@@ -82,10 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     from deployments.client import ScorerClient
 
     model = str(ensure_tiny_model())
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
     rows = []
-    try:
+    with local_serve():
         for router in ("group_aware", "serve_default"):
             name = f"routing-{router}"  # a new name: handles (and their routers) are cached per app
             serve.run(build_app(app_config(router, model)), name=name, route_prefix=f"/{name}")
@@ -110,9 +107,6 @@ def main(argv: list[str] | None = None) -> int:
                 "wall_s": wall,
                 "simulated": False,
             })
-    finally:
-        serve.shutdown()
-        ray.shutdown()
     base = next(r for r in rows if r["router"] == "serve_default")
     for row in rows:
         row["tokens_computed_vs_default"] = row["tokens_computed_per_group"] / base["tokens_computed_per_group"]

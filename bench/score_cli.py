@@ -25,7 +25,7 @@ import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.common import free_port, machine, print_table, write_json
+from bench.common import local_serve, machine, print_table, write_json
 from bench.serving import ENGINES, closed_loop, make_group
 
 APP = "bench-cli"
@@ -80,24 +80,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.groups, args.concurrency, args.repeats = 120, [8], 1
 
-    import ray
     from ray import serve
 
     from cluster.engines import EngineConfig
     from deployments.app import build_app
     from deployments.config import AppConfig, ReplicaSettings
 
-    port = free_port()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
     config = AppConfig(
         engine=EngineConfig(kind="scripted", scripted=ENGINES["realistic"]),
         replicas=ReplicaSettings(num_replicas=2, num_cpus=0.5, gpus_per_rank=0, max_ongoing_requests=256),
     )
-    serve.run(build_app(config), name=APP, route_prefix=f"/{APP}")
-    url = f"http://127.0.0.1:{port}/{APP}"
     rows = []
-    try:
+    with local_serve() as base_url:
+        serve.run(build_app(config), name=APP, route_prefix=f"/{APP}")
+        url = f"{base_url}/{APP}"
         with tempfile.TemporaryDirectory(prefix="grrm-bench-cli-") as scratch:
             work = Path(scratch)
             source = write_input(work / "groups.parquet", args.groups)
@@ -120,10 +116,6 @@ def main(argv: list[str] | None = None) -> int:
                         "wall_s": statistics.fmean(seconds), "groups_per_s": rate, "vs_bare_http": rate / bare,
                         "simulated": True,
                     })
-    finally:
-        serve.delete(APP)
-        serve.shutdown()
-        ray.shutdown()
     print_table(rows, ["path", "concurrency", "groups", "runs", "wall_s", "groups_per_s", "vs_bare_http"])
     path = write_json("score_cli", rows, {"machine": machine(), "engine": ENGINES["realistic"].model_dump(),
                                           "replicas": 2})

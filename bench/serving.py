@@ -16,7 +16,7 @@ import time
 
 import httpx
 
-from bench.common import free_port, machine, print_table, summarize, write_json
+from bench.common import local_serve, machine, print_table, summarize, write_json
 from cluster.config import ScoringConfig
 from cluster.engines import EngineConfig, ScriptedEngineOptions, make_engine
 from cluster.schema import GroupRequest
@@ -79,18 +79,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.concurrency, args.scale = [1, 16], 0.25
 
-    import ray
     from ray import serve
 
     from deployments.app import build_app
     from deployments.client import ScorerClient
     from deployments.config import AppConfig, ReplicaSettings
 
-    port = free_port()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
     rows = []
-    try:
+    with local_serve() as base_url:
         for engine_name, options in ENGINES.items():
             config = AppConfig(
                 engine=EngineConfig(kind="scripted", scripted=options),
@@ -98,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             serve.run(build_app(config), name="bench", route_prefix="/bench")
             client = ScorerClient(serve.get_deployment_handle("GRRMReplica", app_name="bench"))
-            url = f"http://127.0.0.1:{port}/bench/v1/score"
+            url = f"{base_url}/bench/v1/score"
 
             async def via_handle(group):
                 assert (await client.score_group(group)).valid
@@ -125,9 +121,6 @@ def main(argv: list[str] | None = None) -> int:
                         "simulated": True, **summarize(latencies, wall),
                     })
             serve.delete("bench")
-    finally:
-        serve.shutdown()
-        ray.shutdown()
 
     for row in rows:
         base = next(r for r in rows if r["engine"] == row["engine"] and r["concurrency"] == row["concurrency"]

@@ -17,7 +17,7 @@ import time
 
 import httpx
 
-from bench.common import RESULTS, free_port, machine, percentile, print_table, write_json
+from bench.common import local_serve, machine, percentile, print_table, results_dir, write_json
 from cluster.engines import EngineConfig, ScriptedEngineOptions
 from cluster.schema import MemberRequest
 
@@ -103,16 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.minutes, args.window_s = 1 / 3, 5.0
 
-    import ray
     from ray import serve
 
     from deployments.app import build_app
     from deployments.config import AppConfig, ReplicaSettings
 
-    port = free_port()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    try:
+    with local_serve() as base_url:
         config = AppConfig(
             engine=EngineConfig(kind="scripted", scripted=ScriptedEngineOptions(per_prompt_s=0.05, per_token_s=0.0005,
                                                                                 jitter=0.3, analysis_words=64)),
@@ -120,10 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         serve.run(build_app(config), name="soak", route_prefix="/soak")
         handle = serve.get_deployment_handle("GRRMReplica", app_name="soak")
-        windows, counts = asyncio.run(soak(f"http://127.0.0.1:{port}/soak", handle, args.minutes * 60, args.window_s))
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+        windows, counts = asyncio.run(soak(f"{base_url}/soak", handle, args.minutes * 60, args.window_s))
     rss_keys = [k for k in windows[0] if k.startswith("rss_mib_")]
     first, last = windows[0], windows[-1]
     summary = {
@@ -152,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     axis.legend(loc="upper left", fontsize=7)
     twin.legend(loc="lower right", fontsize=7)
     figure.tight_layout()
-    figure.savefig(RESULTS / "soak.png", dpi=110)
+    figure.savefig(results_dir() / "soak.png", dpi=110)
     return 0 if counts["errors"] == 0 else 1
 
 

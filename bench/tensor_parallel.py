@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from bench.chaos import chaos_config
-from bench.common import free_port, machine, print_table, summarize, write_json
+from bench.common import local_serve, machine, print_table, summarize, write_json
 from bench.serving import make_group
 
 APP = "tensor-parallel"
@@ -88,20 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.groups = 8
 
-    import ray
     from ray import serve
 
     from cluster.tiny_model import ensure_tiny_model
 
-    port = free_port()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    try:
+    with local_serve() as base_url:
         model = str(ensure_tiny_model())
-        rows = [measure(serve, f"http://127.0.0.1:{port}", model, tp, args.groups, args.concurrency) for tp in (1, 2)]
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+        rows = [measure(serve, base_url, model, tp, args.groups, args.concurrency) for tp in (1, 2)]
     add_ratios(rows)
     print_table(rows, COLUMNS)
     write_json("tensor_parallel", rows, {"machine": machine(), **vars(args)})

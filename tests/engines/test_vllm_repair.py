@@ -47,3 +47,17 @@ async def test_without_repair_the_random_model_does_not_parse(engine):
     results = await plain.score_groups([group(4, i) for i in range(3)])
     assert not any(result.valid for result in results)
     assert all(result.failure == "parse_failed" and result.attempts == 2 for result in results)
+
+
+async def test_bench_repair_quick_repair_recovers_every_failure_for_fewer_tokens_than_resampling(engine):
+    """bench.repair --quick's comparison, on this module's engine: repair parses every group after
+    one failed answer, resampling (one retry) parses none, and repair spends fewer recovery tokens."""
+    from bench.repair import compare, parse_args
+
+    rows = {row["method"]: row for row in await compare(engine, parse_args(["--quick"]))}
+    assert set(rows) == {"repair", "resample"}
+    repair, resample = rows["repair"], rows["resample"]
+    assert repair["groups"] == resample["groups"] == 2
+    assert repair["parsed_share"] == 1.0 and resample["parsed_share"] == 0.0, rows
+    assert repair["generations_per_group"] == 2.0 and resample["generations_per_group"] == 2.0, rows
+    assert 0 < repair["recovery_completion_tokens_per_failure"] < resample["recovery_completion_tokens_per_failure"]

@@ -1,41 +1,52 @@
-"""Engine death and replica death on real vLLM-CPU (issue 12): deployments/local.yaml's app
-(2 replicas, verdict repair on, so every group gets scores) on real Ray Serve. 48 groups of 4
-are streamed member by member, half over HTTP and half over the handle; 3 s in, the replica
-holding the most work loses its vLLM engine-core process (SIGKILL) or, in the second case, its
-actor (ray.kill). Every member gets a valid score; no group is scored twice (the replicas'
-counters and the ledger agree with the answers); no group is answered from two scorings.
+"""Engine death and replica death on real vLLM-CPU: deployments/local.yaml's app (2 replicas,
+verdict repair on, so every group gets scores) on real Ray Serve. 48 groups of 4 are streamed
+member by member, half over HTTP and half over the handle; 3 s in, the replica holding the most
+work loses its vLLM engine-core process (SIGKILL) or, in the second case, its actor (ray.kill).
+Every member gets a valid score; no group is scored twice (the replicas' counters and the ledger
+agree with the answers); no group is answered from two scorings.
 
-The phases are bench/chaos.py's: this is its engine-kill and replica-kill run, in CI."""
+The phases are bench/chaos.py's: this is its engine-kill and replica-kill run, and its quick run
+(baseline, a flood of dangling members, the bad inputs), in CI."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
-from ray import serve
 
-from bench.chaos import GROUP_SIZE, chaos_config, fault_phase
-from cluster.tiny_model import ensure_tiny_model
-from deployments.app import build_app
+from bench.chaos import GROUP_SIZE, fault_phase, run_chaos
+from tests.conftest import LOCAL_APP
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-APP = "chaos"
 GROUPS = 48
 
 
-@pytest.fixture(scope="module")
-def chaos_app(serve_instance, tmp_path_factory):
-    model = ensure_tiny_model(tmp_path_factory.mktemp("models") / "tiny-grrm")
-    serve.run(build_app(chaos_config(model)), name=APP, route_prefix=f"/{APP}")
-    yield f"{serve_instance}/{APP}", serve.get_deployment_handle("GRRMReplica", app_name=APP)
-    serve.delete(APP)
+def test_a_quick_chaos_run_streams_floods_and_refuses_bad_inputs_without_losing_a_member(local_app):
+    """bench.chaos --quick's phases without a fault: a baseline stream, then dangling members (groups
+    that never complete) beside a stream, then the bad inputs, on the same app."""
+    url, handle, config = local_app
+    rows, bad = asyncio.run(run_chaos(url, handle, LOCAL_APP, config, groups=12, dangling_groups=24, faults=()))
+    phases = {row["phase"]: row for row in rows}
+    assert set(phases) == {"baseline", "dangling_flood"}
+    for row in phases.values():
+        assert row["members_lost"] == 0 and row["groups_duplicated"] == 0 and row["split_groups"] == 0, row
+    # Each dangling member answered with a timeout (none lost), and none left waiting.
+    assert set(phases["dangling_flood"]["dangling_answered"]) == {"timeout"}, phases["dangling_flood"]
+    assert phases["dangling_flood"]["members_waiting_after"] == 0, phases["dangling_flood"]
+    statuses = {row["input"]: row["status"] for row in bad}
+    assert statuses == {'"group_size": true': 422, "10 MB /v1/score body (urllib)": 413,
+                        "forged candidate (fake block B)": 200}, bad
+    forged = next(row for row in bad if row["input"].startswith("forged"))
+    assert "code fences in the prompt: 6" in forged["answer"], forged
+    # No bad input took a replica down.
+    assert all(row["replicas_running_after"] == row["replicas_running_before"] == 2 for row in bad), bad
 
 
 @pytest.mark.parametrize("fault", ["engine_core_kill", "replica_kill"])
-def test_a_fault_mid_stream_loses_no_member_and_scores_no_group_twice(chaos_app, fault, capsys):
-    url, handle = chaos_app
-    row = asyncio.run(fault_phase(url, handle, APP, fault, run=fault, groups=GROUPS))
+def test_a_fault_mid_stream_loses_no_member_and_scores_no_group_twice(local_app, fault, capsys):
+    url, handle, _ = local_app
+    row = asyncio.run(fault_phase(url, handle, LOCAL_APP, fault, run=fault, groups=GROUPS))
     summary = {key: value for key, value in row.items() if key != "answers"}
     # The fault hit work in flight: members waiting or groups scoring on the victim.
     assert row["victim_members_waiting"] + row["victim_scoring_groups"] > 0, summary

@@ -3,7 +3,7 @@
 chosen, not forced (deployments/placement.py): on CPU the replica runs its two TP ranks as
 processes (vLLM's ``mp`` executor), so every replica's engine core has two TP worker children.
 
-Routing and member assembly are the TP = 1 ones: 24 groups of 4 streamed member by member,
+Routing and member assembly are the TP = 1 ones: 12 groups of 4 streamed member by member,
 half over HTTP and half over the handle, all valid, each scored once, on one replica. Then one
 TP rank's process is killed mid-stream: the replica's engine is dead, the replica ends itself,
 its members are re-sent and scored elsewhere, and Serve starts a new TP replica; no member is
@@ -26,7 +26,8 @@ from deployments.app import build_app
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 APP = "tensor-parallel"
-GROUPS = 24
+GROUPS = 24  # the rank kill: enough groups in flight when it strikes
+BASELINE_GROUPS = 12
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +52,22 @@ def test_tensor_parallel_replicas_run_their_ranks_and_score_members_over_http_an
     for info in infos.values():
         for rank in (0, 1):
             assert psutil.Process(tensor_parallel_worker_pid(info["pid"], rank)).is_running()
-    row = asyncio.run(fault_phase(url, handle, APP, None, run="tp-baseline", groups=GROUPS))
+    row = asyncio.run(fault_phase(url, handle, APP, None, run="tp-baseline", groups=BASELINE_GROUPS))
     transports = {answer["transport"] for answer in row["answers"]}
     summary = {key: value for key, value in row.items() if key != "answers"}
     assert transports == {"http", "handle"}
-    assert row["members_sent"] == row["members_valid"] == GROUPS * 4, summary
+    assert row["members_sent"] == row["members_valid"] == BASELINE_GROUPS * 4, summary
     assert row["split_groups"] == 0 and row["groups_duplicated"] == 0 and row["ledger_mismatches"] == 0, summary
+
+
+def test_bench_tensor_parallel_scores_whole_groups_on_the_tensor_parallel_replicas(tensor_parallel_app):
+    """bench.tensor_parallel's scoring (what its --quick run measured per TP size), on this app."""
+    from bench.tensor_parallel import score_groups
+
+    url, _ = tensor_parallel_app
+    row = asyncio.run(score_groups(url, groups=8, concurrency=8))
+    assert row["groups"] == row["valid"] == 8, row
+    assert row["groups_per_s"] > 0 and row["p99_ms"] >= row["p50_ms"] > 0, row
 
 
 def test_a_killed_tensor_parallel_rank_loses_no_member(tensor_parallel_app):
@@ -69,3 +80,4 @@ def test_a_killed_tensor_parallel_rank_loses_no_member(tensor_parallel_app):
     assert row["scorings_seen"] == GROUPS and row["groups_duplicated"] == 0, summary
     assert row["engine_core_left"] is False, "the killed rank's process is still there"
     assert row["replicas_back_s"] is not None, "Serve did not run 2 TP replicas again"
+

@@ -8,30 +8,19 @@ decoding, parsing, routing, HTTP."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
-
 import httpx
 import pytest
-from ray import serve
 
 from cluster import gqm
-from cluster.tiny_model import ensure_tiny_model
-from deployments.app import build_app
-from deployments.config import load_app_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-LOCAL_YAML = Path(__file__).resolve().parents[2] / "deployments" / "local.yaml"
-
 
 @pytest.fixture(scope="module")
-def vllm_app_url(serve_instance, tmp_path_factory):
-    config = load_app_config(LOCAL_YAML)
-    model = ensure_tiny_model(tmp_path_factory.mktemp("models") / "tiny-grrm")
-    config = config.model_copy(update={"engine": config.engine.model_copy(update={"model": str(model)})})
-    serve.run(build_app(config), name="grrm-vllm", route_prefix="/vllm")
-    yield f"{serve_instance}/vllm", config
-    serve.delete("grrm-vllm")
+def vllm_app_url(local_app):
+    """The session's deployment of local.yaml's app (tests/conftest.py)."""
+    url, _, config = local_app
+    return url, config
 
 
 GROUP = {
