@@ -1,4 +1,4 @@
-"""Overload (issue 7, part 3): offered load at 10x capacity for a minute over HTTP. The service
+"""Overload: offered load at 10x capacity for 20 s over HTTP (``GRRM_OVERLOAD_SECONDS`` for longer). The service
 sheds with 503 + Retry-After (never a 5xx of another kind, never a hang), replica memory stays
 bounded, the trainer bridge backs off and eventually gets every reward, and the service recovers
 by itself when the load drops. Engine: scripted with a fixed service time, so capacity is known
@@ -28,7 +28,7 @@ APP = "overload"
 SERVICE_S = 0.5  # scripted engine time per group
 SLOTS = 2  # max_ongoing_requests: capacity = SLOTS / SERVICE_S = 4 groups/s
 CAPACITY = SLOTS / SERVICE_S
-LOAD_S = float(os.environ.get("GRRM_OVERLOAD_SECONDS", "60"))
+LOAD_S = float(os.environ.get("GRRM_OVERLOAD_SECONDS", "20"))
 
 
 def group(i: int, tag: str = "o") -> dict:
