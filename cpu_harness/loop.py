@@ -142,6 +142,9 @@ class Harness:
     models: dict[str, Path] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)
     runs: int = 0
+    # The replicas' stats after the last run (None: unknown, read before the next run): nothing
+    # scores between runs, so they are the next run's starting point.
+    _stats: dict[str, dict] | None = None
     # Fake GPUs on the head: enough for every mode (trainer pool + standalone rollout pool).
     num_gpus: int = FAKE_GPUS
     # Logical CPUs on the head (Ray's bookkeeping only): enough for every mode's actors.
@@ -173,6 +176,7 @@ class Harness:
     def redeploy(self, service_config: Path | None) -> None:
         """Replace the reward application by another Serve config's (same head, same HTTP port)."""
         self.service_config = service_config
+        self._stats = None
         reward_service.run_command("delete", self._address())
         port = int(self.service_url.rsplit(":", 1)[1])
         reward_service.run_command("deploy", self._address(), http_port=port, **self._service())
@@ -236,7 +240,8 @@ class Harness:
         )
         argv, env = main_ppo_command(run)
         argv = argv[:3] + merge_overrides(argv[3:], list(extra_overrides or []))
-        before = self.replica_stats()
+        before = self._stats if self._stats is not None else self.replica_stats()
+        self._stats = None
         stopper = None
         started_at = time.time()
         if stop_service_after_step is not None:
@@ -264,9 +269,12 @@ class Harness:
                 stopped = reward_service.last_json_line(out)
             except subprocess.TimeoutExpired:
                 stopper.kill()
-        after = self.replica_stats() if stopped is None else {}
-        # A stopped service's groups were read just before the stop (they went with its replicas).
-        scored = self.scored_groups(since=started_at) if stopped is None else stopped.pop("scored_groups", [])
+        if stopped is None:  # stats and groups in one process
+            answer = reward_service.run_command("report", self._address(), since=started_at, **self._service()) or {}
+            after, scored = answer.get("stats", {}), answer.get("groups", [])
+            self._stats = after
+        else:  # a stopped service's groups were read just before the stop (they went with its replicas)
+            after, scored = {}, stopped.pop("scored_groups", [])
         return TrainingReport(
             returncode=returncode,
             wall_s=wall_s,

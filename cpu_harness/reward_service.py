@@ -8,6 +8,8 @@ Each command connects to the cluster (``--address``), does one thing and exits, 
   replica runs;
 * ``stats``: per replica, the assembler's counters and the groups its engine path scored (JSON);
 * ``groups``: the groups every replica scored since ``--since`` (Unix seconds), with their times;
+* ``report``: ``stats`` and ``groups`` at once (``{"stats": ..., "groups": [...]}``: one process
+  after a training run instead of two);
 * ``delete``: removes the application (the trainer's handles and HTTP calls then fail);
 * ``stop-when``: connects first, then waits until verl's metrics file shows step ``--after-step``
   and stops the service at once (deletes the application and kills its actors): a reward service
@@ -191,7 +193,7 @@ def last_json_line(output: str) -> dict | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cpu_harness.reward_service", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=("deploy", "stats", "groups", "delete", "stop-when"))
+    parser.add_argument("command", choices=("deploy", "stats", "groups", "report", "delete", "stop-when"))
     parser.add_argument("--address", required=True, help="the Ray cluster's GCS address")
     parser.add_argument("--http-port", type=int, default=8000)
     parser.add_argument("--model-dir", default=None, help="tiny GRRM model directory (default: the config's)")
@@ -208,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(replica_stats(args.address, config)))
     elif args.command == "groups":
         print(json.dumps(scored_groups(args.address, config, args.since)))
+    elif args.command == "report":
+        report = {"stats": replica_stats(args.address, config), **scored_groups(args.address, config, args.since)}
+        print(json.dumps(report))
     elif args.command == "stop-when":
         print(json.dumps(stop_when(args.address, config, args.metrics_file, args.after_step, args.since)))
     else:
