@@ -13,6 +13,11 @@ from bench.common import free_port
 
 # Logical CPUs (Ray's bookkeeping; the machine may have 2): enough for every module's replicas.
 SESSION_CPUS = 8
+# Tests that run Ray heads of their own, not the session's: verl's real trainer (tests/verl_trainer/,
+# a head per module) and the multi-node cluster of the node faults. scripts/test.sh runs them in a
+# pytest-xdist worker of their own beside the rest (they wait on process start-ups more than they
+# compute, so the two share 2 cores well).
+OWN_CLUSTER_TESTS = ("tests/verl_trainer/", "tests/reliability/test_node_faults.py")
 # Applications deployed once for the session, kept between modules.
 SESSION_APPS: set[str] = set()
 LOCAL_APP = "local"
@@ -65,3 +70,10 @@ def _delete_apps_a_module_left():
 
     for name in set(serve.status().applications) - SESSION_APPS:
         serve.delete(name)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Two xdist groups: the tests on Ray heads of their own, and the rest (the session's cluster)."""
+    for item in items:
+        own = any(item.nodeid.startswith(path) for path in OWN_CLUSTER_TESTS)
+        item.add_marker(pytest.mark.xdist_group("own_clusters" if own else "session_cluster"))
