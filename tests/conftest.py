@@ -72,6 +72,7 @@ def _delete_apps_a_module_left():
         serve.delete(name)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     """Two xdist groups: the tests on Ray heads of their own, and the rest (the session's cluster)."""
     for item in items:
