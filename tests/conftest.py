@@ -72,9 +72,16 @@ def _delete_apps_a_module_left():
         serve.delete(name)
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
-def pytest_collection_modifyitems(config, items):
-    """Two xdist groups: the tests on Ray heads of their own, and the rest (the session's cluster)."""
-    for item in items:
-        own = any(item.nodeid.startswith(path) for path in OWN_CLUSTER_TESTS)
-        item.add_marker(pytest.mark.xdist_group("own_clusters" if own else "session_cluster"))
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` (scripts/test.sh): two groups, each whole on one worker: the tests on Ray
+    heads of their own, and the rest. (pytest-xdist's own grouping renames test ids through an
+    attribute pytest 9 no longer reads, so the groups are made here, from the test ids.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByCluster(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "own_clusters" if nodeid.startswith(OWN_CLUSTER_TESTS) else "session_cluster"
+
+    return ByCluster(config, log)
