@@ -42,8 +42,9 @@ from typing import Any
 import httpx
 
 from bench.autoscale import running_replicas
-from bench.common import local_serve, machine, print_table, write_json
+from bench.common import free_port, machine, print_table, write_json
 from cluster import gqm, prompt_guard
+from cluster.assembly import LEDGER_WRITE_BUDGET_S
 from cluster.schema import MemberRequest
 
 LOCAL_YAML = Path(__file__).resolve().parent.parent / "deployments" / "local.yaml"
@@ -151,6 +152,19 @@ async def wait_for_replicas(handle, app: str, count: int, gone: str | None, time
     return None
 
 
+async def settled_infos(handle, app: str, timeout_s: float = LEDGER_WRITE_BUDGET_S + 30) -> dict[str, dict]:
+    """``info()`` of every scorer replica, once none has a ledger write still under way (or
+    ``timeout_s`` passed, by default past the writes' own budget): a write that outlasted its
+    members' wait lands after their answers."""
+    started = time.monotonic()
+    while True:
+        infos = await replica_infos(handle, app)
+        pending = sum(info["assembler"]["ledger_writes_pending"] for info in infos.values())
+        if not pending or time.monotonic() - started > timeout_s:
+            return infos
+        await asyncio.sleep(0.5)
+
+
 # ------------------------------------------------------------------------------ the load
 
 
@@ -179,7 +193,7 @@ class MemberSender:
 
     async def send(self, member: dict, transport: str) -> dict:
         record: dict[str, Any] = {"group_id": member["group_id"], "index": member["index"], "transport": transport,
-                                  "sent_at": time.monotonic(), "replica": None, "group_scores": None}
+                                  "sent_at": time.monotonic()}
         try:
             if transport == "http":
                 response = await self.http.post(f"{self.url}/v1/score/member", json=member)
@@ -274,18 +288,32 @@ def tally(answers: list[dict], before: dict[str, dict], after: dict[str, dict], 
     }
 
 
-async def ledger_mismatches(app: str, answers: list[dict]) -> int:
-    """Groups whose ledger record differs from what their members were told."""
+async def ledger_mismatches(app: str, answers: list[dict]) -> dict[str, int]:
+    """Groups whose ledger record differs from what their members were told, and how many of
+    those the ledger lacks altogether."""
     from ray import serve
 
     ledger = serve.get_deployment_handle("GRRMLedger", app_name=app)
     told = {a["group_id"]: (a["replica"], tuple(a["group_scores"] or ())) for a in answers if a["valid"]}
-    mismatches = 0
+    mismatches = missing = 0
     for group_id, (replica, scores) in told.items():
         record = await ledger.get.remote(group_id)
+        missing += record is None
         if record is None or record.verdict.replica != replica or tuple(record.verdict.scores or ()) != scores:
             mismatches += 1
-    return mismatches
+    return {"ledger_mismatches": mismatches, "ledger_missing": missing}
+
+
+def counter_growth(before: dict[str, dict], after: dict[str, dict], counter: str) -> int:
+    """How much the live replicas' assembler ``counter`` grew (a replacement counts from zero)."""
+    return sum(info["assembler"][counter] - before.get(replica, {}).get("assembler", {}).get(counter, 0)
+               for replica, info in after.items())
+
+
+def row_summary(row: dict) -> str:
+    """A phase's row without its raw answers, as a str (a test's assertion message: pytest shows
+    a str whole, a dict's repr cut short)."""
+    return str({key: value for key, value in row.items() if key != "answers"})
 
 
 def process_left(pid: int | None) -> bool | None:
@@ -332,11 +360,14 @@ async def fault_phase(url: str, handle, app: str, fault: str | None, run: str, g
     if fault:
         waited = await wait_for_replicas(handle, app, replicas, victim)
         replicas_back_s = None if waited is None else time.monotonic() - injected["at"]
-    after = await replica_infos(handle, app)
+    after = await settled_infos(handle, app)
     row: dict[str, Any] = {"phase": fault or run, **tally(answers, before, after, victim)}
     # Without a fault no replica may be replaced: a slow engine under full load is not a hang.
     row["replicas_replaced"] = len(set(before) - set(after))
-    row["ledger_mismatches"] = await ledger_mismatches(app, answers)
+    row.update(await ledger_mismatches(app, answers))
+    # Why a record may be missing or differ: ledger calls that failed or ran late.
+    row.update({counter: counter_growth(before, after, counter)
+                for counter in ("ledger_errors", "ledger_late_writes", "ledger_adopted")})
     if fault:
         at = injected["at"]
         in_flight = [a for a in answers if a["sent_at"] < at < a["answered_at"]]
@@ -470,19 +501,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.tensor_parallel_size > 1:
         faults = (*faults, *TENSOR_PARALLEL_FAULTS)
 
+    import ray
     from ray import serve
 
     from cluster.tiny_model import ensure_tiny_model
     from deployments.app import build_app
 
     app = "chaos"
-    with local_serve() as base_url:
+    port = free_port()
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
         # A 10 s assembly timeout (local.yaml: 60 s) so the dangling members time out within the run.
         config = chaos_config(ensure_tiny_model(), assembly_timeout_s=10, tensor_parallel_size=args.tensor_parallel_size)
         serve.run(build_app(config), name=app, route_prefix=f"/{app}")
         handle = serve.get_deployment_handle(REPLICA_DEPLOYMENT, app_name=app)
-        url = f"{base_url}/{app}"
+        url = f"http://127.0.0.1:{port}/{app}"
         rows, bad = asyncio.run(run_chaos(url, handle, app, config, args.groups, args.dangling_groups, faults))
+    finally:
+        serve.shutdown()
+        ray.shutdown()
     print_table(rows, FAULT_COLUMNS)
     print_table(bad, ["input", "expected", "status", "answer"])
     name = "chaos" if args.tensor_parallel_size == 1 else f"chaos_tp{args.tensor_parallel_size}"

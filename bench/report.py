@@ -11,13 +11,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.common import results_dir
+from bench.common import RESULTS
 
 OUT = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 
 
 def load(name: str) -> Any | None:
-    path = results_dir() / f"{name}.json"
+    path = RESULTS / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -81,6 +81,36 @@ def section(title: str, command: str, body: str, name: str | None, note: str = "
     return "\n".join(parts + [body, ""])
 
 
+HANDLE_PATH_NOTE = (
+    "The product's Serve handle path against a bare Ray Serve deployment doing the same engine work (a "
+    "`GroupScorer`, nothing else), one layer at a time: the group-aware router, the `GRRMReplica` (metrics, "
+    "outstanding-work accounting, assembler), `ScorerClient` (retry on replica death, availability check, a request "
+    "id per call), and the trainer bridge's path, one `score_member` call per rollout assembled on the replica (4 "
+    "per group). One replica, a closed loop of 128 groups in flight, paths interleaved over rounds; ratios to "
+    "`bare_serve` in the same round. `cpu_ms_per_call_*`: CPU milliseconds per call of the driver (the caller and "
+    "the handle's router loop), the replica, the ledger replicas, and every other process (controller, proxy, "
+    "raylet, GCS), from `psutil`: on 2 cores the path is CPU-bound, so CPU per call is where the time goes. Engines are "
+    "scripted (simulated): `zero` answers at once. What it shows: the router, replica and client layers stay within "
+    "the round-to-round spread of bare Serve; Serve's own call (about 2.3 ms of caller CPU and 2 ms in the replica) "
+    "bounds the path. The member path adds its ledger traffic, per group one lookup and one write per ledger copy "
+    "(this bench runs one copy, `grrm.yaml` two), each a Serve call of its own. Rounds rotate the path order: with "
+    "`bare_serve` always first, one earlier run put every other path at 0.71-0.80. Coalescing the ledger's calls "
+    "(a group commit, tried and withdrawn at stop 28) cut `cpu_ms_per_group_ledger` to about 0.7 ms in a run of its "
+    "own."
+)
+
+HALF_COST_NOTE = (
+    "A run of its own, set up as section 9 (the same SIMULATED reward cost model) at half the cost: a batch's "
+    "scoring takes 0.5x the zero-cost sync run's generation time ({calibration} s). Ratios within this run only. "
+    "Each row also records the median of every phase verl times (`phases_s`); the second table is each phase's "
+    "growth over the mode's zero-cost run. The step waits for rewards only inside `gen` (generation plus the reward "
+    "wait in sync and legacy; the wait for a ready batch in the asynchronous modes; one_step_off times its "
+    "generation, which overlaps training, as `generate_async`); growth in the training phases is generation competing with training for the same 2 cores (docs/exposure.md, \"Step time\"). One "
+    "configuration's step time moves by more than 5% from run to run on this machine (the zero-cost sync step: "
+    "{main_sync} s in section 9's run, {this_sync} s in this one), so a step ratio near 1 is good to about +-15% here."
+)
+
+
 def main() -> int:
     sections = [
         "# Benchmarks",
@@ -122,6 +152,14 @@ def main() -> int:
             "On this 2-core machine the handle path meets the p50 target at concurrency 1 only; HTTP and high "
             "concurrency miss both targets: the load generator, the HTTP proxy, the ingress and the replica "
             "share two cores. Engines are scripted (simulated).",
+        ))
+    handle_path = load("handle_path")
+    if handle_path:
+        from bench.handle_path import COLUMNS as HANDLE_PATH_COLUMNS
+
+        sections.append(section(
+            "2b. Where the handle path's time goes (issue 19)", ".venv/bin/python -m bench.handle_path",
+            table(handle_path, HANDLE_PATH_COLUMNS), "handle_path", HANDLE_PATH_NOTE,
         ))
     routing = load("routing")
     if routing:
@@ -184,8 +222,12 @@ def main() -> int:
         "Mixed load for 10 minutes on 2 replicas (scripted engine): HTTP groups, handle members, bad requests.",
     ))
     from bench.verl_trainer import COLUMNS as VERL_COLUMNS
+    from bench.verl_trainer import GROWTH_COLUMNS, phase_growth, zero_cost_row
 
-    for name in ("verl_trainer", "verl_trainer_offpolicy"):
+    def zero_cost_sync_step(runs: list[dict] | None) -> str:
+        return fmt((zero_cost_row(runs or [], "sync") or {}).get("step_s"))
+
+    for name in ("verl_trainer", "verl_trainer_offpolicy", "verl_trainer_half"):
         runs = load(name)
         if not runs:
             continue
@@ -212,17 +254,26 @@ def main() -> int:
                 f"--steps {settings.get('steps', '?')}`."
             )
         else:
-            title = "9b. verl's real trainer, the off-policy modes one_step_off and fully_async (issue 19)"
             command = (f".venv/bin/python -m bench.verl_trainer --modes {settings.get('modes', '?')} --costs "
                        f"{settings.get('costs', '?')} --steps {settings.get('steps', '?')} --name {name}")
+        if name == "verl_trainer_half":
+            title = "9c. verl's real trainer at reward = 0.5 x generation, every mode, and where the step time goes (issue 19)"
+            note = HALF_COST_NOTE.format(calibration=calibration, main_sync=zero_cost_sync_step(load("verl_trainer")),
+                                         this_sync=zero_cost_sync_step(runs))
+        elif name == "verl_trainer_offpolicy":
+            title = "9b. verl's real trainer, the off-policy modes one_step_off and fully_async (issue 19)"
             note = (
                 "A run of its own, set up as section 9 (the same SIMULATED reward cost model), calibrated on its own "
                 f"zero-cost sync run ({calibration} s of generation per step): ratios within this "
                 "run only. Both modes run a second policy vLLM server (the rollouter) beside the trainer's on the same "
                 "2 cores. fully_async logs each step's training metrics one step late."
             )
-        sections.append(section(title, command, table(runs, VERL_COLUMNS), name,
-                                note + f"\n\nPlot: `bench/results/{name}.png`."))
+        body = table(runs, VERL_COLUMNS)
+        growth = phase_growth(runs)
+        if growth:
+            body += "\n\nWhere the step time went (seconds over the mode's zero-cost run, medians):\n\n" + table(
+                growth, GROWTH_COLUMNS)
+        sections.append(section(title, command, body, name, note + f"\n\nPlot: `bench/results/{name}.png`."))
     chaos = load("chaos")
     if chaos:
         sections.append(section(
@@ -324,7 +375,9 @@ def main() -> int:
             "`head_restart` kills the whole head (GCS, Serve controller, raylet, proxy) without grace and starts a "
             "new head on the same Redis and GCS port 5 s later (as KubeRay restarts the head pod). There the "
             "members stream from a detached actor on a worker node, over that node's own Serve proxy "
-            "(`RAY_SERVE_WORKER_PROXY_HTTP_PORT`: each worker proxy binds its own port on one machine) and a handle; "
+            "(`RAY_SERVE_WORKER_PROXY_HTTP_PORT`: each worker proxy binds its own port on one machine) and a handle, "
+            "after one unrecorded round (a process's first call through a Serve handle reads the GCS, blocking "
+            "its event loop: the faults hit a path that has called, as in the middle of a training); "
             "`answered_while_down`: answers that arrived while the GCS or the head was down; `scorers_replaced`: "
             "scorer replicas gone after the phase (0: no model reload); `app_status_after`: the app's status from "
             "the restarted controller. The node rows run without GCS fault tolerance: with the app running, a worker "

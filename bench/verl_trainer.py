@@ -42,7 +42,7 @@ from typing import Any
 
 import yaml
 
-from bench.common import machine, print_table, results_dir, write_json
+from bench.common import RESULTS, machine, print_table, write_json
 
 TRAINER_MODES = ("sync", "legacy", "colocate_async", "separate_async", "one_step_off", "fully_async")
 BASELINE = "after_batch"
@@ -98,6 +98,8 @@ def summarize(mode: str, cost: float, report: Any) -> dict[str, Any]:
         "steps": len(steps),
         "gen_s": median(steps, "timing_s/gen"),
         "step_s": median(steps, "timing_s/step"),
+        # Each logged step's time: the spread within a run is the noise any ratio has to beat.
+        "step_s_each": [entry["data"]["timing_s/step"] for entry in steps],
         "reward_s": median(steps, "timing_s/reward"),
         "exposed_reward_s": median(steps, "grrm/exposed_reward_s"),
         "limit_s": median(steps, "grrm/limit_s"),
@@ -106,12 +108,19 @@ def summarize(mode: str, cost: float, report: Any) -> dict[str, Any]:
         f"{int(sum(e['data'].get('grrm/rewards', 0) for e in steps))}",
         "failed_rewards": int(sum(entry["data"].get("grrm/failed", 0) for entry in steps)),
         "defaults": _defaults(steps),
+        "phases_s": _phases(steps),
         "returncode": report.returncode,
         "simulated_reward": True,
     }
     if mode == BASELINE:  # the whole batch's scoring is exposed: verl's own reward phase
         row["exposed_reward_s"] = row["reward_s"]
     return row
+
+
+def _phases(steps: list[dict]) -> dict[str, float]:
+    """Median seconds of each phase verl times (``timing_s/*``): where a costlier reward's extra step time goes."""
+    keys = sorted({key for entry in steps for key in entry["data"] if key.startswith("timing_s/")})
+    return {key.removeprefix("timing_s/"): median(steps, key) for key in keys}
 
 
 def _defaults(steps: list[dict]) -> dict[str, int]:
@@ -124,16 +133,49 @@ def _defaults(steps: list[dict]) -> dict[str, int]:
     return defaults
 
 
+def zero_cost_row(rows: list[dict], mode: str) -> dict | None:
+    """The mode's zero-cost run among ``rows`` (None when the run has none)."""
+    return next((row for row in rows if row["mode"] == mode and row["reward_cost"] == 0), None)
+
+
 def add_ratios(rows: list[dict]) -> None:
     """Each row's step time over its mode's zero-cost run and over after_batch's at the same cost."""
     by_key = {(row["mode"], row["reward_cost"]): row for row in rows}
     for row in rows:
-        zero = by_key.get((row["mode"], 0.0))
+        zero = zero_cost_row(rows, row["mode"])
         if zero and zero["step_s"] and row["step_s"] and row["reward_cost"] > 0:
             row["step_vs_zero_cost"] = row["step_s"] / zero["step_s"]
         baseline = by_key.get((BASELINE, row["reward_cost"]))
         if baseline and baseline["step_s"] and row["step_s"] and row["mode"] != BASELINE:
             row["step_vs_after_batch"] = row["step_s"] / baseline["step_s"]
+
+
+# one_step_off times its generation, which overlaps training, as generate_async, not gen.
+GROWTH_PHASES = ("gen", "generate_async", "old_log_prob", "ref", "adv", "update_actor", "update_weights")
+
+
+def phase_growth(rows: list[dict]) -> list[dict]:
+    """Per mode and non-zero cost: how much longer the step and each of verl's timed phases took
+    than in the mode's zero-cost run, beside the step's limit. A step that grew by less than the
+    limit hid part of the reward wait behind reward-independent work; growth outside the phase
+    that waits for rewards is contention for the cores, not waiting."""
+    growth = []
+    for row in rows:
+        zero = zero_cost_row(rows, row["mode"])
+        if row["reward_cost"] == 0 or zero is None or not row.get("phases_s") or not zero.get("phases_s"):
+            continue
+        entry = {"mode": row["mode"], "reward_cost": row["reward_cost"],
+                 "step_growth_s": row["step_s"] - zero["step_s"], "limit_s": row["limit_s"],
+                 "zero_cost_step_s": zero["step_s"]}
+        for phase in GROWTH_PHASES:
+            if phase in row["phases_s"] and phase in zero["phases_s"]:
+                entry[f"{phase}_growth_s"] = row["phases_s"][phase] - zero["phases_s"][phase]
+        growth.append(entry)
+    return growth
+
+
+GROWTH_COLUMNS = ["mode", "reward_cost", "zero_cost_step_s", "step_growth_s", "limit_s",
+                  *(f"{phase}_growth_s" for phase in GROWTH_PHASES)]
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -241,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(run(mode, cost))
     add_ratios(rows)
     print_table(rows, COLUMNS)
+    print_table(phase_growth(rows), GROWTH_COLUMNS)
     write_json(
         args.name,
         rows,
@@ -254,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         },
     )
     if not args.quick:
-        plot(rows, results_dir() / f"{args.name}.png")
+        plot(rows, RESULTS / f"{args.name}.png")
     return 0
 
 

@@ -35,6 +35,9 @@ _MISSING_INDICES_SHOWN = 20
 _INVALID_DIGEST = b""
 # Scored groups kept for recent_groups() (timestamps for diagnostics and tests).
 RECENT_GROUPS = 10_000
+# How long a ledger write may go on after its members were answered (a ledger replica being
+# replaced, a starved CPU) before it is given up and counted as a ledger error.
+LEDGER_WRITE_BUDGET_S = 60.0
 
 # A member's identity within its group: its index, or its member_id (MemberRequest.key).
 MemberKey: TypeAlias = int | str
@@ -232,6 +235,7 @@ class GroupAssembler:
         self._members_waiting = 0
         self._closed = False
         self._background: set[asyncio.Task[None]] = set()
+        self._ledger_writes: set[asyncio.Task[None]] = set()
         self._counters = dict.fromkeys(
             (
                 "members_received",
@@ -249,6 +253,7 @@ class GroupAssembler:
                 "cancelled_waiters",
                 "ledger_adopted",  # groups answered from the ledger (scored by a replica now gone)
                 "ledger_errors",  # ledger calls that failed or timed out (scoring goes on without)
+                "ledger_late_writes",  # writes that outlasted ledger_timeout_s: answered first, written after
                 "groups_abandoned",  # the engine died while scoring them: no verdict, not answered
             ),
             0,
@@ -323,6 +328,7 @@ class GroupAssembler:
             "scoring_groups": len(self._scoring),
             "members_waiting": self._members_waiting,
             "completed_cached": len(self._completed),
+            "ledger_writes_pending": len(self._ledger_writes),
         }
 
     def expire_overdue(self) -> None:
@@ -353,7 +359,16 @@ class GroupAssembler:
         await asyncio.gather(*scoring, return_exceptions=True)
         for lookup in list(self._background):
             lookup.cancel()
+        await self.finish_ledger_writes(self._ledger_timeout_s)
+        for write in list(self._ledger_writes):
+            write.cancel()
         self._completed.clear()
+
+    async def finish_ledger_writes(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for the ledger writes still under way (the records of groups
+        already answered): a replica about to end gives them this grace."""
+        if self._ledger_writes:
+            await asyncio.wait(set(self._ledger_writes), timeout=timeout_s)
 
     # ---------------------------------------------------------------------------- collect
 
@@ -406,14 +421,29 @@ class GroupAssembler:
         self._resolve(assembly, record.verdict)
 
     async def _publish(self, assembly: _Assembly, verdict: Verdict) -> None:
-        """Write a scored group to the ledger before its members hear of it."""
+        """Write a scored group to the ledger before its members hear of it.
+
+        The members wait for the write at most ``ledger_timeout_s`` (a ledger outage must not hold
+        answers back); a write still under way then goes on in the background, so a slow ledger
+        delays the record instead of losing it: a member re-sent after this replica dies must find
+        what the others were told.
+        """
         if self._ledger is None:
             return
+        write = asyncio.get_running_loop().create_task(
+            self._write(assembly.group_id, self._record(assembly, verdict)), name=f"ledger-put-{assembly.group_id}"
+        )
+        self._ledger_writes.add(write)
+        write.add_done_callback(self._ledger_writes.discard)
         try:
-            await asyncio.wait_for(
-                self._ledger.put(assembly.group_id, self._record(assembly, verdict)), self._ledger_timeout_s
-            )
-        except Exception:  # noqa: BLE001 - a ledger outage must not hold answers back
+            await asyncio.wait_for(asyncio.shield(write), self._ledger_timeout_s)
+        except TimeoutError:
+            self._counters["ledger_late_writes"] += 1
+
+    async def _write(self, group_id: str, record: CompletedGroup) -> None:
+        try:
+            await asyncio.wait_for(self._ledger.put(group_id, record), LEDGER_WRITE_BUDGET_S)
+        except Exception:  # noqa: BLE001 - counted; the members were answered regardless
             self._counters["ledger_errors"] += 1
 
     def _join(self, assembly: _Assembly, member: MemberRequest, received_at: float) -> MemberResult | None:

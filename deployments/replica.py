@@ -152,9 +152,13 @@ class GRRMReplica:
         self._ending = loop.create_task(self._end_process(), name="end-replica")
 
     async def _end_process(self) -> NoReturn:
-        # Stopping the engine releases its processes and memory; Ray would reap them anyway.
+        # Meanwhile the records of groups already answered reach the ledger (bounded), for the
+        # members whose answers this process's end cuts off.
+        ledger_writes = asyncio.ensure_future(self.assembler.finish_ledger_writes(ENGINE_STOP_TIMEOUT_S))
         try:
+            # Stopping the engine releases its processes and memory; Ray would reap them anyway.
             await asyncio.wait_for(self.engine.stop(), ENGINE_STOP_TIMEOUT_S)
+            await ledger_writes
         except BaseException as error:  # noqa: BLE001 - the process ends whatever happened
             logger.warning("replica %s: engine stop after its loss failed: %r", self.name, error)
         finally:

@@ -32,14 +32,15 @@ if [ ! -f "$stamp" ]; then
   source scripts/uv.sh
   rm -rf "$VENV"  # a changed lock rebuilds from scratch: nothing left over from the last one
   "$UV" venv --quiet --python "$(command -v "$PY")" "$VENV"
-  uv_pip=("$UV" pip --quiet)
-  python=(--python "$VENV/bin/python")
+  # Bytecode compiled now, as pip does: with PYTHONDONTWRITEBYTECODE set (as on this machine kind)
+  # every process would otherwise compile torch, vLLM and verl again at each import.
+  flags=(--quiet --compile-bytecode --python "$VENV/bin/python")
   # 1. Every locked package, hashes checked; torch is the CPU build (see scripts/uv.sh).
-  "${uv_pip[@]}" sync "${python[@]}" --require-hashes "${TORCH_SOURCE[@]}" requirements/lock.txt
+  "$UV" pip sync "${flags[@]}" --require-hashes "${TORCH_SOURCE[@]}" requirements/lock.txt
   # 2. vLLM's CPU build and verl, without their dependencies (why: requirements/no-deps.txt).
-  "${uv_pip[@]}" install "${python[@]}" --require-hashes --no-deps -r requirements/no-deps.lock.txt
+  "$UV" pip install "${flags[@]}" --require-hashes --no-deps -r requirements/no-deps.lock.txt
   # 3. The project itself, editable, so tests and `serve run` import the checkout.
-  "${uv_pip[@]}" install "${python[@]}" --no-deps -e .
+  "$UV" pip install "${flags[@]}" --no-deps -e .
   "$VENV/bin/python" -c "import torch, vllm, ray.serve, transformers, verl, hydra, transfer_queue" \
     || { echo "[setup] FAILED: the environment does not import" >&2; exit 1; }
   touch "$stamp"

@@ -468,13 +468,15 @@ def test_settings_are_checked():
 class MemoryLedger:
     """An in-process ledger (the Serve one is deployments/ledger.py)."""
 
-    def __init__(self, fail: bool = False):
+    def __init__(self, fail: bool = False, put_delay_s: float = 0.0):
         self.records = {}
         self.fail = fail
+        self.put_delay_s = put_delay_s
 
     async def put(self, group_id, record):
         if self.fail:
             raise ConnectionError("ledger down")
+        await asyncio.sleep(self.put_delay_s)
         self.records[group_id] = record
 
     async def get(self, group_id):
@@ -520,6 +522,32 @@ async def test_a_failing_ledger_never_holds_answers_back():
     answers = await asyncio.gather(*(assembler.submit(_member_of("g", i)) for i in range(3)))
     assert all(a.valid for a in answers)
     assert assembler.stats()["ledger_errors"] >= 1
+
+
+async def test_a_slow_ledger_write_answers_the_members_first_and_still_lands():
+    # CI once lost 4 records this way: the write was cancelled at the timeout while a replica
+    # was being replaced, so members re-sent later could not find what the others were told.
+    ledger = MemoryLedger(put_delay_s=0.5)
+    assembler = GroupAssembler(_scores_by_length, assembly_timeout_s=5, ledger=ledger, ledger_timeout_s=0.1)
+    answers = await asyncio.wait_for(asyncio.gather(*(assembler.submit(_member_of("g", i)) for i in range(3))), 0.4)
+    assert all(a.valid for a in answers) and "g" not in ledger.records
+    assert assembler.stats()["ledger_late_writes"] == 1
+    await asyncio.sleep(0.6)
+    assert ledger.records["g"].verdict.scores == tuple(answers[0].group_scores)
+    assert assembler.stats()["ledger_errors"] == 0
+
+
+async def test_closing_gives_a_late_ledger_write_a_short_grace_and_no_more():
+    slow = MemoryLedger(put_delay_s=0.45)
+    assembler = GroupAssembler(_scores_by_length, assembly_timeout_s=5, ledger=slow, ledger_timeout_s=0.3)
+    await asyncio.gather(*(assembler.submit(_member_of("g", i)) for i in range(3)))
+    await assembler.close()  # the write needed 0.15 s more than its members waited: the grace covers it
+    assert "g" in slow.records
+    stuck = MemoryLedger(put_delay_s=30)
+    assembler = GroupAssembler(_scores_by_length, assembly_timeout_s=5, ledger=stuck, ledger_timeout_s=0.1)
+    await asyncio.gather(*(assembler.submit(_member_of("g", i)) for i in range(3)))
+    await asyncio.wait_for(assembler.close(), 2)  # a ledger that never answers cannot hold the shutdown
+    assert "g" not in stuck.records
 
 
 # ------------------------------------------------------------- members without a position
