@@ -13,11 +13,6 @@ from bench.common import free_port
 
 # Logical CPUs (Ray's bookkeeping; the machine may have 2): enough for every module's replicas.
 SESSION_CPUS = 8
-# Tests that run Ray heads of their own, not the session's: verl's real trainer (tests/verl_trainer/,
-# a head per module) and the multi-node cluster of the node faults. scripts/test.sh runs them in a
-# pytest-xdist worker of their own beside the rest (they wait on process start-ups more than they
-# compute, so the two share 2 cores well).
-OWN_CLUSTER_TESTS = ("tests/verl_trainer/", "tests/reliability/test_node_faults.py")
 # Applications deployed once for the session, kept between modules.
 SESSION_APPS: set[str] = set()
 LOCAL_APP = "local"
@@ -71,17 +66,3 @@ def _delete_apps_a_module_left():
     for name in set(serve.status().applications) - SESSION_APPS:
         serve.delete(name)
 
-
-def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadgroup`` (scripts/test.sh): two groups, each whole on one worker: the tests on Ray
-    heads of their own, and the rest. (pytest-xdist's own grouping renames test ids through an
-    attribute pytest 9 no longer reads, so the groups are made here, from the test ids.)"""
-    if config.getvalue("dist") != "loadgroup":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class ByCluster(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return "own_clusters" if nodeid.startswith(OWN_CLUSTER_TESTS) else "session_cluster"
-
-    return ByCluster(config, log)
