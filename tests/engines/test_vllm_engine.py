@@ -324,7 +324,7 @@ async def main(model, scheduling):
         order.append(name)
 
     # One sequence at a time: `busy` runs while `small`, then `large`, wait for it.
-    await asyncio.gather(one("busy", 1500, 0), one("small", 4, 0.3), one("large", 4, 0.6))
+    await asyncio.gather(one("busy", 500, 0), one("small", 4, 0.3), one("large", 4, 0.6))
     await engine.stop()
     print(json.dumps(order))
 
