@@ -14,7 +14,7 @@ import asyncio
 
 import pytest
 
-from bench.chaos import GROUP_SIZE, fault_phase, run_chaos
+from bench.chaos import GROUP_SIZE, fault_phase, row_summary, run_chaos
 from tests.conftest import LOCAL_APP
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -47,7 +47,7 @@ def test_a_quick_chaos_run_streams_floods_and_refuses_bad_inputs_without_losing_
 def test_a_fault_mid_stream_loses_no_member_and_scores_no_group_twice(local_app, fault, capsys):
     url, handle, _ = local_app
     row = asyncio.run(fault_phase(url, handle, LOCAL_APP, fault, run=fault, groups=GROUPS))
-    summary = {key: value for key, value in row.items() if key != "answers"}
+    summary = row_summary(row)
     # The fault hit work in flight: members waiting or groups scoring on the victim.
     assert row["victim_members_waiting"] + row["victim_scoring_groups"] > 0, summary
     assert row["in_flight_at_fault"] > 0, summary
@@ -58,8 +58,8 @@ def test_a_fault_mid_stream_loses_no_member_and_scores_no_group_twice(local_app,
     assert row["scorings_seen"] == GROUPS and row["groups_duplicated"] == 0, summary
     assert row["replicas_back_s"] is not None, "Serve did not run 2 replicas again"
     with capsys.disabled():
-        print(f"\n{fault}: " + ", ".join(f"{key} {summary[key]:.1f}" if isinstance(summary[key], float)
-                                         else f"{key} {summary[key]}" for key in (
+        print(f"\n{fault}: " + ", ".join(f"{key} {row[key]:.1f}" if isinstance(row[key], float)
+                                         else f"{key} {row[key]}" for key in (
             "members_sent", "members_valid", "members_lost", "groups_duplicated", "split_groups",
             "in_flight_at_fault", "victim_members_waiting", "victim_scoring_groups", "recovery_s",
-            "replicas_back_s", "max_latency_s", "wall_s")))
+            "replicas_back_s", "max_latency_s", "wall_s", "ledger_adopted", "ledger_late_writes", "ledger_errors")))

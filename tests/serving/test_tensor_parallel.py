@@ -19,7 +19,7 @@ import psutil
 import pytest
 from ray import serve
 
-from bench.chaos import chaos_config, fault_phase, replica_infos, tensor_parallel_worker_pid
+from bench.chaos import chaos_config, fault_phase, replica_infos, row_summary, tensor_parallel_worker_pid
 from cluster.tiny_model import ensure_tiny_model
 from deployments.app import build_app
 
@@ -54,7 +54,7 @@ def test_tensor_parallel_replicas_run_their_ranks_and_score_members_over_http_an
             assert psutil.Process(tensor_parallel_worker_pid(info["pid"], rank)).is_running()
     row = asyncio.run(fault_phase(url, handle, APP, None, run="tp-baseline", groups=BASELINE_GROUPS))
     transports = {answer["transport"] for answer in row["answers"]}
-    summary = {key: value for key, value in row.items() if key != "answers"}
+    summary = row_summary(row)
     assert transports == {"http", "handle"}
     assert row["members_sent"] == row["members_valid"] == BASELINE_GROUPS * 4, summary
     assert row["split_groups"] == 0 and row["groups_duplicated"] == 0 and row["ledger_mismatches"] == 0, summary
@@ -73,7 +73,7 @@ def test_bench_tensor_parallel_scores_whole_groups_on_the_tensor_parallel_replic
 def test_a_killed_tensor_parallel_rank_loses_no_member(tensor_parallel_app):
     url, handle = tensor_parallel_app
     row = asyncio.run(fault_phase(url, handle, APP, "tp_worker_kill", run="tp-kill", groups=GROUPS))
-    summary = {key: value for key, value in row.items() if key != "answers"}
+    summary = row_summary(row)
     assert row["in_flight_at_fault"] > 0, summary
     assert row["members_lost"] == 0 and row["members_valid"] == GROUPS * 4, summary
     assert row["split_groups"] == 0 and row["ledger_mismatches"] == 0, summary
