@@ -38,7 +38,7 @@ from typing import Any
 
 import psutil
 
-from bench.common import machine, print_table, write_json
+from bench.common import local_serve, machine, print_table, write_json
 from bench.serving import ENGINES, closed_loop, make_group
 from cluster.config import ScoringConfig
 from cluster.engines import EngineConfig, make_engine
@@ -190,15 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.groups, args.rounds, args.engines = 128, 1, "zero"
 
-    import ray
-    from ray import serve
-
-    from bench.common import free_port
-
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
     runs: list[dict[str, Any]] = []
-    try:
+    with local_serve():
         for engine in args.engines.split(","):
             for round_index in range(args.rounds):
                 # Each round starts at another path, so no path always runs first (on a fresh app).
@@ -206,9 +199,6 @@ def main(argv: list[str] | None = None) -> int:
                     row = measure(path, engine, args.concurrency, args.groups) | {"round": round_index}
                     print(f"[bench] {row}", flush=True)
                     runs.append(row)
-    finally:
-        serve.shutdown()
-        ray.shutdown()
 
     rows = aggregate(runs)
     print_table(rows, COLUMNS)

@@ -11,13 +11,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS
+from bench.common import results_dir
 
 OUT = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 
 
 def load(name: str) -> Any | None:
-    path = RESULTS / f"{name}.json"
+    path = results_dir() / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -376,8 +376,10 @@ def main() -> int:
             "new head on the same Redis and GCS port 5 s later (as KubeRay restarts the head pod). There the "
             "members stream from a detached actor on a worker node, over that node's own Serve proxy "
             "(`RAY_SERVE_WORKER_PROXY_HTTP_PORT`: each worker proxy binds its own port on one machine) and a handle, "
-            "after one unrecorded round (a process's first call through a Serve handle reads the GCS, blocking "
-            "its event loop: the faults hit a path that has called, as in the middle of a training); "
+            "by a client made before the first phase; `gcs_restart` kills the GCS 0.8 s into the stream of a fresh "
+            "app, while at least one scorer replica has had no member yet (every Serve handle of the app sets its "
+            "router up when built: Ray 2.60 reads the GCS at a handle's first call); "
+            "`scorers_answering_while_down`: the scorer replicas that answered while it was down; "
             "`answered_while_down`: answers that arrived while the GCS or the head was down; `scorers_replaced`: "
             "scorer replicas gone after the phase (0: no model reload); `app_status_after`: the app's status from "
             "the restarted controller. The node rows run without GCS fault tolerance: with the app running, a worker "

@@ -42,7 +42,7 @@ from typing import Any
 
 import yaml
 
-from bench.common import RESULTS, machine, print_table, write_json
+from bench.common import machine, print_table, results_dir, write_json
 
 TRAINER_MODES = ("sync", "legacy", "colocate_async", "separate_async", "one_step_off", "fully_async")
 BASELINE = "after_batch"
@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         },
     )
     if not args.quick:
-        plot(rows, RESULTS / f"{args.name}.png")
+        plot(rows, results_dir() / f"{args.name}.png")
     return 0
 
 

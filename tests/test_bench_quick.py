@@ -64,6 +64,21 @@ def test_serving_quick(serve_instance, results):
             assert row["added_p50_ms"] == 0
 
 
+def test_handle_path_quick(serve_instance, results):
+    run_quick("handle_path")
+    rows = {row["path"]: row for row in json.loads((results / "handle_path.json").read_text())}
+    assert set(rows) == {"bare_serve", "bare_serve_group_router", "replica_serve_router", "replica_group_router",
+                         "replica_client", "replica_client_members"}
+    assert rows["bare_serve"]["vs_bare_serve"] == 1.0
+    # The bridge's path makes one call per member: 4 per group, each counted.
+    members = rows["replica_client_members"]
+    assert members["calls_per_s"] == pytest.approx(4 * members["groups_per_s"])
+    for row in rows.values():
+        assert row["groups_per_s"] > 0 and row["simulated"]
+        # Every path spends CPU in the caller and in the replica: the per-process split is measured.
+        assert row["cpu_ms_per_group_driver"] > 0 and row["cpu_ms_per_group_replica"] > 0
+
+
 def test_routing_quick(serve_instance, results):
     run_quick("routing")
     result = json.loads((results / "routing.json").read_text())

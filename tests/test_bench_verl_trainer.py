@@ -82,6 +82,7 @@ def test_the_plot_is_written(tmp_path):
     verl_trainer.plot(rows, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 0
 
+
 def test_one_step_offs_generation_phase_is_compared_too():
     """one_step_off times its generation, overlapping training, as generate_async, not gen."""
     zero = verl_trainer.summarize("one_step_off", 0.0, report([9.0, 10.0], **{"timing_s/generate_async": 6.0}))
