@@ -3,6 +3,11 @@
 Ray allows one ``ray.init`` per process, so every test that needs a cluster shares this one, in
 whatever order the tests run (Ray Serve's own test suite does the same). Applications are named
 per test module; whatever a module leaves deployed is deleted when it ends.
+
+Tests marked ``own_cluster`` start Ray clusters of their own (verl's trainings, the node faults,
+``grrm serve``). They run last, after the session's cluster is stopped: its vLLM engines and Ray
+workers held ~7 GiB that a verl training beside them pushed past Ray's memory monitor (95% of the
+machine), which then killed the training's actors.
 """
 
 from __future__ import annotations
@@ -18,21 +23,60 @@ SESSION_APPS: set[str] = set()
 LOCAL_APP = "local"
 
 
+class SessionCluster:
+    """The session's Ray cluster and Serve: started by the first test that asks, stopped once."""
+
+    def __init__(self) -> None:
+        self.url: str | None = None
+        self.stopped = False
+
+    def start(self) -> str:
+        import ray
+        from ray import serve
+
+        if self.stopped:
+            raise RuntimeError("the session's Ray cluster was stopped before the own_cluster tests: "
+                               "a test that needs it must not run after them (see pytest_collection_modifyitems)")
+        port = free_port()
+        ray.init(num_cpus=SESSION_CPUS, include_dashboard=False, configure_logging=False, log_to_driver=False)
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        self.url = f"http://127.0.0.1:{port}"
+        return self.url
+
+    def stop(self) -> None:
+        if self.url is None:
+            return
+        import ray
+        from ray import serve
+
+        self.url, self.stopped = None, True
+        serve.shutdown()
+        ray.shutdown()
+
+
+SESSION_CLUSTER = SessionCluster()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that start Ray clusters of their own run last (stable order otherwise)."""
+    items.sort(key=lambda item: item.get_closest_marker("own_cluster") is not None)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before the first own_cluster test, the session's cluster goes: nothing after it needs it."""
+    if item.get_closest_marker("own_cluster") is not None:
+        SESSION_CLUSTER.stop()
+
+
 @pytest.fixture(scope="session")
 def serve_instance():
     """A local Ray cluster (no dashboard) and Serve with HTTP on a free loopback port; yields the
-    base URL. Started at the first test that asks for it, stopped at the end of the session."""
-    import ray
-    from ray import serve
-
-    port = free_port()
-    ray.init(num_cpus=SESSION_CPUS, include_dashboard=False, configure_logging=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    base URL. Started at the first test that asks for it, stopped before the first ``own_cluster``
+    test or at the end of the session."""
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield SESSION_CLUSTER.start()
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        SESSION_CLUSTER.stop()
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,7 @@ def test_the_service_url_comes_from_the_config(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.own_cluster
 @pytest.mark.timeout(300)
 def test_grrm_serve_starts_a_config_scores_the_demo_group_and_stops(tmp_path):
     port = free_port()

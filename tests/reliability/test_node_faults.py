@@ -24,7 +24,7 @@ import pytest
 
 from bench.node_chaos import SCORERS
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.own_cluster, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")
