@@ -208,11 +208,14 @@ class Harness:
         timeout_s: float = 1500.0,
         policy_stop_scale: float | None = None,
         max_response_length: int | None = None,
+        min_training_phase_s: float = 0.0,
     ) -> TrainingReport:
         """Run verl's trainer once on the head, in ``mode``; the service is left as it is (unless stopped).
 
         ``policy_stop_scale`` and ``max_response_length`` change the policy's answer lengths for this
         run only (e.g. long, widely varying rollouts, some still generating when a batch is sampled).
+        ``min_training_phase_s`` makes each actor update last at least that long (the tiny policy's
+        take ~0.5 s, less than scoring a group), so an async mode's scoring has a phase to overlap.
         """
         if mode not in MODES:
             raise ValueError(f"unknown trainer mode {mode!r}: one of {', '.join(MODES)}")
@@ -237,6 +240,7 @@ class Harness:
             max_response_length=max_response_length or self.max_response_length,
             bridge=bridge,
             mode=mode,
+            min_training_phase_s=min_training_phase_s,
         )
         argv, env = main_ppo_command(run)
         argv = argv[:3] + merge_overrides(argv[3:], list(extra_overrides or []))

@@ -22,6 +22,7 @@ from cpu_harness.ray_head import RAY_ENV
 CHECKPOINT_BACKEND = "cpu_object_store"  # cpu_harness.checkpoint_engine.BACKEND
 CHECKPOINT_MODULE = "cpu_harness.checkpoint_engine"
 TRAINING_PHASES_ENV = "CPU_HARNESS_TRAINING_PHASES"  # cpu_harness.verl_platform.TRAINING_PHASES_ENV
+MIN_TRAINING_PHASE_ENV = "CPU_HARNESS_MIN_TRAINING_PHASE_S"  # cpu_harness.verl_platform.MIN_TRAINING_PHASE_ENV
 
 __all__ = [
     "CPU_CHECKPOINT_ENGINE",
@@ -29,6 +30,7 @@ __all__ = [
     "CPU_OVERRIDES",
     "FAKE_GPUS",
     "HEAD_CPUS",
+    "MIN_TRAINING_PHASE_ENV",
     "MODES",
     "TRAINING_PHASES_ENV",
     "TrainerMode",
@@ -210,6 +212,8 @@ class TrainerRun:
     agent_workers: int = 2
     bridge: list[str] = field(default_factory=bridge_overrides)
     mode: str = "sync"
+    # Each actor update lasts at least this long (0: as long as it takes; see verl_platform).
+    min_training_phase_s: float = 0.0
 
     @property
     def metrics_file(self) -> Path:
@@ -273,6 +277,7 @@ def main_ppo_command(run: TrainerRun) -> tuple[list[str], dict[str, str]]:
         f"+ray_kwargs.ray_init.address={run.ray_address}",
         f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={run.metrics_file}",
         f"+ray_kwargs.ray_init.runtime_env.env_vars.{TRAINING_PHASES_ENV}={run.training_phases_file}",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.{MIN_TRAINING_PHASE_ENV}='{run.min_training_phase_s:g}'",  # quoted: a string to Ray
     ]
     overrides = merge_overrides(
         common,

@@ -279,6 +279,10 @@ def give_one_step_off_trainer_a_dump_executor() -> None:
 # (``ActorRolloutRefWorker.update_actor``, inherited by the async modes' ``DetachActorWorker``)
 # appends {"start", "end", "pid", "rank"} (``time.time()``) to the JSONL file named by this variable.
 TRAINING_PHASES_ENV = "CPU_HARNESS_TRAINING_PHASES"
+# TEST SUPPORT: an update lasts at least this many seconds (unset: as long as it takes). The tiny
+# policy trains in ~0.5 s, less than scoring a group, so whether an async mode's scoring overlaps a
+# training phase would be chance; a 7B update on GPUs takes longer than its reward, as padded here.
+MIN_TRAINING_PHASE_ENV = "CPU_HARNESS_MIN_TRAINING_PHASE_S"
 
 
 def _record_update_actor(module: types.ModuleType) -> None:
@@ -292,7 +296,9 @@ def _record_update_actor(module: types.ModuleType) -> None:
         path = os.environ.get(TRAINING_PHASES_ENV)
         start = time.time()
         try:
-            return original(self, *args, **kwargs)
+            result = original(self, *args, **kwargs)
+            time.sleep(max(0.0, start + float(os.environ.get(MIN_TRAINING_PHASE_ENV) or 0) - time.time()))
+            return result
         finally:
             if path:
                 entry = {"start": start, "end": time.time(), "pid": os.getpid(), "rank": os.environ.get("RANK")}

@@ -22,11 +22,15 @@ import pytest
 
 from cpu_harness.loop import HARNESS_DEFAULT_REWARD, Harness, TrainingReport
 
-pytestmark = [pytest.mark.slow, pytest.mark.verl_trainer, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.own_cluster, pytest.mark.verl_trainer, pytest.mark.timeout(1800)]
 
 PROMPTS, N, STEPS = 4, 4, 3  # prompts per batch, rollouts per prompt, training steps
 ROLLOUTS = PROMPTS * N
 ASSEMBLY_TIMEOUT_S = 1.0
+# Where a test asserts that scoring overlapped training: each actor update lasts at least this long.
+# The tiny policy's take ~0.5 s, no longer than scoring a group, so an overlap was chance (one CI run
+# scored fully_async's groups 0.1 s after a phase ended); a 7B update on GPUs outlasts its rewards.
+TRAINING_PHASE_S = 2.0
 
 
 @pytest.fixture(scope="module")
@@ -166,13 +170,13 @@ def test_colocate_async_groups_survive_the_training_phase_that_pauses_them(harne
 
 
 def test_separate_async_scores_while_the_trainer_trains(harness):
-    report = harness.train(transport="handle", steps=STEPS, mode="separate_async")
+    report = harness.train(transport="handle", steps=STEPS, mode="separate_async", min_training_phase_s=TRAINING_PHASE_S)
     check_rewards_came_from_the_cluster(report, STEPS)
     assert scored_while_training(report), (report.training_phases, report.scored_groups)
 
 
 def test_one_step_off_policy_scores_the_next_batch_while_the_trainer_trains(harness):
-    report = harness.train(transport="handle", steps=STEPS, mode="one_step_off")
+    report = harness.train(transport="handle", steps=STEPS, mode="one_step_off", min_training_phase_s=TRAINING_PHASE_S)
     check_rewards_came_from_the_cluster(report, STEPS)
     assert scored_while_training(report), (report.training_phases, report.scored_groups)
 
@@ -180,7 +184,7 @@ def test_one_step_off_policy_scores_the_next_batch_while_the_trainer_trains(harn
 def test_fully_async_policy_over_http_groups_rows_without_positions(harness):
     """fully_async_policy's rows carry no position and reuse their uids in every run: the members are
     sent with ids of their own, under this run's namespace, and scored as one group each."""
-    report = harness.train(transport="http", steps=STEPS, mode="fully_async")
+    report = harness.train(transport="http", steps=STEPS, mode="fully_async", min_training_phase_s=TRAINING_PHASE_S)
     check_rewards_came_from_the_cluster(report, STEPS)
     assert all(row["group_id"].split(":", 1)[1].startswith("uid_sample_") for row in report.rollouts)
     assert scored_while_training(report), (report.training_phases, report.scored_groups)
