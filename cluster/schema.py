@@ -74,6 +74,16 @@ def _check_language(value: str) -> str:
 _NAME_PUNCTUATION = frozenset(" -'’(),./")
 
 
+def candidate_problem(text: str) -> str | None:
+    """Why the service would refuse ``text`` as a candidate (None: it takes it): the checks of
+    every request's texts (valid Unicode, no control characters) and not blank."""
+    try:
+        _check_not_blank(_check_text(text))
+    except ValueError as problem:
+        return str(problem)
+    return None
+
+
 class Usage(BaseModel):
     """Engine tokens spent on one group, over every attempt."""
 

@@ -18,13 +18,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import ValidationError
 
-from cluster.schema import GroupRequest
+from cluster.rewards import Completion
 from grrm_client import CallOutcome, RewardClient
+from grrm_client.groups import reward_group
 from trainer_bridge.config import BridgeConfig
 from trainer_bridge.metrics import RewardCounters
-from trainer_bridge.rewards import EXTRA_INFO_KEYS, RewardOutcome, RewardSettings, extra_info, group_outcomes, plan_group
+from trainer_bridge.rewards import EXTRA_INFO_KEYS, RewardOutcome, RewardSettings, extra_info
 from trainer_bridge.rollout import Rollout, read_rollout
 
 __all__ = [
@@ -81,37 +81,22 @@ async def score_group(
     rollouts: Sequence[Rollout], client: RewardClient, config: BridgeConfig, settings: RewardSettings | None = None
 ) -> GroupScore:
     """Score one group (rollouts of one uid, in rollout order) as a whole-group request."""
-    settings = settings or config.reward_settings()
-    texts = [rollout.candidate for rollout in rollouts]
-    lengths = [rollout.length for rollout in rollouts]
-    reasons = [rollout.invalid_reason for rollout in rollouts]
-    plan = plan_group(texts)
-    call: CallOutcome | None = None
-    if not plan.comparable:
-        outcomes = group_outcomes(texts, lengths, None, settings, invalid_reasons=reasons)
-    else:
-        first = rollouts[0]
-        if any((r.source, r.src_lang, r.trg_lang) != (first.source, first.src_lang, first.trg_lang) for r in rollouts):
-            raise ValueError(f"group {first.uid}: rows of one uid disagree on source or languages")
-        try:
-            request = GroupRequest(
-                group_id=first.uid,
-                source=first.source,
-                candidates=list(plan.distinct),
-                src_lang=first.src_lang,
-                trg_lang=first.trg_lang,
-            )
-        except ValidationError as error:
-            request = None
-            call = CallOutcome(result=None, attempts=0, failure="rejected", error=str(error))
-        if request is not None:
-            call = await client.score_group(request)
-        result = call.result
-        if result is not None and result.valid and result.scores is not None:
-            outcomes = group_outcomes(texts, lengths, result.scores, settings, invalid_reasons=reasons)
-        else:
-            failure = result.failure if result is not None else call.failure
-            outcomes = group_outcomes(texts, lengths, None, settings, failure=failure, invalid_reasons=reasons)
+    first = rollouts[0]
+    if any((r.source, r.src_lang, r.trg_lang) != (first.source, first.src_lang, first.trg_lang) for r in rollouts):
+        raise ValueError(f"group {first.uid}: rows of one uid disagree on source or languages")
+    scored = await reward_group(
+        client,
+        group_id=first.uid,
+        source=first.source,
+        src_lang=first.src_lang,
+        trg_lang=first.trg_lang,
+        completions=[
+            Completion(extracted=r.extracted, candidate=r.candidate, invalid_reason=r.invalid_reason, length=r.length)
+            for r in rollouts
+        ],
+        settings=settings or config.reward_settings(),
+    )
+    call = scored.call
     result = call.result if call is not None else None
     infos = [
         extra_info(
@@ -122,9 +107,9 @@ async def score_group(
             replica=result.replica if result is not None else "",
             mask_failed=config.mask_failed,
         )
-        for outcome, rollout in zip(outcomes, rollouts, strict=True)
+        for outcome, rollout in zip(scored.outcomes, rollouts, strict=True)
     ]
-    return GroupScore(outcomes=outcomes, infos=infos, call=call)
+    return GroupScore(outcomes=scored.outcomes, infos=infos, call=call)
 
 
 async def score_rollouts(

@@ -36,9 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from cluster import gqm, schema
+from cluster.rewards import read_completion
 from trainer_bridge.config import BridgeConfig, lookup
-from trainer_bridge.rewards import INVALID_EXTRACTION, INVALID_TEXT
 
 __all__ = [
     "PRIORITY_KEY",
@@ -141,30 +140,13 @@ def _or_missing(value: Any) -> Any:
     return _MISSING if value is None else value
 
 
-def _sendable(text: str, max_chars: int) -> bool:
-    """Whether the service takes this text as a candidate (the schema's own checks: valid
-    Unicode, no control characters, not blank), within the configured length."""
-    if len(text) > max_chars:
-        return False
-    try:
-        schema._check_not_blank(schema._check_text(text))
-    except ValueError:
-        return False
-    return True
-
-
 def read_rollout(item: Any, config: BridgeConfig, tokenizer: Any) -> Rollout:
     """Decode, measure and extract one row (a ``DataProtoItem``)."""
     non_tensor = item.non_tensor_batch
     length = response_length(item)
     response_ids = item.batch["responses"][:length]
     response = tokenizer.decode(response_ids, skip_special_tokens=True)
-    translation = gqm.extract_translation(response, config.extractor)
-    candidate, reason = translation, None
-    if translation is None:
-        reason = INVALID_EXTRACTION
-    elif not _sendable(translation, config.max_text_chars):
-        candidate, reason = None, INVALID_TEXT
+    completion = read_completion(response, config.extractor, config.max_text_chars, length)
     return Rollout(
         uid=str(row_field(non_tensor, config.uid_key)),
         source=str(row_field(non_tensor, config.source_key)),
@@ -172,7 +154,7 @@ def read_rollout(item: Any, config: BridgeConfig, tokenizer: Any) -> Rollout:
         trg_lang=str(row_field(non_tensor, config.trg_lang_key, _or_missing(config.trg_lang))),
         response=response,
         length=length,
-        extracted=translation is not None,
-        candidate=candidate,
-        invalid_reason=reason,
+        extracted=completion.extracted,
+        candidate=completion.candidate,
+        invalid_reason=completion.invalid_reason,
     )
