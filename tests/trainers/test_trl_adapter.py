@@ -1,0 +1,150 @@
+"""The TRL adapter's logic (``grrm_client/trl.py``), in milliseconds: how TRL's call becomes groups,
+what comes back, what is logged, and that it pickles. Follows TRL 1.16's source:
+``GRPOTrainer._calculate_rewards`` (keyword arguments, ``None`` per completion allowed) and
+``trl.experimental.async_grpo``'s rollout worker (one call per complete group, pickled into a child).
+
+The service is the in-process one of the bridge tests (the real ``GroupAssembler`` and ``GroupScorer``
+on the scripted engine, whose score of a candidate is its ``[q=N]`` marker); the live service is
+``test_trl_live.py``'s."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+
+import pytest
+from pydantic import ValidationError
+
+from cluster.engines import ScriptedEngineOptions
+from grrm_client.reward_client import RewardClient
+from grrm_client.trl import GRRMReward, completion_text, slice_groups
+from tests.bridge.helpers import LocalTransport
+
+GROUP = 4
+
+
+def texts(group: int, qualities: list[int]) -> list[str]:
+    return [f"Die Katze {group}-{k} schläft [q={q}]." for k, q in enumerate(qualities)]
+
+
+def columns(count: int, **overrides) -> dict:
+    return {"source": ["The cat sleeps."] * count, "src_lang": ["en"] * count, "trg_lang": ["de"] * count, **overrides}
+
+
+def adapter(service: LocalTransport, **settings) -> GRRMReward:
+    reward = GRRMReward(url="http://unused", num_generations=GROUP, extractor="none", **settings)
+    reward._client = RewardClient(reward.config, transport=service)
+    return reward
+
+
+def call(reward: GRRMReward, completions: list, *, trainer_state=object(), metrics=None, **extra):
+    log_metric = (lambda name, value: metrics.append((name, value))) if metrics is not None else None
+    return asyncio.run(reward(prompts=["p"] * len(completions), completions=completions, completion_ids=None,
+                              trainer_state=trainer_state, log_metric=log_metric, log_extra=None,
+                              **{**columns(len(completions)), **extra}))
+
+
+def test_slice_groups_lays_a_rank_slice_over_global_groups():
+    # Rank 1 of 2, 6 completions each, 4 per group: the tail of group 1 and all of group 2.
+    assert slice_groups(6, 6, 4) == {1: [(0, 2), (1, 3)], 2: [(2, 0), (3, 1), (4, 2), (5, 3)]}
+    assert slice_groups(0, 8, 4) == {0: [(i, i) for i in range(4)], 1: [(4 + i, i) for i in range(4)]}
+
+
+def test_completion_text_reads_plain_and_conversational_completions():
+    assert completion_text("Hallo") == "Hallo"
+    assert completion_text([{"role": "assistant", "content": "Hallo"}]) == "Hallo"
+    assert completion_text([{"role": "assistant", "content": [{"type": "text", "text": "Hal"}, {"type": "text",
+                                                                                               "text": "lo"}]}]) == "Hallo"
+    with pytest.raises(ValueError, match="completions: expected a string or a list of messages, got int"):
+        completion_text(3)
+
+
+def test_settings_are_checked_at_construction_naming_the_field():
+    with pytest.raises(ValueError, match="exactly one of url= .* or app_name="):
+        GRRMReward(num_generations=4)
+    with pytest.raises(ValueError, match="exactly one of url="):
+        GRRMReward(url="http://x", app_name="grrm", num_generations=4)
+    with pytest.raises(ValidationError, match="num_generations"):
+        GRRMReward(url="http://x", num_generations=0)
+    with pytest.raises(ValidationError, match="process_index: 2 is not below num_processes 2"):
+        GRRMReward(url="http://x", num_generations=4, process_index=2, num_processes=2)
+    with pytest.raises(ValidationError, match="extractor"):
+        GRRMReward(url="http://x", num_generations=4, extractor="regex")
+    assert GRRMReward(url="http://host:8000/grrm/", num_generations=4).config.http_url == "http://host:8000/grrm"
+
+
+def test_whole_groups_of_one_process_are_scored_as_groups_with_the_spec_defaults():
+    service = LocalTransport()
+    reward = adapter(service, default_reward=-1.0, score_scale_factor=0.5)
+    metrics = []
+    # Group 0: four distinct texts; group 1: two identical valid texts and two blanks (no translation).
+    completions = texts(0, [2, 8, 5, 9]) + [texts(1, [7])[0], texts(1, [7])[0], " ", ""]
+    rewards = call(reward, completions, metrics=metrics)
+    assert rewards[:4] == [1.0, 4.0, 2.5, 4.5]  # score x 0.5
+    assert rewards[4:] == [-1.0] * 4  # too few distinct texts, and the blanks: the default
+    assert len(service.group_requests) == 1 and service.calls == 1  # group 1 had nothing to compare
+    logged = dict(metrics)
+    assert logged["grrm/valid"] == 4 and logged["grrm/default"] == 4 and logged["grrm/failed"] == 0
+
+
+def test_a_group_split_over_two_processes_meets_on_the_service_under_one_id():
+    service = LocalTransport()
+    ranks = [adapter(service, run_id="run-x", process_index=rank, num_processes=2) for rank in (0, 1)]
+    batch = texts(0, [1, 2, 3, 4]) + texts(1, [9, 3, 7, 5]) + texts(2, [6, 6, 1, 0])
+
+    async def both():
+        return await asyncio.gather(*(
+            ranks[rank](prompts=["p"] * 6, completions=batch[rank * 6:(rank + 1) * 6], completion_ids=None,
+                        trainer_state=object(), **columns(6))
+            for rank in (0, 1)))
+
+    first, second = asyncio.run(both())
+    assert first + second == [1, 2, 3, 4, 9, 3, 7, 5, 6, 6, 1, 0]
+    # Groups 0 and 2 went whole; group 1's four members met in the assembler as run-x:0:1.
+    assert sorted(group.group_id for group in service.group_requests) == ["run-x:0:0", "run-x:0:2"]
+    traces = service.assembler.recent_groups()
+    assert [(trace.group_id, trace.group_size) for trace in traces] == [("run-x:0:1", 4)]
+    # The next call is another group namespace: equal positions never meet earlier verdicts.
+    again = asyncio.run(both())
+    assert again == [[1, 2, 3, 4, 9, 3], [7, 5, 6, 6, 1, 0]]
+    assert [trace.group_id for trace in service.assembler.recent_groups()] == ["run-x:0:1", "run-x:1:1"]
+
+
+def test_a_reward_that_cannot_be_obtained_is_none_and_counted_by_reason():
+    # Every verdict of this engine is malformed: after the service's retries, the group has no scores.
+    service = LocalTransport(scripted=ScriptedEngineOptions(malformed_rate=1.0))
+    reward = adapter(service)
+    metrics = []
+    rewards = call(reward, texts(0, [1, 2, 3, 4]), metrics=metrics)
+    assert rewards == [None] * 4
+    logged = dict(metrics)
+    assert logged["grrm/failed"] == 4 and logged["grrm/failed/parse_failed"] == 4 and logged["grrm/valid"] == 0
+
+
+def test_the_async_trainer_calls_once_per_group_without_trainer_state_and_the_adapter_pickles():
+    service = LocalTransport()
+    reward = adapter(service)
+    assert call(reward, texts(0, [3, 1, 4, 1]), trainer_state=None) == [3, 1, 4, 1]
+    clone = pickle.loads(pickle.dumps(reward))  # a client belongs to one process: made anew there
+    assert clone._client is None and clone.config == reward.config and clone.__name__ == "grrm"
+    with pytest.raises(ValueError, match="6 completions are not whole groups of num_generations=4"):
+        call(reward, texts(0, [1, 2, 3, 4, 5, 6]), trainer_state=None)
+    # Two calls of equal groups get ids of their own: the second is scored, not read from the first.
+    call(reward, texts(0, [3, 1, 4, 1]), trainer_state=None)
+    ids = [group.group_id for group in service.group_requests]
+    assert len(ids) == 2 and len(set(ids)) == 2
+
+
+def test_a_dataset_without_the_source_column_is_refused_naming_it():
+    reward = adapter(LocalTransport())
+    with pytest.raises(ValueError, match="origin: the dataset has no such column"):
+        asyncio.run(GRRMReward(url="http://x", num_generations=4, source_key="origin")(
+            prompts=["p"] * 4, completions=texts(0, [1, 2, 3, 4]), trainer_state=object(), **columns(4)))
+    # Languages may come from the settings instead of the dataset.
+    defaults = adapter(LocalTransport(), src_lang="en", trg_lang="de")
+    rewards = asyncio.run(defaults(prompts=["p"] * 4, completions=texts(0, [1, 2, 3, 4]), trainer_state=object(),
+                                   source=["The cat sleeps."] * 4))
+    assert rewards == [1, 2, 3, 4]
+    with pytest.raises(ValueError, match="src_lang: the dataset has no such column"):
+        asyncio.run(reward(prompts=["p"] * 4, completions=texts(0, [1, 2, 3, 4]), trainer_state=object(),
+                           source=["The cat sleeps."] * 4))
