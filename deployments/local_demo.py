@@ -72,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     # Ray installed without its console scripts (pip --target, an unpacked wheel): the same CLI.
     serve_command = [str(serve_cli)] if serve_cli.exists() else [sys.executable, "-m", "ray.serve.scripts"]
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    # A process manager's stop (SIGTERM) takes the Ctrl-C path: without it this process ended at once
+    # and left `serve run`'s Ray cluster running, which the next `serve run` on the machine joins.
+    signal.signal(signal.SIGTERM, _interrupt)
     print(f"[demo] starting: serve run {args.config}", flush=True)
     # SIGINT at its default in the child (a background shell ignores it, and the child would inherit
     # that): `serve run` then stops on SIGINT as on Ctrl-C, shutting down what it started cleanly.
@@ -97,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         stop(process)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _default_sigint() -> None:
