@@ -38,6 +38,7 @@ without the source column raise a ``ValueError`` naming them (at construction, o
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import uuid
 from collections import Counter
@@ -46,32 +47,20 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from cluster.gqm import Extractor
-from cluster.rewards import Completion, RewardOutcome, RewardSettings, read_completion
-from grrm_client.config import ClientConfig
+from cluster.rewards import RewardOutcome, read_completion
+from grrm_client.adapters import AdapterConfig
 from grrm_client.groups import reward_group, reward_member
 from grrm_client.reward_client import RewardClient
 
 __all__ = ["GRRMReward", "TRLRewardConfig", "completion_text", "slice_groups"]
 
+logger = logging.getLogger(__name__)
 
-class TRLRewardConfig(ClientConfig):
-    """The TRL adapter's settings: the client's (transport, deadline, retries) and how to read a batch."""
+
+class TRLRewardConfig(AdapterConfig):
+    """The TRL adapter's settings: the client's, how to read a batch, and TRL's layout."""
 
     num_generations: int = Field(ge=1, le=1024, description="TRL's num_generations: completions per prompt.")
-    extractor: Extractor = Field("codeblock", description="How the translation is read from a completion.")
-    source_key: str = Field("source", description="Dataset column holding the source text.")
-    src_lang_key: str = Field("src_lang", description="Dataset column holding the source language.")
-    trg_lang_key: str = Field("trg_lang", description="Dataset column holding the target language.")
-    src_lang: str | None = Field(None, description="Source language of rows without the column (None: required).")
-    trg_lang: str | None = Field(None, description="Target language of rows without the column (None: required).")
-    default_reward: float = Field(0.0, description="Reward of a rollout without a translation, or of a group "
-                                                   "with fewer than 2 distinct ones.")
-    score_scale_factor: float = Field(1.0, description="Reward = GRRM score x this factor.")
-    max_text_chars: int = Field(20_000, ge=1, description="Longer translations are invalid (not sent).")
-    run_id: str | None = Field(None, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$",
-                               description="Namespace of this run's group ids (None: new per run, shared by its "
-                                           "processes through torch.distributed).")
     process_index: int | None = Field(None, ge=0, description="This process's rank (None: torch.distributed's, "
                                                                "else $RANK, else 0).")
     num_processes: int | None = Field(None, ge=1, description="Processes of the run (None: torch.distributed's, "
@@ -119,14 +108,14 @@ class GRRMReward:
         where = {"transport": "http", "http_url": url.rstrip("/")} if url is not None else {
             "transport": "handle", "app_name": app_name}
         self.config = TRLRewardConfig(num_generations=num_generations, **where, **settings)
-        self.settings = RewardSettings(default_reward=self.config.default_reward,
-                                       score_scale_factor=self.config.score_scale_factor)
+        self.settings = self.config.reward_settings()
         self.__name__ = "grrm"  # TRL logs a reward function's mean under rewards/<its name>/
         self._client: RewardClient | None = None
         self._run_id = self.config.run_id
         self._calls = 0
         self._reported_retries = 0
         self._reported_rejoins = 0
+        self._reported_failures: set[str] = set()  # reasons already logged by this object
 
     def __getstate__(self) -> dict[str, Any]:
         # The async trainer pickles reward functions into its rollout worker: a client (its HTTP
@@ -244,6 +233,10 @@ class GRRMReward:
 
     def _log(self, outcomes: list[RewardOutcome], log_metric: Callable[[str, float], None] | None,
              log_extra: Callable[[str, list[Any]], None] | None) -> None:
+        for reason in {outcome.failure for outcome in outcomes if outcome.failed} - self._reported_failures:
+            # Once per reason: a dead service must not flood the log; every one is counted.
+            self._reported_failures.add(reason)
+            logger.warning("grrm: no reward (None) for %s; logged once, counted in grrm/failed/%s", reason, reason)
         if log_extra is not None:
             log_extra("grrm_failure", [outcome.failure or "" for outcome in outcomes])
         if log_metric is None:

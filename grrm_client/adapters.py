@@ -1,0 +1,38 @@
+"""What every trainer adapter of the client reads: where a row keeps its source and languages, how a
+completion's translation is extracted, and the reward arithmetic's settings (``cluster/rewards.py``).
+
+The TRL adapter (:mod:`grrm_client.trl`) and the slime one (:mod:`grrm_client.slime`) extend it;
+verl's bridge has its own (``trainer_bridge.config.BridgeConfig``, read from verl's config).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from cluster.gqm import Extractor
+from cluster.rewards import RewardSettings
+from grrm_client.config import ClientConfig
+
+__all__ = ["AdapterConfig"]
+
+
+class AdapterConfig(ClientConfig):
+    """The client's settings, plus how a trainer's rows are read and rewarded."""
+
+    extractor: Extractor = Field("codeblock", description="How the translation is read from a completion "
+                                                          "(the spec's extractors: codeblock, line, oneline, none).")
+    source_key: str = Field("source", description="Where a row keeps its source text.")
+    src_lang_key: str = Field("src_lang", description="Where a row keeps its source language.")
+    trg_lang_key: str = Field("trg_lang", description="Where a row keeps its target language.")
+    src_lang: str | None = Field(None, description="Source language of rows that carry none (None: required).")
+    trg_lang: str | None = Field(None, description="Target language of rows that carry none (None: required).")
+    default_reward: float = Field(0.0, description="Reward of a rollout without a translation, or of a group "
+                                                   "with fewer than 2 distinct ones.")
+    score_scale_factor: float = Field(1.0, description="Reward = GRRM score x this factor.")
+    max_text_chars: int = Field(20_000, ge=1, description="Longer translations are invalid (not sent).")
+    run_id: str | None = Field(None, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$",
+                               description="Namespace of this run's group ids (None: a new one per run).")
+
+    def reward_settings(self) -> RewardSettings:
+        """The pure arithmetic's settings (no overlong penalty: trainers add their own)."""
+        return RewardSettings(default_reward=self.default_reward, score_scale_factor=self.score_scale_factor)
