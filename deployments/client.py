@@ -85,6 +85,10 @@ class ScorerClient:
         """Score one member; answers when its whole group has been scored."""
         return await self._call("score_member", member, attempt)
 
+    async def score_open_member(self, member: MemberRequest, attempt: int = 0) -> MemberResult:
+        """Score a member of a keyed group without an id of its own (``GRRMReplica.score_open_member``)."""
+        return await self._call("score_open_member", member, attempt)
+
     async def _call(self, method: str, request: GroupRequest | MemberRequest, first_attempt: int = 0):
         timeout_retried = False
         for sent in range(self.policy.max_attempts):

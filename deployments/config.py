@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cluster.config import ScoringConfig
 from cluster.engines.config import EngineConfig
+from cluster.gqm import Extractor
+from cluster.rewards import RewardSettings
 from deployments.placement import ReplicaPlacement, plan_placement
 
 
@@ -160,6 +162,27 @@ class HTTPSettings(_Strict):
     env_vars: dict[str, str] = Field(default_factory=dict)
 
 
+class OpenRLHFSettings(_Strict):
+    """``POST /openrlhf/get_reward``: OpenRLHF's remote reward model (``--reward.remote_url``)."""
+
+    extractor: Extractor = Field("codeblock", description="How the translation is read from the response "
+                                                          "(the query after its prompt).")
+    src_lang: str | None = Field(None, description="Source language when a sample's label names none.")
+    trg_lang: str | None = Field(None, description="Target language when a sample's label names none.")
+    default_reward: float = Field(0.0, description="Reward of a sample without a translation, of a group with "
+                                                   "fewer than 2 distinct ones, and (flagged) of one whose "
+                                                   "reward could not be obtained.")
+    score_scale_factor: float = Field(1.0, description="Reward = GRRM score x this factor.")
+    # OpenRLHF gives up on a request after 180 s and sends it again as a new sample, which would
+    # join a new group: answer (with the flagged default if need be) before that.
+    answer_within_s: float = Field(170.0, gt=0, description="Every sample is answered within this many "
+                                                            "seconds (OpenRLHF's client waits 180 s).")
+
+    def reward_settings(self) -> RewardSettings:
+        """The reward arithmetic's settings (``cluster/rewards.py``)."""
+        return RewardSettings(default_reward=self.default_reward, score_scale_factor=self.score_scale_factor)
+
+
 class AppConfig(_Strict):
     """One reward application: engine, scoring recipe, replicas, routing, limits."""
 
@@ -169,6 +192,7 @@ class AppConfig(_Strict):
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
     http: HTTPSettings = Field(default_factory=HTTPSettings)
+    openrlhf: OpenRLHFSettings = Field(default_factory=OpenRLHFSettings)
     # The HTTP ingress's replicas.
     ingress: ServiceSettings = Field(default_factory=ServiceSettings)
     # The ledger of scored groups: each record is kept on every ledger replica.

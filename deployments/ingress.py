@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Query
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from ray import serve
@@ -27,6 +27,7 @@ from deployments.config import AppConfig
 from deployments.http.errors import HTTPProblem, answer_of_kind, install_error_handlers, unanswered
 from deployments.http.guard import RequestGuard, check_group_limits, check_text_limits
 from deployments.http.models import ErrorResponse, ScoreRequest, ScoreResponse
+from deployments.http.openrlhf import OpenRLHFRequest, OpenRLHFResponse, openrlhf_rewards
 
 app = FastAPI(
     title="GRRM Cluster",
@@ -97,6 +98,23 @@ class GRRMIngress:
             raise unanswered(error) from None
         # A member's answer is its MemberResult whatever happened; the status is its failure kind's.
         return answer_of_kind(result.failure, jsonable_encoder(result), self.config.http.retry_after_s)
+
+    @app.post(
+        "/openrlhf/get_reward",
+        response_model=OpenRLHFResponse,
+        responses={401: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 422: {"model": ErrorResponse}},
+    )
+    async def openrlhf_get_reward(
+        self,
+        body: OpenRLHFRequest,
+        n: int = Query(ge=1, description="Samples per prompt (OpenRLHF's n_samples_per_prompt): the group size."),
+    ) -> OpenRLHFResponse:
+        """OpenRLHF's remote reward model (``--reward.remote_url .../openrlhf/get_reward?n=8``): its
+        payload unchanged, the samples of one prompt scored as one group (``deployments/http/openrlhf.py``)."""
+        if n > self.config.limits.max_candidates_per_group:
+            raise HTTPProblem("too_large", f"n: {n} exceeds limits.max_candidates_per_group "
+                                           f"({self.config.limits.max_candidates_per_group})")
+        return await openrlhf_rewards(body, n, self.client, self.config)
 
     async def _scorer_verdict(self, *, fresh: bool) -> Availability | None:
         """The scorers' availability (None: unknown, or the client calls no Serve deployment):

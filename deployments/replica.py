@@ -26,6 +26,7 @@ from ray.serve.handle import DeploymentHandle
 
 from cluster.assembly import GroupAssembler
 from cluster.engines import EngineDeadError, make_engine
+from cluster.open_groups import OpenGroups
 from cluster.schema import GroupRequest, GroupResult, MemberRequest, MemberResult
 from cluster.scorer import GroupScorer
 from deployments.config import AppConfig
@@ -90,6 +91,9 @@ class GRRMReplica:
             replica=self.name,
             ledger=ServeLedger(ledger, copies=config.ledger.num_replicas) if ledger is not None else None,
         )
+        # Members of keyed groups without ids of their own (OpenRLHF's samples), remembered long
+        # enough for a re-send after an assembly timeout.
+        self.open_groups = OpenGroups(ttl_s=2 * config.assembly_timeout_s + 60)
         self._outstanding_work = 0.0
         self._groups_scored = 0  # GQM groups whose engine path returned (a verdict or a flagged failure)
         # Set once the engine is lost; never resolved: the process ends while calls wait on it.
@@ -123,6 +127,15 @@ class GRRMReplica:
         if result.failure == "timeout":
             self.metrics.assembly_timeouts.inc()
         return result
+
+    async def score_open_member(self, member: MemberRequest, attempt: int = 0) -> MemberResult:
+        """A member whose ``group_id`` is only a key shared by the samples of one prompt (and whose
+        ``member_id`` is its own): it joins the key's group that takes members now, in arrival order
+        (``cluster/open_groups.py``), and answers as :meth:`score_member` once that group is scored."""
+        if member.member_id is None:
+            raise ValueError("member_id: required for a member of an open group")
+        group_id = self.open_groups.group_of(member.group_id, member.group_size, member.member_id)
+        return await self.score_member(member.model_copy(update={"group_id": group_id}), attempt)
 
     async def _score(self, group: GroupRequest) -> GroupResult:
         if self._engine_lost is not None:

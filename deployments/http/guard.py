@@ -7,12 +7,18 @@ from __future__ import annotations
 import asyncio
 import hmac
 import os
+from urllib.parse import parse_qs
 
 from fastapi.responses import JSONResponse
 
 from cluster.schema import GroupRequest
 from deployments.config import AppConfig
 from deployments.http.errors import HTTPProblem, error_response
+
+
+# Paths whose requests are guarded (token, size): the API and OpenRLHF's route.
+OPENRLHF_PATH = "/openrlhf/"
+GUARDED_PATHS = ("/v1/", OPENRLHF_PATH)
 
 
 class RequestGuard:
@@ -29,7 +35,8 @@ class RequestGuard:
         self.app = app
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or "/v1/" not in scope.get("path", ""):
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not any(prefix in path for prefix in GUARDED_PATHS):
             return await self.app(scope, receive, send)
         config: AppConfig = scope["app"].state.config
         headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope.get("headers", [])}
@@ -43,6 +50,10 @@ class RequestGuard:
         expected = os.environ.get(token_env, "") if token_env else ""
         if expected:
             supplied = headers.get("authorization", "")
+            if not supplied and OPENRLHF_PATH in path:
+                # OpenRLHF's only setting is the URL: its token may ride in the query (?token=...).
+                token = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token", [""])[0]
+                supplied = f"Bearer {token}" if token else ""
             if not hmac.compare_digest(supplied.encode(), f"Bearer {expected}".encode()):
                 response = error_response("unauthorized", "authorization: missing or wrong bearer token")
                 response.headers["WWW-Authenticate"] = "Bearer"
