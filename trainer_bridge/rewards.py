@@ -9,50 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from cluster.rewards import (
-    BAD_ROW,
-    FAILURES,
-    INTERNAL_ERROR,
-    INVALID_EXTRACTION,
-    INVALID_TEXT,
-    PROMPT_TOO_LONG,
-    SEMANTIC_DEFAULTS,
-    TOO_FEW_DISTINCT,
-    GroupPlan,
-    RewardOutcome,
-    RewardSettings,
-    default_outcome,
-    group_outcomes,
-    is_failure,
-    member_outcome,
-    overlong_penalty,
-    plan_group,
-    scored_outcome,
-)
+from cluster import rewards as _core
+from cluster.rewards import *  # noqa: F403 - the core's arithmetic, re-exported for the bridge's callers
+from cluster.rewards import RewardOutcome
 from trainer_bridge.timing import TIMING_KEYS, RewardTiming
 
-__all__ = [
-    "BAD_ROW",
-    "EXTRA_INFO_KEYS",
-    "FAILURES",
-    "GroupPlan",
-    "INTERNAL_ERROR",
-    "INVALID_EXTRACTION",
-    "INVALID_TEXT",
-    "PROMPT_TOO_LONG",
-    "RewardOutcome",
-    "RewardSettings",
-    "SEMANTIC_DEFAULTS",
-    "TOO_FEW_DISTINCT",
-    "default_outcome",
-    "extra_info",
-    "group_outcomes",
-    "is_failure",
-    "member_outcome",
-    "overlong_penalty",
-    "plan_group",
-    "scored_outcome",
-]
+__all__ = [*_core.__all__, "EXTRA_INFO_KEYS", "extra_info"]
 
 # The keys of every row's reward_extra_info, in this order (verl needs the same keys everywhere).
 EXTRA_INFO_KEYS: tuple[str, ...] = (

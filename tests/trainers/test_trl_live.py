@@ -9,6 +9,7 @@ and a service that goes away mid-run gives ``None`` rewards within the deadline,
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import pickle
@@ -120,3 +121,27 @@ def test_a_service_that_stops_mid_run_gives_none_rewards_within_the_deadline(ser
     assert time.monotonic() - started < deadline_s + 5
     failed = {name: value for name, value in metrics[-12:] if name.startswith("grrm/failed")}
     assert failed["grrm/failed"] == GROUP and len(failed) == 2, failed  # the total and its one reason
+
+
+def test_the_client_side_scores_with_neither_ray_nor_an_engine_importable(local_app, tmp_path):
+    """What `pip install "grrm-cluster[trl]"` gives a trainer machine: the adapters over HTTP, with
+    Ray, vLLM and SGLang absent (here: poisoned, so that any import of them fails)."""
+    url, _handle, _config = local_app
+    poison = tmp_path / "poisoned"
+    poison.mkdir()
+    for name in ("ray", "vllm", "sglang"):
+        (poison / f"{name}.py").write_text(f"raise ImportError('the client must not import {name}')\n")
+    code = (
+        f"import sys; sys.path.insert(0, {str(poison)!r})\n"
+        "import asyncio, grrm_client.slime\n"
+        "from grrm_client.trl import GRRMReward\n"
+        f"reward = GRRMReward(url={url!r}, num_generations=4, extractor='none', deadline_s=120)\n"
+        "texts = [f'Die Katze {k} schlaeft.' for k in range(4)]\n"
+        "columns = {'source': ['The cat sleeps.'] * 4, 'src_lang': ['en'] * 4, 'trg_lang': ['de'] * 4}\n"
+        "print(asyncio.run(reward(prompts=['p'] * 4, completions=texts, trainer_state=object(), **columns)))\n"
+        "print(sorted(m for m in ('ray', 'vllm', 'sglang') if m in sys.modules))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rewards, imported = (ast.literal_eval(line) for line in run.stdout.strip().splitlines()[-2:])
+    assert len(rewards) == 4 and all(reward is not None for reward in rewards) and imported == []
