@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import importlib.util
 import inspect
 import json
 import os
@@ -314,6 +315,35 @@ def record_training_phases() -> None:
     after_import("verl.workers.engine_workers", _record_update_actor)
 
 
+def _trl_needs_its_ppo_value_head(module: types.ModuleType) -> None:
+    original = module.is_trl_available
+    if getattr(original, "_cpu_harness", False):
+        return
+
+    @functools.wraps(original)
+    def is_trl_available() -> bool:
+        if not original():
+            return False
+        # What verl then imports (monkey_patch.py ~354, model.py ~613): PPO's value-head model, which
+        # TRL 1.x removed (trl.experimental.ppo, formerly trl.AutoModelForCausalLMWithValueHead).
+        spec = importlib.util.find_spec("trl")  # looked up in its files, not imported
+        root = os.path.dirname(spec.origin or "") if spec is not None else ""
+        return any(os.path.exists(os.path.join(root, *place)) for place in (
+            ("experimental", "ppo"), ("trainer", "ppo_trainer.py")))
+
+    is_trl_available._cpu_harness = True  # type: ignore[attr-defined]
+    module.is_trl_available = is_trl_available
+
+
+def ignore_trl_without_ppo() -> None:
+    """verl 0.9.1 takes any installed TRL for one with PPO's value-head model and imports it when it
+    loads the actor (``verl/utils/import_utils.py:64``, ``models/transformers/monkey_patch.py:352``):
+    with TRL 1.16 (in this environment for the TRL adapter's tests) every verl run fails at
+    ``init_model`` with ``No module named 'trl.experimental.ppo'``. A TRL without it counts as absent."""
+    for name in ("verl.utils.import_utils", "verl.models.transformers.monkey_patch", "verl.utils.model"):
+        after_import(name, _trl_needs_its_ppo_value_head)
+
+
 def install() -> None:
     """Apply every workaround (idempotent)."""
     register_cpu_platform()
@@ -322,6 +352,7 @@ def install() -> None:
     keep_vllm_cpu_weights_in_place()
     accept_pause_generation_wait_for_inflight_requests()
     give_one_step_off_trainer_a_dump_executor()
+    ignore_trl_without_ppo()
     record_training_phases()
 
 
