@@ -14,8 +14,9 @@ replica that owns the key they form groups of ``n`` in arrival order (``cluster/
 each scored once as one GQM prompt. Every sample is answered within ``openrlhf.answer_within_s``
 (below OpenRLHF's 180 s, after which it would send the sample again as a new one): with its reward,
 or, when the reward could not be obtained, with ``openrlhf.default_reward`` flagged in ``extra_logs``
-(``grrm_failed`` 1, and the reason) -- OpenRLHF takes numbers only, and a failed request would
-only be re-sent into a new group. A payload it cannot read is a 422 naming the field.
+(``grrm_failed`` 1; the reason in the service's log, once per reason) -- OpenRLHF takes numbers only
+(its samples generator makes a tensor of every ``extra_logs`` value), and a failed request would only
+be re-sent into a new group. A payload it cannot read is a 422 naming the field.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -37,6 +39,11 @@ from deployments.config import AppConfig
 from deployments.http.errors import HTTPProblem
 
 __all__ = ["END_OF_TURN", "OpenRLHFRequest", "OpenRLHFResponse", "openrlhf_rewards", "read_sample", "response_of"]
+
+logger = logging.getLogger("ray.serve")
+
+# Failure reasons this process has logged (each once).
+_REPORTED: set[str] = set()
 
 # End-of-turn tokens OpenRLHF's decoded query may end with (ChatML, Llama 3, Gemma, SentencePiece).
 END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>", "</s>", "<eos>")
@@ -67,7 +74,8 @@ class OpenRLHFResponse(BaseModel):
 
     rewards: list[float]
     scores: list[float]
-    extra_logs: dict[str, list[float] | list[str]]
+    # OpenRLHF turns each value into a tensor (samples_generator.py): numbers only.
+    extra_logs: dict[str, list[float]]
 
 
 @dataclass(frozen=True)
@@ -137,11 +145,17 @@ async def openrlhf_rewards(body: OpenRLHFRequest, n: int, client: ScorerClient, 
                        failure=completion.invalid_reason or failure, length=0, settings=settings.reward_settings())
         for completion, (score, failure) in zip(completions, failures, strict=True)
     ]
+    for outcome in outcomes:
+        if outcome.failed and outcome.failure not in _REPORTED:
+            # Once per reason and ingress process: OpenRLHF's per-sample logs take numbers only.
+            _REPORTED.add(outcome.failure)
+            logger.warning("openrlhf: default reward %s for %s (logged once; counted in grrm_failed)",
+                           settings.default_reward, outcome.failure)
     rewards = [outcome.reward for outcome in outcomes]
     return OpenRLHFResponse(rewards=rewards, scores=rewards, extra_logs={
         "grrm_valid": [float(outcome.valid) for outcome in outcomes],
+        "grrm_default": [float(not outcome.valid and not outcome.failed) for outcome in outcomes],
         "grrm_failed": [float(outcome.failed) for outcome in outcomes],
-        "grrm_failure": [outcome.failure or "" for outcome in outcomes],
     })
 
 

@@ -2,7 +2,7 @@
 (``openrlhf/utils/agent.py``, ``SingleTurnAgentExecutor._fetch_rewards_via_http``): each sample posted
 on its own with aiohttp (180 s total), ``{"query": [prompt + response], "prompts": [prompt],
 "labels": [label]}``, the ``n`` samples of a prompt concurrently; ``rewards``, ``scores`` and
-``extra_logs`` read from the answer.
+``extra_logs`` read from the answer (``trainer/ppo_utils/samples_generator.py``: a tensor of each).
 
 Reading a payload in milliseconds; then the exact payloads against the live ``local.yaml`` app (real
 vLLM-CPU replicas), and bad payloads, failed groups and the token against a scripted app."""
@@ -100,7 +100,7 @@ def test_openrlhfs_concurrent_single_sample_posts_are_scored_as_groups(local_app
     for status, body in answers:
         assert status == 200, body
         assert len(body["rewards"]) == 1 and body["scores"] == body["rewards"] and 0 <= body["rewards"][0] <= 10
-        assert body["extra_logs"] == {"grrm_valid": [1.0], "grrm_failed": [0.0], "grrm_failure": [""]}, body
+        assert body["extra_logs"] == {"grrm_valid": [1.0], "grrm_default": [0.0], "grrm_failed": [0.0]}, body
     groups = open_groups_scored(handle, LOCAL_APP, since)
     keys = {read_sample(p["query"][0], p["prompts"][0], p["labels"][0], 4, app_config, 0).key
             for p in (first_round[0], first_round[4])}
@@ -159,10 +159,12 @@ def test_a_reward_that_cannot_be_obtained_is_the_flagged_default_within_the_time
     assert time.monotonic() - started < 20
     for status, body in lonely:
         assert status == 200 and body["rewards"] == [-1.0], body
-        assert body["extra_logs"]["grrm_failed"] == [1.0] and body["extra_logs"]["grrm_failure"] == ["timeout"]
+        assert body["extra_logs"] == {"grrm_valid": [0.0], "grrm_default": [0.0], "grrm_failed": [1.0]}, body
     # A response without a translation is the spec's default, not a failure; the rest is still scored.
     mixed = asyncio.run(post_like_openrlhf(url, [payload("The cat sleeps.", "no code block here")] + [
         payload("The cat sleeps.", f"```\nDie Katze {k} [q={k + 5}].\n```") for k in range(3)]))
     assert [body["rewards"][0] for _, body in mixed] == [-1.0, 5, 6, 7]
-    assert mixed[0][1]["extra_logs"] == {"grrm_valid": [0.0], "grrm_failed": [0.0],
-                                         "grrm_failure": ["invalid_extraction"]}
+    assert mixed[0][1]["extra_logs"] == {"grrm_valid": [0.0], "grrm_default": [1.0], "grrm_failed": [0.0]}
+    # OpenRLHF makes a tensor of each extra_logs value (samples_generator.py): numbers only.
+    assert all(isinstance(value, float) for _, body in lonely + mixed for values in body["extra_logs"].values()
+               for value in values)
