@@ -33,6 +33,7 @@ from grrm_cli.dataset import (
     read_rows,
 )
 from grrm_cli.progress import Progress, Summary
+from grrm_cli.output_lock import OutputLocked, output_lock
 from grrm_cli.resume import OrderedOutput, ResumeError, WorkDir, input_identity
 from grrm_cli.scorers import GroupScoring, InProcessScoring, ScoringStopped, ServiceScoring, SetupError
 from grrm_client.config import ClientConfig
@@ -45,7 +46,8 @@ examples:
   grrm score groups/ -o scored/ --ray --app grrm      # folders of parquet files, on the Ray cluster
 
 Rerun the same command after a crash or Ctrl-C: rows already written are kept, the rest are
-scored. Partial output lives in OUTPUT.parts/ until the run completes.
+scored. Partial output lives in OUTPUT.parts/ until the run completes. One run writes an output at
+a time (OUTPUT.lock): a second one on the same output is refused, naming the first.
 """
 
 
@@ -370,14 +372,15 @@ def main(args: argparse.Namespace) -> int:
     """Run ``grrm score``; exit 0 when the output is complete, 1 when scoring stopped, 2 on bad usage."""
     try:
         job = job_from_args(args)
-        if args.ray:
-            from grrm_cli.ray_data import score_with_ray_data
+        with output_lock(job.output):  # one writer per output: a second run is refused, naming the first
+            if args.ray:
+                from grrm_cli.ray_data import score_with_ray_data
 
-            summary = score_with_ray_data(job, app_name=args.app, address=args.address, workers=args.ray_workers,
-                                          max_attempts=args.max_attempts, deadline_s=args.deadline_s)
-        else:
-            summary = asyncio.run(score_dataset(job, scoring_from_args(args)))
-    except (SetupError, DatasetError, ResumeError, cols.ColumnsError) as error:
+                summary = score_with_ray_data(job, app_name=args.app, address=args.address, workers=args.ray_workers,
+                                              max_attempts=args.max_attempts, deadline_s=args.deadline_s)
+            else:
+                summary = asyncio.run(score_dataset(job, scoring_from_args(args)))
+    except (SetupError, DatasetError, ResumeError, OutputLocked, cols.ColumnsError) as error:
         print(f"grrm score: error: {error}", file=sys.stderr)
         return 2
     except ScoringStopped as error:
