@@ -566,6 +566,7 @@ class GroupAssembler:
         started_at = self._wall_clock()
         try:
             request = GroupRequest(
+                tenant=first.tenant,
                 group_id=assembly.group_id,
                 source=first.source,
                 candidates=[texts[index] for index in shown],

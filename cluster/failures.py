@@ -33,6 +33,7 @@ RequestErrorCode = Literal[
     "invalid_request",  # the body does not validate (field named in `error`)
     "too_large",  # over a limit of the deployment (limit named in `error`)
     "unauthorized",  # missing or wrong bearer token
+    "forbidden",  # the request names a tenant its token may not act for
     "not_found",  # no such route
     "method_not_allowed",
     "unavailable",  # no scorer replica can answer now (none placed, all went away): retry later
@@ -74,6 +75,7 @@ KINDS: dict[str, FailureKind] = {
         FailureKind("invalid_request", 422, bad_input=True),
         FailureKind("too_large", 413, bad_input=True),
         FailureKind("unauthorized", 401),
+        FailureKind("forbidden", 403),
         FailureKind("not_found", 404),
         FailureKind("method_not_allowed", 405),
         FailureKind("unavailable", 503, retryable=True),
@@ -81,7 +83,8 @@ KINDS: dict[str, FailureKind] = {
 }
 
 # What an HTTP status means when an answer carries no code of ours (a proxy's 502, say).
-_BY_STATUS: dict[int, str] = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 413: "too_large",
+_BY_STATUS: dict[int, str] = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
+                              413: "too_large",
                               422: "invalid_request", 502: "unavailable", 503: "unavailable", 504: "unavailable"}
 
 

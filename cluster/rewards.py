@@ -68,6 +68,7 @@ FAILURES = frozenset(
         "invalid_request",  # the service refused the request (HTTP 422)
         "too_large",  # over a limit of the deployment (HTTP 413)
         "unauthorized",  # a missing or wrong bearer token (HTTP 401)
+        "forbidden",  # a tenant its token may not act for (HTTP 403)
         "deadline",  # our own per-request deadline ran out
         "unavailable",  # back pressure / no replica / connection errors after every attempt
         "transport_error",  # an unexpected error talking to the service

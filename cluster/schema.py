@@ -109,11 +109,39 @@ class Usage(BaseModel):
         )
 
 
+# Who a request is for: a training run, an evaluation, a `grrm score` job. Names are short and plain
+# (they label metrics and scope group ids); without one, a request is the default tenant's.
+DEFAULT_TENANT = "default"
+TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
+_TENANT = Field(DEFAULT_TENANT, pattern=TENANT_PATTERN,
+                description="Who the request is for (a run, a job): letters, digits, '_', '.', '-', at most 64, "
+                            "starting with a letter or digit. Group ids are scoped by it.")
+
+
+def scoped_group_id(tenant: str, group_id: str) -> str:
+    """The id a replica keeps a tenant's group under: two tenants' equal ids never meet.
+
+    A tenant name holds no '/', so ``tenant/group_id`` is unambiguous; the default tenant's ids stay
+    as they are unless they hold a '/' themselves (then they too get their tenant's prefix)."""
+    if tenant == DEFAULT_TENANT and "/" not in group_id:
+        return group_id
+    return f"{tenant}/{group_id}"
+
+
+def unscoped_group_id(scoped: str) -> tuple[str, str]:
+    """(tenant, group id) of an id made by :func:`scoped_group_id`."""
+    if "/" not in scoped:
+        return DEFAULT_TENANT, scoped
+    tenant, group_id = scoped.split("/", 1)
+    return tenant, group_id
+
+
 class GroupRequest(BaseModel):
     """A whole group: one source and its candidate translations."""
 
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
 
+    tenant: StrictStr = _TENANT
     group_id: StrictStr | None = Field(None, min_length=1, max_length=256)
     source: StrictStr = _TEXT
     candidates: list[StrictStr] = Field(min_length=gqm.MIN_CANDIDATES)
@@ -140,6 +168,7 @@ class MemberRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    tenant: StrictStr = _TENANT
     group_id: StrictStr = Field(min_length=1, max_length=256)
     group_size: StrictInt = Field(ge=1, le=1024)
     # Who the member is within its group, given exactly one way:

@@ -134,6 +134,14 @@ class EngineConfig(BaseModel):
             )
         return self
 
+    def batch_slots(self) -> int | None:
+        """Generations the engine runs at once, where its settings say (None: unknown)."""
+        if self.kind == "scripted":
+            return self.scripted.max_concurrent_prompts
+        key = {"vllm": "max_num_seqs", "sglang": "max_running_requests", "transformers": "max_batch_size"}[self.kind]
+        value = self.engine_kwargs.get(key)
+        return int(value) if value is not None else None
+
     @property
     def ranks(self) -> int:
         """Engine processes one replica runs: tensor-parallel x pipeline-parallel ranks."""
