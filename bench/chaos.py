@@ -46,6 +46,7 @@ from bench.common import free_port, machine, print_table, write_json
 from cluster import gqm, prompt_guard
 from cluster.assembly import LEDGER_WRITE_BUDGET_S
 from cluster.schema import MemberRequest
+from deployments.replica_list import replica_actor_names
 
 LOCAL_YAML = Path(__file__).resolve().parent.parent / "deployments" / "local.yaml"
 REPLICA_DEPLOYMENT = "GRRMReplica"
@@ -76,17 +77,6 @@ def chaos_config(model: str | Path, assembly_timeout_s: float | None = None, ten
 
 
 # ------------------------------------------------------------------------------ the replicas
-
-
-def replica_actor_names(app: str) -> dict[str, str]:
-    """Replica id -> Ray actor name, for the app's scorer replicas alive now (starting ones too)."""
-    import ray
-
-    names = {}
-    for actor in ray.util.list_named_actors(all_namespaces=True):
-        if actor.get("namespace") == "serve" and f"{app}#{REPLICA_DEPLOYMENT}#" in actor["name"]:
-            names[actor["name"].rsplit("#", 1)[-1]] = actor["name"]
-    return names
 
 
 async def replica_infos(handle, app: str, timeout_s: float = 10) -> dict[str, dict]:

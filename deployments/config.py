@@ -13,6 +13,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cluster.config import ScoringConfig
+from cluster.fair_share import TenantPolicy
+from cluster.schema import DEFAULT_TENANT, TENANT_PATTERN
 from cluster.engines.config import EngineConfig
 from cluster.gqm import Extractor
 from cluster.rewards import RewardSettings
@@ -148,6 +150,20 @@ class LimitSettings(_Strict):
     max_discard_bytes: int = Field(64 * 1024 * 1024, ge=0)
 
 
+class TenantSettings(_Strict):
+    """One tenant of a shared pool: how it shares the engines, what it may hold, its own token."""
+
+    name: str = Field(pattern=TENANT_PATTERN, description="The tenant's name (a run, a job): what requests carry.")
+    weight: float = Field(1.0, gt=0, description="Its share of an engine relative to the others of its priority class.")
+    priority: int = Field(0, description="A higher class is always served first (e.g. training 0, evaluation -1).")
+    max_groups_in_flight: int | None = Field(
+        None, ge=1, description="Groups it may have assembling, waiting or scoring on one replica; beyond: 503 "
+                                "with Retry-After for this tenant only (None: no limit).")
+    token_env: str | None = Field(
+        None, description="Environment variable (in the ingress) holding this tenant's own bearer token: a request "
+                          "with it is this tenant's, whatever its body says.")
+
+
 class HTTPSettings(_Strict):
     """The HTTP ingress."""
 
@@ -160,6 +176,17 @@ class HTTPSettings(_Strict):
     retry_after_s: int = Field(1, ge=0)
     # Environment of the ingress process (e.g. the token variable, when not set on the node).
     env_vars: dict[str, str] = Field(default_factory=dict)
+    tenants: list[TenantSettings] = Field(
+        default_factory=list, description="Tenants with settings of their own (weight, priority, limit, token); "
+                                          "every other tenant gets `tenants.default`.")
+
+    @model_validator(mode="after")
+    def _unique_tenants(self) -> HTTPSettings:
+        names = [tenant.name for tenant in self.tenants]
+        duplicated = sorted({name for name in names if names.count(name) > 1})
+        if duplicated:
+            raise ValueError(f"http.tenants: {', '.join(duplicated)} listed more than once")
+        return self
 
 
 class OpenRLHFSettings(_Strict):
@@ -183,6 +210,27 @@ class OpenRLHFSettings(_Strict):
         return RewardSettings(default_reward=self.default_reward, score_scale_factor=self.score_scale_factor)
 
 
+class TenantsSettings(_Strict):
+    """Many runs on one pool (README: "Sharing one pool")."""
+
+    fair_share: bool = Field(True, description="Complete groups waiting for an engine go by virtual token counters "
+                                               "(cluster/fair_share.py); false: first come, first served.")
+    engine_slots: int | None = Field(
+        None, ge=1, description="Groups a replica sends to its engine at once (the fair queue holds the rest); None: "
+                                "what the engine runs at once (vLLM max_num_seqs, SGLang max_running_requests, the "
+                                "scripted engine's max_concurrent_prompts; else 256) divided by scoring.permutations.")
+    return_credit_tokens: float = Field(
+        2048.0, ge=0, description="A tenant back from idle may go this many tokens (divided by its weight) ahead of "
+                                  "the least-served busy tenant, so a small run's few groups are not interleaved "
+                                  "with a flood's; 0: strict virtual token counters.")
+    default: TenantSettings = Field(
+        default_factory=lambda: TenantSettings(name=DEFAULT_TENANT),
+        description="Settings of every tenant not listed in `http.tenants` (its name and token_env are ignored).")
+    max_metric_labels: int = Field(64, ge=1, description="Distinct tenant labels a replica's metrics carry; later "
+                                                         "tenants are counted under 'other'.")
+    window_s: float = Field(60.0, gt=0, description="How far back GET /v1/tenants measures each tenant's share.")
+
+
 class AppConfig(_Strict):
     """One reward application: engine, scoring recipe, replicas, routing, limits."""
 
@@ -193,6 +241,7 @@ class AppConfig(_Strict):
     limits: LimitSettings = Field(default_factory=LimitSettings)
     http: HTTPSettings = Field(default_factory=HTTPSettings)
     openrlhf: OpenRLHFSettings = Field(default_factory=OpenRLHFSettings)
+    tenants: TenantsSettings = Field(default_factory=TenantsSettings)
     # The HTTP ingress's replicas.
     ingress: ServiceSettings = Field(default_factory=ServiceSettings)
     # The ledger of scored groups: each record is kept on every ledger replica.
@@ -214,6 +263,18 @@ class AppConfig(_Strict):
             raise ValueError("engine.model: required for engine kind " + repr(self.engine.kind))
         self.placement  # noqa: B018 - a placement that cannot run is refused here, before Serve starts
         return self
+
+    def tenant(self, name: str) -> TenantSettings:
+        """A tenant's settings: its own (``http.tenants``), else ``tenants.default`` under its name."""
+        for tenant in self.http.tenants:
+            if tenant.name == name:
+                return tenant
+        return self.tenants.default.model_copy(update={"name": name, "token_env": None})
+
+    def tenant_policy(self, name: str) -> TenantPolicy:
+        """How a replica's fair queue treats the tenant."""
+        settings = self.tenant(name)
+        return TenantPolicy(weight=settings.weight, priority=settings.priority)
 
     @property
     def placement(self) -> ReplicaPlacement:

@@ -14,20 +14,21 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import FastAPI, Query
+from fastapi import FastAPI, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from cluster.schema import MemberRequest, MemberResult
+from cluster.schema import DEFAULT_TENANT, TENANT_PATTERN, MemberRequest, MemberResult
 from deployments.availability import Availability
 from deployments.client import UNANSWERED_ERRORS, ScorerClient
 from deployments.config import AppConfig
 from deployments.http.errors import HTTPProblem, answer_of_kind, install_error_handlers, unanswered
-from deployments.http.guard import RequestGuard, check_group_limits, check_text_limits
+from deployments.http.guard import RequestGuard, check_group_limits, check_text_limits, tenant_of
 from deployments.http.models import ErrorResponse, ScoreRequest, ScoreResponse
 from deployments.http.openrlhf import OpenRLHFRequest, OpenRLHFResponse, openrlhf_rewards
+from deployments.replica_list import replica_actor_names
 
 app = FastAPI(
     title="GRRM Cluster",
@@ -55,13 +56,19 @@ class GRRMIngress:
         response_model=ScoreResponse,
         responses={413: {"model": ErrorResponse}, 422: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
     )
-    async def score(self, body: ScoreRequest) -> ScoreResponse:
+    async def score(self, body: ScoreRequest, request: Request) -> ScoreResponse:
         """Score whole groups; results come back in request order."""
         check_group_limits(body.groups, self.config)
+        groups = [group.model_copy(update={"tenant": tenant_of(request.state, group.tenant, self.config)})
+                  for group in body.groups]
         try:
-            results = await asyncio.gather(*(self.client.score_group(group) for group in body.groups))
+            results = await asyncio.gather(*(self.client.score_group(group) for group in groups))
         except UNANSWERED_ERRORS as error:
             raise unanswered(error) from None
+        refused = [result for result in results if result.failure == "overloaded"]
+        if refused and len(refused) == len(results):
+            # Nothing was scored (a tenant over its limit of groups in flight): the request's answer is a 503.
+            raise HTTPProblem("overloaded", refused[0].error or "overloaded")
         if not self.config.http.include_answers:
             results = [result.model_copy(update={"answer": None}) for result in results]
         return ScoreResponse(results=results)
@@ -80,11 +87,12 @@ class GRRMIngress:
             504: {"model": MemberResult, "description": "`failure: timeout`: the group did not complete in time"},
         },
     )
-    async def score_member(self, member: MemberRequest):
+    async def score_member(self, member: MemberRequest, request: Request):
         """Score one member of a group; answers once the whole group has been scored.
 
         The answer is the member's result whatever happened to its group; its status is that of
         its ``failure`` kind (``cluster/failures.py``)."""
+        member = member.model_copy(update={"tenant": tenant_of(request.state, member.tenant, self.config)})
         check_text_limits({"source": member.source, "candidate": member.candidate}, self.config)
         if member.group_size > self.config.limits.max_candidates_per_group:
             raise HTTPProblem(
@@ -107,14 +115,37 @@ class GRRMIngress:
     async def openrlhf_get_reward(
         self,
         body: OpenRLHFRequest,
+        request: Request,
         n: int = Query(ge=1, description="Samples per prompt (OpenRLHF's n_samples_per_prompt): the group size."),
+        tenant: str = Query(DEFAULT_TENANT, pattern=TENANT_PATTERN,
+                            description="Who the run is on a shared service (a token bound to a tenant decides it)."),
     ) -> OpenRLHFResponse:
         """OpenRLHF's remote reward model (``--reward.remote_url .../openrlhf/get_reward?n=8``): its
         payload unchanged, the samples of one prompt scored as one group (``deployments/http/openrlhf.py``)."""
         if n > self.config.limits.max_candidates_per_group:
             raise HTTPProblem("too_large", f"n: {n} exceeds limits.max_candidates_per_group "
                                            f"({self.config.limits.max_candidates_per_group})")
-        return await openrlhf_rewards(body, n, self.client, self.config)
+        return await openrlhf_rewards(body, n, self.client, self.config, tenant_of(request.state, tenant, self.config))
+
+    @app.get("/v1/tenants", responses={503: {"model": ErrorResponse}})
+    async def tenants(self) -> dict[str, Any]:
+        """Each active tenant's work on the scorer replicas now, and its share of the tokens the
+        engines served in the last ``tenants.window_s`` seconds."""
+        names = replica_actor_names(serve.get_replica_context().app_name, self.config.replica_deployment_name)
+        per_replica = await asyncio.gather(
+            *(self.client.handle.tenants.remote(target_replica=name) for name in names), return_exceptions=True)
+        totals: dict[str, dict[str, float]] = {}
+        for answer in per_replica:
+            if isinstance(answer, BaseException):
+                continue  # a replica starting or going away: it holds nothing to report
+            for tenant, work in answer.items():
+                into = totals.setdefault(tenant, dict.fromkeys(work, 0))
+                for key, value in work.items():
+                    into[key] += value
+        served = sum(work["recent_tokens"] for work in totals.values())
+        for work in totals.values():
+            work["recent_share"] = work["recent_tokens"] / served if served else 0.0
+        return {"window_s": self.config.tenants.window_s, "replicas": len(names), "tenants": totals}
 
     async def _scorer_verdict(self, *, fresh: bool) -> Availability | None:
         """The scorers' availability (None: unknown, or the client calls no Serve deployment):

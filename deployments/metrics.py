@@ -9,10 +9,28 @@ from cluster.schema import GroupResult
 _LATENCY_BOUNDARIES = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600]
 
 
-class ReplicaMetrics:
-    """Counters and histograms for groups, members, tokens and per-stage latency."""
+# Label of the tenants beyond a replica's max_tenant_labels.
+OTHER_TENANTS = "other"
 
-    def __init__(self) -> None:
+
+class ReplicaMetrics:
+    """Counters and histograms for groups, members, tokens and per-stage latency, and per tenant."""
+
+    def __init__(self, max_tenant_labels: int = 64) -> None:
+        # Each tenant label is a series of its own for the process's life: at most this many names.
+        self._tenant_labels: set[str] = set()
+        self._max_tenant_labels = max_tenant_labels
+        self.tenant_groups = Counter("grrm_tenant_groups", "Groups a tenant had scored, valid or not.",
+                                     tag_keys=("tenant",))
+        self.tenant_failures = Counter("grrm_tenant_failures", "A tenant's groups without a verdict, by failure.",
+                                       tag_keys=("tenant", "failure"))
+        self.tenant_prompt_tokens = Counter("grrm_tenant_prompt_tokens", "Prompt tokens of a tenant's groups.",
+                                            tag_keys=("tenant",))
+        self.tenant_completion_tokens = Counter("grrm_tenant_completion_tokens",
+                                                "Answer tokens of a tenant's groups.", tag_keys=("tenant",))
+        self.tenant_queue_wait = Histogram("grrm_tenant_queue_wait_s",
+                                           "Seconds a tenant's complete group waited for the engine.",
+                                           boundaries=_LATENCY_BOUNDARIES, tag_keys=("tenant",))
         self.groups_scored = Counter("grrm_groups_scored", "Groups scored with a valid verdict.")
         self.groups_failed = Counter(
             "grrm_groups_failed", "Groups that got no verdict, by failure reason.", tag_keys=("failure",)
@@ -64,3 +82,25 @@ class ReplicaMetrics:
         for stage, seconds in result.stages.items():
             self.stage_latency.observe(seconds, tags={"stage": stage})
         self.stage_latency.observe(result.latency_s, tags={"stage": "total"})
+
+    def tenant_label(self, tenant: str) -> str:
+        """The label a tenant's series carry: its name, or ``other`` once the labels are all taken."""
+        if tenant in self._tenant_labels:
+            return tenant
+        if len(self._tenant_labels) < self._max_tenant_labels:
+            self._tenant_labels.add(tenant)
+            return tenant
+        return OTHER_TENANTS
+
+    def record_tenant(self, tenant: str, result: GroupResult, waited_s: float) -> None:
+        """Account for one of a tenant's groups: scored or failed, its tokens, its wait for the engine."""
+        tags = {"tenant": self.tenant_label(tenant)}
+        self.tenant_groups.inc(tags=tags)
+        if not result.valid:
+            self.tenant_failures.inc(tags={**tags, "failure": result.failure or "unknown"})
+        if result.usage.prompt_tokens:
+            self.tenant_prompt_tokens.inc(result.usage.prompt_tokens, tags=tags)
+        if result.usage.completion_tokens:
+            self.tenant_completion_tokens.inc(result.usage.completion_tokens, tags=tags)
+        self.tenant_queue_wait.observe(waited_s, tags=tags)
+

@@ -18,6 +18,7 @@ import logging
 import os
 import resource
 import time
+import uuid
 from collections.abc import Awaitable
 from typing import Any, NoReturn
 
@@ -26,8 +27,16 @@ from ray.serve.handle import DeploymentHandle
 
 from cluster.assembly import GroupAssembler
 from cluster.engines import EngineDeadError, make_engine
+from cluster.fair_share import FairGate
 from cluster.open_groups import OpenGroups
-from cluster.schema import GroupRequest, GroupResult, MemberRequest, MemberResult
+from cluster.schema import (
+    GroupRequest,
+    GroupResult,
+    MemberRequest,
+    MemberResult,
+    scoped_group_id,
+    unscoped_group_id,
+)
 from cluster.scorer import GroupScorer
 from deployments.config import AppConfig
 from deployments.ledger import ServeLedger
@@ -82,7 +91,7 @@ class GRRMReplica:
         await self.engine.start()
         logger.info("replica %s: %s engine ready in %.1f s", self.name, config.engine.kind, time.perf_counter() - started)
         self.scorer = GroupScorer(self.engine, config.scoring, replica=self.name)
-        self.metrics = ReplicaMetrics()
+        self.metrics = ReplicaMetrics(max_tenant_labels=config.tenants.max_metric_labels)
         self.assembler = GroupAssembler(
             self._score,
             assembly_timeout_s=config.assembly_timeout_s,
@@ -94,6 +103,14 @@ class GRRMReplica:
         # Members of keyed groups without ids of their own (OpenRLHF's samples), remembered long
         # enough for a re-send after an assembly timeout.
         self.open_groups = OpenGroups(ttl_s=2 * config.assembly_timeout_s + 60)
+        # Complete groups wait here for the engine, each tenant its fair share (cluster/fair_share.py).
+        # A group sends `permutations` prompts at once, so the engine's batch holds that many fewer groups.
+        tenants = config.tenants
+        slots = tenants.engine_slots or max(1, (config.engine.batch_slots() or 256) // config.scoring.permutations)
+        self.gate: FairGate[GroupResult] = FairGate(slots, config.tenant_policy, enabled=tenants.fair_share,
+                                                    return_credit=tenants.return_credit_tokens,
+                                                    window_s=tenants.window_s)
+        self._in_flight: dict[str, set[str]] = {}  # tenant -> its groups (scoped ids) on this replica
         self._outstanding_work = 0.0
         self._groups_scored = 0  # GQM groups whose engine path returned (a verdict or a flagged failure)
         # Set once the engine is lost; never resolved: the process ends while calls wait on it.
@@ -102,6 +119,11 @@ class GRRMReplica:
 
     async def score_group(self, group: GroupRequest, attempt: int = 0) -> GroupResult:
         """Score one whole group (``attempt`` is read by the router, not here)."""
+        key = scoped_group_id(group.tenant, group.group_id or uuid.uuid4().hex)
+        refusal = self._admit(group.tenant, key)
+        if refusal is not None:
+            return GroupResult(group_id=group.group_id, valid=False, failure="overloaded", error=refusal,
+                               replica=self.name)
         work = float(len(group.candidates))
         self._outstanding_work += work
         try:
@@ -110,23 +132,13 @@ class GRRMReplica:
             await self._answer_nothing()
         finally:
             self._outstanding_work -= work
+            self._settle(group.tenant, key)
         return result
 
     async def score_member(self, member: MemberRequest, attempt: int = 0) -> MemberResult:
-        """Add one member to its group; answers when the group is scored (or times out)."""
-        if self._engine_lost is not None:
-            await self._answer_nothing()
-        self._outstanding_work += 1.0
-        try:
-            result = await self.assembler.submit(member)
-        except EngineDeadError:
-            await self._answer_nothing()
-        finally:
-            self._outstanding_work -= 1.0
-            self.metrics.members_waiting.set(self.assembler.members_waiting())
-        if result.failure == "timeout":
-            self.metrics.assembly_timeouts.inc()
-        return result
+        """Add one member to its group; answers when the group is scored (or times out). Its group is
+        kept under its tenant's scope: two tenants' equal group ids never meet."""
+        return await self._member(member, scoped_group_id(member.tenant, member.group_id))
 
     async def score_open_member(self, member: MemberRequest, attempt: int = 0) -> MemberResult:
         """A member whose ``group_id`` is only a key shared by the samples of one prompt (and whose
@@ -134,19 +146,63 @@ class GRRMReplica:
         (``cluster/open_groups.py``), and answers as :meth:`score_member` once that group is scored."""
         if member.member_id is None:
             raise ValueError("member_id: required for a member of an open group")
-        group_id = self.open_groups.group_of(member.group_id, member.group_size, member.member_id)
-        return await self.score_member(member.model_copy(update={"group_id": group_id}), attempt)
+        scoped = self.open_groups.group_of(scoped_group_id(member.tenant, member.group_id), member.group_size,
+                                           member.member_id)
+        return await self._member(member.model_copy(update={"group_id": unscoped_group_id(scoped)[1]}), scoped)
+
+    async def _member(self, member: MemberRequest, scoped: str) -> MemberResult:
+        if self._engine_lost is not None:
+            await self._answer_nothing()
+        refusal = self._admit(member.tenant, scoped)
+        if refusal is not None:
+            return MemberResult(group_id=member.group_id, index=member.index, member_id=member.member_id,
+                                valid=False, failure="overloaded", error=refusal, replica=self.name)
+        self._outstanding_work += 1.0
+        try:
+            result = await self.assembler.submit(member.model_copy(update={"group_id": scoped}))
+        except EngineDeadError:
+            await self._answer_nothing()
+        finally:
+            self._outstanding_work -= 1.0
+            self._settle(member.tenant, scoped)
+            self.metrics.members_waiting.set(self.assembler.members_waiting())
+        if result.failure == "timeout":
+            self.metrics.assembly_timeouts.inc()
+        return result.model_copy(update={"group_id": member.group_id})
+
+    def _admit(self, tenant: str, group: str) -> str | None:
+        """Count a group of ``tenant`` in flight here; why not, when it is over its limit."""
+        groups = self._in_flight.setdefault(tenant, set())
+        limit = self.config.tenant(tenant).max_groups_in_flight
+        if group in groups or limit is None or len(groups) < limit:
+            groups.add(group)
+            return None
+        return (f"tenant {tenant}: {len(groups)} groups in flight on replica {self.name}, its limit "
+                f"(tenants max_groups_in_flight {limit}); retry later")
+
+    def _settle(self, tenant: str, group: str) -> None:
+        groups = self._in_flight.get(tenant)
+        if groups is not None:
+            groups.discard(group)
+            if not groups:
+                del self._in_flight[tenant]
 
     async def _score(self, group: GroupRequest) -> GroupResult:
         if self._engine_lost is not None:
             raise EngineDeadError(f"replica {self.name} lost its engine")
+        # What its prompt will cost, roughly (4 characters a token), charged when it goes to the engine.
+        estimate = (len(group.source) + sum(len(candidate) for candidate in group.candidates)) / 4 + 64
         try:
-            result = await self.scorer.score_group(group)
+            result, waited = await self.gate.run(
+                group.tenant, estimate, lambda: self.scorer.score_group(group),
+                lambda done: float(done.usage.prompt_tokens + done.usage.completion_tokens),
+            )
         except EngineDeadError as error:
             self._lose_engine(error)
             raise
         self._groups_scored += 1
         self.metrics.record_group(result)
+        self.metrics.record_tenant(group.tenant, result, waited)
         return result
 
     def _lose_engine(self, error: BaseException) -> None:
@@ -227,11 +283,30 @@ class GRRMReplica:
         }
 
     def recent_groups(self, since: float | None = None, target_replica: str | None = None) -> list[dict[str, Any]]:
-        """The groups this replica scored lately, oldest first, with their times (Unix seconds on
-        this replica's clock): when the first member was sent and arrived, when the group was
+        """The groups this replica scored lately, oldest first, with their tenant and times (Unix seconds
+        on this replica's clock): when the first member was sent and arrived, when the group was
         complete, when its scoring started and ended (``since``: scoring ended at or after).
         For diagnostics and tests; ``target_replica`` lets the router address one replica."""
-        return [dataclasses.asdict(trace) for trace in self.assembler.recent_groups(since)]
+        traces = []
+        for trace in self.assembler.recent_groups(since):
+            tenant, group_id = unscoped_group_id(trace.group_id)
+            traces.append({**dataclasses.asdict(trace), "group_id": group_id, "tenant": tenant})
+        return traces
+
+    def tenants(self, target_replica: str | None = None) -> dict[str, dict[str, Any]]:
+        """Each active tenant's work on this replica now and what the engine served it lately."""
+        stats = self.gate.stats()
+        names = set(stats) | set(self._in_flight)
+        return {
+            name: {
+                "groups_in_flight": len(self._in_flight.get(name, ())),
+                "waiting_for_engine": stats[name].waiting if name in stats else 0,
+                "at_engine": stats[name].running if name in stats else 0,
+                "recent_groups": stats[name].recent_groups if name in stats else 0,
+                "recent_tokens": stats[name].recent_tokens if name in stats else 0.0,
+            }
+            for name in names
+        }
 
     async def _release(self) -> None:
         """Close the assembler and stop the engine, whichever exist (a construction may have failed

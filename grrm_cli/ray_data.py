@@ -54,14 +54,16 @@ class ScoreBatches:
 
 
 def score_with_ray_data(
-    job: Any, *, app_name: str, address: str | None, workers: int, max_attempts: int, deadline_s: float
+    job: Any, *, app_name: str, address: str | None, workers: int, max_attempts: int, deadline_s: float,
+    tenant: str = "default",
 ) -> Summary:
     """Score ``job.input`` into the folder ``job.output`` on the Ray cluster; returns the summary."""
     started = time.monotonic()
     output = Path(job.output)
     if output.exists() and not job.overwrite:
         raise SetupError(f"-o: {output} exists; pass --overwrite to replace it (--ray runs are not resumable)")
-    client = ClientConfig(transport="handle", app_name=app_name, max_attempts=max_attempts, deadline_s=deadline_s)
+    client = ClientConfig(transport="handle", app_name=app_name, max_attempts=max_attempts, deadline_s=deadline_s,
+                          tenant=tenant)
     connect_ray(address)
     described = asyncio.run(ServiceScoring(client).start())  # the application exists: one clear error if not
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from cluster.schema import DEFAULT_TENANT, TENANT_PATTERN
 from grrm_cli import columns as cols
 from grrm_cli.dataset import (
     RESULT_TYPES,
@@ -81,6 +83,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     where.add_argument(
         "--token-env", default="GRRM_API_TOKEN", metavar="VAR",
         help="environment variable holding the service's bearer token, for --url (default: %(default)s)",
+    )
+    where.add_argument(
+        "--tenant", default=DEFAULT_TENANT, metavar="NAME",
+        help="who this job is on a shared service (metered and fairly served as one; default: %(default)s)",
     )
 
     names = parser.add_argument_group("input columns")
@@ -160,6 +166,9 @@ def job_from_args(args: argparse.Namespace) -> ScoreJob:
     for option in ("concurrency", "batch_rows", "part_rows", "max_attempts", "ray_workers"):
         if getattr(args, option) < 1:
             raise SetupError(f"--{option.replace('_', '-')}: must be at least 1")
+    if not re.fullmatch(TENANT_PATTERN, args.tenant):
+        raise SetupError(f"--tenant: {args.tenant!r} is not a tenant name (letters, digits, '_', '.', '-', at most 64, "
+                         "starting with a letter or digit)")
     if args.ray and not args.app:
         raise SetupError("--ray: needs --app NAME (Ray Data workers call the application's Serve handle)")
     source = Path(args.input)
@@ -196,6 +205,7 @@ def scoring_from_args(args: argparse.Namespace) -> GroupScoring:
     if args.config is not None:
         return InProcessScoring(args.config)
     client = ClientConfig(
+        tenant=args.tenant,
         transport="http" if args.url else "handle",
         http_url=args.url or ClientConfig().http_url,
         app_name=args.app or ClientConfig().app_name,
@@ -377,7 +387,8 @@ def main(args: argparse.Namespace) -> int:
                 from grrm_cli.ray_data import score_with_ray_data
 
                 summary = score_with_ray_data(job, app_name=args.app, address=args.address, workers=args.ray_workers,
-                                              max_attempts=args.max_attempts, deadline_s=args.deadline_s)
+                                              max_attempts=args.max_attempts, deadline_s=args.deadline_s,
+                                              tenant=args.tenant)
             else:
                 summary = asyncio.run(score_dataset(job, scoring_from_args(args)))
     except (SetupError, DatasetError, ResumeError, OutputLocked, cols.ColumnsError) as error:

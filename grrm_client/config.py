@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cluster.retry import RetryPolicy
+from cluster.schema import DEFAULT_TENANT, TENANT_PATTERN
 
 Transport = Literal["handle", "http"]
 
@@ -22,6 +23,9 @@ class ClientConfig(BaseModel):
 
     # "handle": a Ray Serve handle on the same Ray cluster (no HTTP hop); "http": the HTTP API.
     transport: Transport = "handle"
+    # Who this client's requests are for (a run, a job): the service scopes group ids by it, shares
+    # its engines fairly among tenants and meters each (README: "Sharing one pool").
+    tenant: str = Field(DEFAULT_TENANT, pattern=TENANT_PATTERN)
     app_name: str = "grrm"
     replica_deployment: str = "GRRMReplica"
     # Base URL of the application (its route prefix included), for the HTTP transport.

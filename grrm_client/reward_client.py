@@ -43,7 +43,7 @@ from typing import Any, Generic, TypeVar
 
 from cluster.failures import kind_of
 from cluster.retry import TRANSPORT_ERROR, RetryPolicy
-from cluster.schema import GroupRequest, GroupResult, MemberRequest, MemberResult
+from cluster.schema import DEFAULT_TENANT, GroupRequest, GroupResult, MemberRequest, MemberResult
 from grrm_client.config import ClientConfig
 from grrm_client.transports import FatalError, RetryableError, Transport, make_transport
 
@@ -78,8 +78,9 @@ def group_incomplete(result: MemberResult | GroupResult) -> bool:
 
 
 def retryable_result(result: MemberResult | GroupResult) -> bool:
-    """Whether a member answer is worth another attempt (a transient refusal: overload, shutdown)."""
-    return isinstance(result, MemberResult) and RetryPolicy.retryable(result.failure)
+    """Whether an answer is worth another attempt (a transient refusal: overload, shutdown, a tenant
+    over its limit of groups in flight)."""
+    return RetryPolicy.retryable(result.failure)
 
 
 class RewardClient:
@@ -104,11 +105,18 @@ class RewardClient:
 
     async def score_member(self, member: MemberRequest) -> CallOutcome[MemberResult]:
         """One rollout as a member of its group; answers when the group is scored."""
-        return await self._call(self.transport.member, member)
+        return await self._call(self.transport.member, self._for_tenant(member))
 
     async def score_group(self, group: GroupRequest) -> CallOutcome[GroupResult]:
         """One whole group."""
-        return await self._call(self.transport.group, group)
+        return await self._call(self.transport.group, self._for_tenant(group))
+
+    def _for_tenant(self, request: R) -> R:
+        """The request under this client's tenant, unless it names one of its own."""
+        tenant = self.config.tenant
+        if request.tenant != DEFAULT_TENANT or tenant == DEFAULT_TENANT:
+            return request
+        return request.model_copy(update={"tenant": tenant})
 
     async def aclose(self) -> None:
         """Release connections."""

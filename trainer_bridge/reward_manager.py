@@ -52,7 +52,7 @@ from trainer_bridge.rewards import (
     member_outcome,
 )
 from trainer_bridge.rollout import Rollout, group_size_of, read_rollout, rollout_index
-from trainer_bridge.run_identity import current_run_id, namespaced_group_id
+from trainer_bridge.run_identity import current_run_id, namespaced_group_id, run_tenant
 from trainer_bridge.timing import RewardTiming
 
 __all__ = ["GRRMRewardManager"]
@@ -93,6 +93,7 @@ class GRRMRewardManager(RewardManagerBase):
         self.reward_router_address = reward_router_address
         self.reward_model_tokenizer = reward_model_tokenizer
         self.run_id = current_run_id() if self.bridge.run_id is None else self.bridge.run_id
+        self.tenant = run_tenant(self.bridge.tenant, self.run_id)
         self._reported: set[str] = set()  # default-reward reasons already logged by this manager
         self._in_flight = 0  # run_single calls in this worker now (each holds one of its slots)
         self._crowded = False  # warned that they near the worker's concurrency
@@ -154,6 +155,7 @@ class GRRMRewardManager(RewardManagerBase):
         group_id = namespaced_group_id(self.run_id, rollout.uid)
         try:
             return MemberRequest(
+                tenant=self.tenant,
                 group_id=group_id,
                 group_size=group_size,
                 # Without a position from the trainer, an id of its own (the same on every re-send

@@ -16,9 +16,12 @@ run, its reward-loop workers included, belongs to the driver's job) and the Ray 
 from __future__ import annotations
 
 import hashlib
+import re
 import uuid
 
-__all__ = ["current_run_id", "namespaced_group_id"]
+from cluster.schema import DEFAULT_TENANT, TENANT_PATTERN
+
+__all__ = ["current_run_id", "namespaced_group_id", "run_tenant"]
 
 # Outside Ray: every manager of this process is one run.
 _PROCESS_RUN_ID = f"run-{uuid.uuid4().hex[:12]}"
@@ -41,3 +44,12 @@ def current_run_id() -> str:
 def namespaced_group_id(run_id: str, uid: str) -> str:
     """The group id the service sees for verl's ``uid`` in training run ``run_id``."""
     return f"{run_id}:{uid}" if run_id else uid
+
+
+def run_tenant(configured: str, run_id: str) -> str:
+    """The tenant a training run's requests are for: the configured one, else the run itself (its
+    groups metered and fairly served as one run's), else the default when the run id cannot name one."""
+    if configured != DEFAULT_TENANT:
+        return configured
+    return run_id if re.fullmatch(TENANT_PATTERN, run_id) else DEFAULT_TENANT
+

@@ -7,11 +7,12 @@ from __future__ import annotations
 import asyncio
 import hmac
 import os
+from typing import Any
 from urllib.parse import parse_qs
 
 from fastapi.responses import JSONResponse
 
-from cluster.schema import GroupRequest
+from cluster.schema import DEFAULT_TENANT, GroupRequest
 from deployments.config import AppConfig
 from deployments.http.errors import HTTPProblem, error_response
 
@@ -19,6 +20,37 @@ from deployments.http.errors import HTTPProblem, error_response
 # Paths whose requests are guarded (token, size): the API and OpenRLHF's route.
 OPENRLHF_PATH = "/openrlhf/"
 GUARDED_PATHS = ("/v1/", OPENRLHF_PATH)
+
+
+# Where the guard leaves the tenant a request's token is bound to (``request.state``).
+BOUND_TENANT = "grrm_tenant"
+
+
+def tenant_tokens(config: AppConfig) -> dict[str, str]:
+    """Tenant -> its own bearer token, for the tenants whose token variable is set in this process."""
+    tokens = {}
+    for tenant in config.http.tenants:
+        value = os.environ.get(tenant.token_env, "") if tenant.token_env else ""
+        if value:
+            tokens[tenant.name] = value
+    return tokens
+
+
+def _same(supplied: str, token: str) -> bool:
+    return bool(token) and hmac.compare_digest(supplied.encode(), f"Bearer {token}".encode())
+
+
+def tenant_of(request_state: Any, claimed: str, config: AppConfig) -> str:
+    """The tenant a request acts for: its token's, else what its body claims; a 403 (``forbidden``) when
+    the body claims another token's tenant."""
+    bound = getattr(request_state, BOUND_TENANT, None)
+    if bound is not None:
+        if claimed not in (DEFAULT_TENANT, bound):
+            raise HTTPProblem("forbidden", f"tenant: this token acts for {bound!r}, not {claimed!r}")
+        return bound
+    if claimed in tenant_tokens(config):
+        raise HTTPProblem("forbidden", f"tenant: {claimed!r} acts with its own token only")
+    return claimed
 
 
 class RequestGuard:
@@ -46,18 +78,20 @@ class RequestGuard:
             await refuse_unread(response, receive, config.limits, declared, read)
             await response(scope, receive, send)
 
+        supplied = headers.get("authorization", "")
+        if not supplied and OPENRLHF_PATH in path:
+            # OpenRLHF's only setting is the URL: its token may ride in the query (?token=...).
+            token = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token", [""])[0]
+            supplied = f"Bearer {token}" if token else ""
         token_env = config.http.auth_token_env
         expected = os.environ.get(token_env, "") if token_env else ""
-        if expected:
-            supplied = headers.get("authorization", "")
-            if not supplied and OPENRLHF_PATH in path:
-                # OpenRLHF's only setting is the URL: its token may ride in the query (?token=...).
-                token = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token", [""])[0]
-                supplied = f"Bearer {token}" if token else ""
-            if not hmac.compare_digest(supplied.encode(), f"Bearer {expected}".encode()):
-                response = error_response("unauthorized", "authorization: missing or wrong bearer token")
-                response.headers["WWW-Authenticate"] = "Bearer"
-                return await refuse(response)
+        bound = next((name for name, token in tenant_tokens(config).items() if _same(supplied, token)), None)
+        if bound is None and (expected or (supplied and tenant_tokens(config))) and not _same(supplied, expected):
+            response = error_response("unauthorized", "authorization: missing or wrong bearer token")
+            response.headers["WWW-Authenticate"] = "Bearer"
+            return await refuse(response)
+        # The tenant this token is bound to (None: the body says who it is for); read by the routes.
+        scope.setdefault("state", {})[BOUND_TENANT] = bound
         limit = config.limits.max_request_bytes
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             return await refuse(_too_large(limit))

@@ -33,7 +33,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, model_validator
 
 from cluster.rewards import Completion, member_outcome, read_completion
-from cluster.schema import MemberRequest
+from cluster.schema import DEFAULT_TENANT, MemberRequest
 from deployments.client import UNANSWERED_ERRORS, ScorerClient, unanswered_code
 from deployments.config import AppConfig
 from deployments.http.errors import HTTPProblem
@@ -121,7 +121,8 @@ def read_sample(query: str, prompt: str, label: Any, n: int, config: AppConfig, 
     return Sample(key=f"openrlhf:{digest}", response=response_of(query, prompt, f"query[{position}]"), **values)
 
 
-async def openrlhf_rewards(body: OpenRLHFRequest, n: int, client: ScorerClient, config: AppConfig) -> OpenRLHFResponse:
+async def openrlhf_rewards(body: OpenRLHFRequest, n: int, client: ScorerClient, config: AppConfig,
+                           tenant: str = DEFAULT_TENANT) -> OpenRLHFResponse:
     """Every sample's reward (see the module docstring). Every sample is read before any is sent,
     so a payload with one bad sample is refused whole and leaves nobody waiting on the service."""
     labels = body.labels if body.labels is not None else [None] * len(body.query)
@@ -131,7 +132,7 @@ async def openrlhf_rewards(body: OpenRLHFRequest, n: int, client: ScorerClient, 
                    for position, (query, prompt, label) in enumerate(zip(body.query, body.prompts, labels, strict=True))]
         completions = [read_completion(sample.response, settings.extractor, config.limits.max_text_chars)
                        for sample in samples]
-        members = [_member(sample, completion, n, position)
+        members = [_member(sample, completion, n, position, tenant)
                    for position, (sample, completion) in enumerate(zip(samples, completions, strict=True))]
     except ValueError as problem:
         raise HTTPProblem("invalid_request", str(problem)) from None
@@ -159,10 +160,10 @@ async def openrlhf_rewards(body: OpenRLHFRequest, n: int, client: ScorerClient, 
     })
 
 
-def _member(sample: Sample, completion: Completion, n: int, position: int) -> MemberRequest:
+def _member(sample: Sample, completion: Completion, n: int, position: int, tenant: str) -> MemberRequest:
     """The member request of one sample (an id of its own), or a ValueError naming the field."""
     try:
-        return MemberRequest(group_id=sample.key, group_size=n, member_id=uuid.uuid4().hex, source=sample.source,
+        return MemberRequest(tenant=tenant, group_id=sample.key, group_size=n, member_id=uuid.uuid4().hex, source=sample.source,
                              candidate=completion.candidate or "", invalid=completion.candidate is None,
                              src_lang=sample.src_lang, trg_lang=sample.trg_lang, sent_at=time.time())
     except ValidationError as error:

@@ -368,3 +368,23 @@ async def test_grpo_advantage_on_streamed_rewards(tokenizer):
         assert abs(float(group.mean())) < 1e-5
         order = np.argsort([scores[4 * g + j] for j in range(4)])
         assert list(np.argsort(group.numpy())) == list(order)
+
+
+async def test_each_run_is_a_tenant_of_the_service(tokenizer):
+    """A run's members carry its run id as their tenant (metered and fairly served as one run), or the
+    tenant the bridge is configured with."""
+    transport = LocalTransport()
+    sent: list = []
+    original = transport.member
+
+    async def recording(member, timeout_s, attempt=0):
+        sent.append(member)
+        return await original(member, timeout_s, attempt)
+
+    transport.member = recording
+    for kwargs, tag in (({"run_id": "sweep-lr-3e-6"}, 1), ({"run_id": "run-x", "tenant": "ablation-b"}, 2)):
+        manager = load_manager(tokenizer, n=2, reward_kwargs=kwargs, transport=transport)
+        rows = [agent_loop_row(tokenizer, codeblock(quality_text(0, j, j + tag)), session_row_fields(f"uid_{tag}", j))
+                for j in range(2)]
+        await asyncio.gather(*(manager.run_single(row) for row in rows))
+    assert [member.tenant for member in sent] == ["sweep-lr-3e-6"] * 2 + ["ablation-b"] * 2

@@ -1,0 +1,15 @@
+"""`grrm score`'s arguments: refused with exit 2 and the option's name, before anything is sent or written."""
+
+from __future__ import annotations
+
+from grrm_cli.main import main
+
+
+def test_a_bad_tenant_name_is_refused_before_anything_is_sent(tmp_path, capsys):
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"source": "a", "candidates": ["x", "y"], "src_lang": "en", "trg_lang": "de"}\n')
+    assert main(["score", str(source), "-o", str(tmp_path / "out"), "--url", "http://127.0.0.1:9",
+                 "--tenant", "two words"]) == 2
+    error = capsys.readouterr().err
+    assert "--tenant" in error and "two words" in error
+    assert not (tmp_path / "out").exists()
