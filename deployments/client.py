@@ -20,7 +20,7 @@ import contextvars
 import dataclasses
 import uuid
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from ray.exceptions import RayActorError
 from ray.serve import context as serve_context
@@ -151,16 +151,20 @@ class ScorerClient:
                 # Its end (RequestCancelledError) is expected: read it so asyncio does not report it.
                 waiting.add_done_callback(lambda task: task.cancelled() or task.exception())
 
-    def _sent(self, method: str, request: GroupRequest | MemberRequest, attempt: int):
-        return contextvars.copy_context().run(self._send, method, request, attempt)
+    def ask_replica(self, method: str, replica: str):
+        """Call a diagnostic method (``tenants``, ``info``, ...) of one replica, by its id; a response."""
+        return contextvars.copy_context().run(self._remote, method, target_replica=replica)
 
-    def _send(self, method: str, request: GroupRequest | MemberRequest, attempt: int):
+    def _sent(self, method: str, request: GroupRequest | MemberRequest, attempt: int):
+        return contextvars.copy_context().run(self._remote, method, request, attempt=attempt)
+
+    def _remote(self, method: str, *args: Any, **kwargs: Any):
         # Calls made while serving one HTTP request inherit its internal request id, and Serve's
         # routing loop matches routed requests by that id: a fan-out of several calls would be
-        # fulfilled as one. Each call gets its own id, set in a copied context (ours is untouched).
-        # This uses Serve's private request context (Ray 2.60, pinned).
+        # fulfilled as one (the others never). Each call gets its own id, set in a copied context
+        # (ours is untouched). This uses Serve's private request context (Ray 2.60, pinned).
         current = serve_context._get_serve_request_context()
         serve_context._serve_request_context.set(
             dataclasses.replace(current, _internal_request_id=uuid.uuid4().hex)
         )
-        return getattr(self.handle, method).remote(request, attempt=attempt)
+        return getattr(self.handle, method).remote(*args, **kwargs)

@@ -133,7 +133,7 @@ class GRRMIngress:
         engines served in the last ``tenants.window_s`` seconds."""
         names = replica_actor_names(serve.get_replica_context().app_name, self.config.replica_deployment_name)
         per_replica = await asyncio.gather(
-            *(self.client.handle.tenants.remote(target_replica=name) for name in names), return_exceptions=True)
+            *(self.client.ask_replica("tenants", name) for name in names), return_exceptions=True)
         totals: dict[str, dict[str, float]] = {}
         for answer in per_replica:
             if isinstance(answer, BaseException):

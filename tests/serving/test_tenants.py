@@ -302,3 +302,28 @@ def test_tenants_endpoint_and_metrics_count_each_tenant(url):
     assert any(line.startswith("ray_grrm_tenant_groups") and line.rstrip().endswith(" 6.0") for line in lines), lines
     assert any(line.startswith("ray_grrm_tenant_prompt_tokens") for line in lines), lines
     assert any(line.startswith("ray_grrm_tenant_queue_wait_s_bucket") for line in lines), lines
+
+
+def test_tenants_endpoint_asks_every_replica(serve_instance):
+    """Over several replicas: each is asked under a request id of its own (one HTTP request's fan-out
+    shares its id, and Serve would fulfil the calls as one and leave the rest waiting)."""
+    config = AppConfig(
+        engine=EngineConfig(kind="scripted", scripted=ScriptedEngineOptions(per_prompt_s=0.05)),
+        replicas=ReplicaSettings(num_replicas=3, num_cpus=0.25, gpus_per_rank=0),
+        http=HTTPSettings(auth_token_env=None),
+    )
+    serve.run(build_app(config), name="tenants-three", route_prefix="/tenants-three")
+    url = f"{serve_instance}/tenants-three"
+    try:
+        async def scenario():
+            async with httpx.AsyncClient(timeout=60) as http:
+                answers = await post_groups(http, url, [group("spread-", i, tenant="gina") for i in range(12)], {})
+                assert all(answer.status_code == 200 for answer in answers)
+                return await http.get(f"{url}/v1/tenants", timeout=20)
+
+        answer = asyncio.run(scenario())
+        assert answer.status_code == 200
+        assert answer.json()["replicas"] == 3
+        assert answer.json()["tenants"]["gina"]["recent_groups"] == 12  # summed over the three
+    finally:
+        serve.delete("tenants-three")
