@@ -17,12 +17,17 @@ LLM serving:
   they take about as long as alone, and a tenant that stays busy gets exactly its weighted share
   (the credit is granted again only after the tenant was idle, and never lowers its own counter);
 * priority classes come first: a waiting group of a higher class always goes before a lower one
-  (evaluation below training); counters order the tenants within a class.
+  (evaluation below training); counters order the tenants within a class. A group already at the
+  engine is never preempted, so where a lower class fills every slot, a higher class's group waits
+  for one to end; ``reserved_slots`` keeps that many free of lower classes while a higher class
+  has sent a group within the window (its groups then start at once, at that share of the
+  engine's throughput to the lower classes).
 
 Why VTC and not per-request round robin or weighted fair queueing on group counts: GRRM groups
 differ in cost by an order of magnitude (2 vs 16 candidates, answers of 100 vs 2000 tokens), and
-counting tokens is what makes a flood of large groups pay for what it uses. It is work-conserving:
-a slot is never left free while a group waits, so a tenant alone gets the whole engine, and the
+counting tokens is what makes a flood of large groups pay for what it uses. It is work-conserving
+(unless slots are reserved): a slot is never left free while a group waits, so a tenant alone
+gets the whole engine, and the
 engine's batch stays as full as without it (the gate admits as many groups as the engine runs at
 once; the engine's own scheduler orders those).
 
@@ -100,15 +105,24 @@ class VirtualTokenCounters:
 
     def next(self) -> _Waiting | None:
         """The group to send to the engine now (None: none waits); it counts as running from now."""
+        chosen = self.peek()
+        if chosen is not None:
+            self.take(chosen)
+        return chosen
+
+    def peek(self) -> _Waiting | None:
+        """The group that goes next, left waiting."""
         candidates = [queue[0] for queue in self.waiting.values() if queue]
         if not candidates:
             return None
-        chosen = min(candidates, key=lambda entry: (-self.policy(entry.tenant).priority,
-                                                     self.counters.get(entry.tenant, 0.0), entry.arrival))
+        return min(candidates, key=lambda entry: (-self.policy(entry.tenant).priority,
+                                                  self.counters.get(entry.tenant, 0.0), entry.arrival))
+
+    def take(self, chosen: _Waiting) -> None:
+        """Send ``chosen`` (the head of its tenant's queue) to the engine."""
         self.waiting[chosen.tenant].popleft()
         self.running[chosen.tenant] += 1
         self.charge(chosen.tenant, chosen.tokens)
-        return chosen
 
     def charge(self, tenant: str, tokens: float) -> None:
         """Count ``tokens`` of service to ``tenant`` (divided by its weight)."""
@@ -145,11 +159,16 @@ class FairGate(Generic[T]):
     """At most ``slots`` groups at the engine at once; the next by :class:`VirtualTokenCounters`."""
 
     def __init__(self, slots: int, policy: Callable[[str], TenantPolicy] = lambda tenant: DEFAULT_POLICY, *,
-                 enabled: bool = True, return_credit: float = 0.0, window_s: float = 60.0,
+                 enabled: bool = True, return_credit: float = 0.0, reserved_slots: int = 0, window_s: float = 60.0,
                  clock: Callable[[], float] = time.monotonic):
         if slots < 1:
             raise ValueError(f"slots: must be at least 1 (got {slots})")
+        if not 0 <= reserved_slots < slots:
+            raise ValueError(f"reserved_slots: must be at least 0 and below slots ({slots}), got {reserved_slots}")
         self.slots = slots
+        # Slots a lower priority class leaves free while a higher one is active (0: fully work-conserving).
+        self.reserved_slots = reserved_slots
+        self._classes: dict[int, float] = {}  # priority class -> when it last sent a group to the engine
         self.enabled = enabled  # False: first come, first served (the same gate, for comparison)
         self.counters = VirtualTokenCounters(policy, return_credit)
         self.window_s = window_s
@@ -219,13 +238,29 @@ class FairGate(Generic[T]):
 
     def _dispatch(self) -> None:
         while self._free > 0:
-            entry = self.counters.next() if self.enabled else self._oldest()
-            if entry is None:
-                return
+            if self.enabled:
+                entry = self.counters.peek()
+                if entry is None or self._held_back(entry):
+                    return
+                self.counters.take(entry)
+                self._classes[self.counters.policy(entry.tenant).priority] = self._clock()
+            else:
+                entry = self._oldest()
+                if entry is None:
+                    return
             self._free -= 1
             wakeup = self._wakeups.pop(id(entry), None)
             if wakeup is not None and not wakeup.done():
                 wakeup.set_result(None)
+
+    def _held_back(self, entry: _Waiting) -> bool:
+        """Whether ``entry`` must leave the last ``reserved_slots`` free: its class is below one that
+        sent a group to the engine within the window (whose next group then starts at once)."""
+        if self.reserved_slots == 0 or self._free > self.reserved_slots:
+            return False
+        now = self._clock()
+        priority = self.counters.policy(entry.tenant).priority
+        return any(higher > priority and now - when <= self.window_s for higher, when in self._classes.items())
 
     def _oldest(self) -> _Waiting | None:
         """First come, first served (the gate disabled)."""

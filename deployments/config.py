@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cluster.config import ScoringConfig
 from cluster.fair_share import TenantPolicy
-from cluster.schema import DEFAULT_TENANT, TENANT_PATTERN
+from cluster.schema import TENANT_PATTERN
 from cluster.engines.config import EngineConfig
 from cluster.gqm import Extractor
 from cluster.rewards import RewardSettings
@@ -150,15 +150,20 @@ class LimitSettings(_Strict):
     max_discard_bytes: int = Field(64 * 1024 * 1024, ge=0)
 
 
-class TenantSettings(_Strict):
-    """One tenant of a shared pool: how it shares the engines, what it may hold, its own token."""
+class TenantDefaults(_Strict):
+    """How a tenant shares the engines and what it may hold (``tenants.default``: every tenant not named)."""
 
-    name: str = Field(pattern=TENANT_PATTERN, description="The tenant's name (a run, a job): what requests carry.")
     weight: float = Field(1.0, gt=0, description="Its share of an engine relative to the others of its priority class.")
     priority: int = Field(0, description="A higher class is always served first (e.g. training 0, evaluation -1).")
     max_groups_in_flight: int | None = Field(
         None, ge=1, description="Groups it may have assembling, waiting or scoring on one replica; beyond: 503 "
                                 "with Retry-After for this tenant only (None: no limit).")
+
+
+class TenantSettings(TenantDefaults):
+    """One named tenant of a shared pool (``http.tenants``), optionally with its own token."""
+
+    name: str = Field(pattern=TENANT_PATTERN, description="The tenant's name (a run, a job): what requests carry.")
     token_env: str | None = Field(
         None, description="Environment variable (in the ingress) holding this tenant's own bearer token: a request "
                           "with it is this tenant's, whatever its body says.")
@@ -223,9 +228,12 @@ class TenantsSettings(_Strict):
         2048.0, ge=0, description="A tenant back from idle may go this many tokens (divided by its weight) ahead of "
                                   "the least-served busy tenant, so a small run's few groups are not interleaved "
                                   "with a flood's; 0: strict virtual token counters.")
-    default: TenantSettings = Field(
-        default_factory=lambda: TenantSettings(name=DEFAULT_TENANT),
-        description="Settings of every tenant not listed in `http.tenants` (its name and token_env are ignored).")
+    reserved_slots: int = Field(
+        0, ge=0, description="Engine slots a lower priority class leaves free while a higher class has sent a group "
+                             "within window_s, so that class's groups start at once instead of waiting for a lower "
+                             "one's to end (at most engine_slots - 1; 0: every slot to whoever waits).")
+    default: TenantDefaults = Field(default_factory=TenantDefaults,
+                                    description="Settings of every tenant not listed in `http.tenants`.")
     max_metric_labels: int = Field(64, ge=1, description="Distinct tenant labels a replica's metrics carry; later "
                                                          "tenants are counted under 'other'.")
     window_s: float = Field(60.0, gt=0, description="How far back GET /v1/tenants measures each tenant's share.")
@@ -269,7 +277,7 @@ class AppConfig(_Strict):
         for tenant in self.http.tenants:
             if tenant.name == name:
                 return tenant
-        return self.tenants.default.model_copy(update={"name": name, "token_env": None})
+        return TenantSettings(name=name, **self.tenants.default.model_dump())
 
     def tenant_policy(self, name: str) -> TenantPolicy:
         """How a replica's fair queue treats the tenant."""

@@ -22,8 +22,9 @@ class ReplicaMetrics:
         self._max_tenant_labels = max_tenant_labels
         self.tenant_groups = Counter("grrm_tenant_groups", "Groups a tenant had scored, valid or not.",
                                      tag_keys=("tenant",))
-        self.tenant_failures = Counter("grrm_tenant_failures", "A tenant's groups without a verdict, by failure.",
-                                       tag_keys=("tenant", "failure"))
+        self.tenant_failures = Counter(
+            "grrm_tenant_failures", "A tenant's failures by kind: groups without a verdict, refusals over its "
+                                    "limit, assembly timeouts.", tag_keys=("tenant", "failure"))
         self.tenant_prompt_tokens = Counter("grrm_tenant_prompt_tokens", "Prompt tokens of a tenant's groups.",
                                             tag_keys=("tenant",))
         self.tenant_completion_tokens = Counter("grrm_tenant_completion_tokens",
@@ -97,10 +98,13 @@ class ReplicaMetrics:
         tags = {"tenant": self.tenant_label(tenant)}
         self.tenant_groups.inc(tags=tags)
         if not result.valid:
-            self.tenant_failures.inc(tags={**tags, "failure": result.failure or "unknown"})
+            self.record_tenant_failure(tenant, result.failure or "unknown")
         if result.usage.prompt_tokens:
             self.tenant_prompt_tokens.inc(result.usage.prompt_tokens, tags=tags)
         if result.usage.completion_tokens:
             self.tenant_completion_tokens.inc(result.usage.completion_tokens, tags=tags)
         self.tenant_queue_wait.observe(waited_s, tags=tags)
 
+    def record_tenant_failure(self, tenant: str, failure: str) -> None:
+        """One of a tenant's requests failed: a group without a verdict, a refusal, an assembly timeout."""
+        self.tenant_failures.inc(tags={"tenant": self.tenant_label(tenant), "failure": failure})

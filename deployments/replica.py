@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import os
 import resource
@@ -107,8 +108,11 @@ class GRRMReplica:
         # A group sends `permutations` prompts at once, so the engine's batch holds that many fewer groups.
         tenants = config.tenants
         slots = tenants.engine_slots or max(1, (config.engine.batch_slots() or 256) // config.scoring.permutations)
-        self.gate: FairGate[GroupResult] = FairGate(slots, config.tenant_policy, enabled=tenants.fair_share,
+        # The policy is asked on every pick: cached, as the config never changes in a replica's life.
+        policy = functools.lru_cache(maxsize=4096)(config.tenant_policy)
+        self.gate: FairGate[GroupResult] = FairGate(slots, policy, enabled=tenants.fair_share,
                                                     return_credit=tenants.return_credit_tokens,
+                                                    reserved_slots=min(tenants.reserved_slots, slots - 1),
                                                     window_s=tenants.window_s)
         self._in_flight: dict[str, set[str]] = {}  # tenant -> its groups (scoped ids) on this replica
         self._outstanding_work = 0.0
@@ -168,15 +172,17 @@ class GRRMReplica:
             self.metrics.members_waiting.set(self.assembler.members_waiting())
         if result.failure == "timeout":
             self.metrics.assembly_timeouts.inc()
+            self.metrics.record_tenant_failure(member.tenant, "timeout")
         return result.model_copy(update={"group_id": member.group_id})
 
     def _admit(self, tenant: str, group: str) -> str | None:
         """Count a group of ``tenant`` in flight here; why not, when it is over its limit."""
-        groups = self._in_flight.setdefault(tenant, set())
+        groups = self._in_flight.get(tenant, set())
         limit = self.config.tenant(tenant).max_groups_in_flight
         if group in groups or limit is None or len(groups) < limit:
-            groups.add(group)
+            self._in_flight.setdefault(tenant, groups).add(group)
             return None
+        self.metrics.record_tenant_failure(tenant, "overloaded")
         return (f"tenant {tenant}: {len(groups)} groups in flight on replica {self.name}, its limit "
                 f"(tenants max_groups_in_flight {limit}); retry later")
 

@@ -110,3 +110,26 @@ def test_service_settings_become_serve_options():
     assert options == {"num_replicas": 2, "max_replicas_per_node": 1,
                        "ray_actor_options": {"num_cpus": 0, "resources": {"grrm_service": 1},
                                              "runtime_env": {"env_vars": {"GRRM_API_TOKEN": "x"}}}}
+
+
+def test_the_readme_sharing_example_is_a_valid_config():
+    """README "Sharing one pool": its YAML is what a newcomer copies; it must validate as written."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Sharing one pool", 1)[1].split("\n## ", 1)[0]
+    document = yaml.safe_load(section.split("```yaml\n", 1)[1].split("```", 1)[0])
+    args = application_args(document)
+    config = AppConfig.model_validate({"engine": {"kind": "scripted"}, **args})
+    assert config.tenant("flagship").weight == 2 and config.tenant("flagship").token_env == "GRRM_TOKEN_FLAGSHIP"
+    assert config.tenant("nightly-eval").priority == -1
+    assert config.tenant("some-sweep-run").max_groups_in_flight == 256  # the defaults, under its own name
+    assert config.tenant_policy("flagship").weight == 2
+
+
+def test_tenant_settings_are_checked_once_at_the_boundary():
+    with pytest.raises(ValidationError, match="listed more than once"):
+        AppConfig.model_validate({"engine": {"kind": "scripted"},
+                                  "http": {"tenants": [{"name": "a"}, {"name": "a", "weight": 2}]}})
+    with pytest.raises(ValidationError, match="name"):
+        AppConfig.model_validate({"engine": {"kind": "scripted"}, "http": {"tenants": [{"name": "no spaces"}]}})
+    with pytest.raises(ValidationError, match="weight"):
+        AppConfig.model_validate({"engine": {"kind": "scripted"}, "tenants": {"default": {"weight": 0}}})

@@ -155,3 +155,47 @@ def test_a_tenant_back_from_idle_goes_ahead_by_its_credit_once_not_every_time():
         counters.finish(entry.tenant)
         order.append(entry.tenant)
     assert 15 <= order.count("closed-loop") <= 17, order
+
+
+def test_reserved_slots_keep_a_lower_class_off_the_last_slot_while_a_higher_one_is_active():
+    async def scenario():
+        now = [0.0]
+        policies = {"train": TenantPolicy(priority=0), "eval": TenantPolicy(priority=-1)}
+        gate: FairGate[int] = FairGate(slots=2, policy=lambda tenant: policies[tenant], reserved_slots=1,
+                                       window_s=60, clock=lambda: now[0])
+        release = {tenant: asyncio.Event() for tenant in ("train", "eval")}
+        running: list[str] = []
+
+        async def group(tenant: str) -> int:
+            running.append(tenant)
+            await release[tenant].wait()
+            running.remove(tenant)
+            return 10
+
+        # No higher class has been seen: the evaluation alone may use both slots (work-conserving).
+        evals = [asyncio.create_task(gate.run("eval", 10, lambda: group("eval"), float)) for _ in range(4)]
+        await asyncio.sleep(0)
+        assert running == ["eval", "eval"]
+        release["eval"].set()
+        await asyncio.gather(*evals)
+        release["eval"].clear()
+        # Training sent a group: from now on evaluation leaves one slot free for it.
+        trained = asyncio.create_task(gate.run("train", 10, lambda: group("train"), float))
+        await asyncio.sleep(0)
+        release["train"].set()
+        await trained
+        release["train"].clear()
+        evals = [asyncio.create_task(gate.run("eval", 10, lambda: group("eval"), float)) for _ in range(4)]
+        await asyncio.sleep(0)
+        assert running == ["eval"]  # one slot left free
+        trained = asyncio.create_task(gate.run("train", 10, lambda: group("train"), float))
+        await asyncio.sleep(0)
+        assert sorted(running) == ["eval", "train"]  # training's group starts at once
+        release["train"].set()
+        await trained
+        # A whole window without training: the evaluation gets both slots again.
+        now[0] = 61.0
+        release["eval"].set()
+        await asyncio.gather(*evals)
+
+    asyncio.run(scenario())

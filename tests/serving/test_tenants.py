@@ -302,6 +302,9 @@ def test_tenants_endpoint_and_metrics_count_each_tenant(url):
     assert any(line.startswith("ray_grrm_tenant_groups") and line.rstrip().endswith(" 6.0") for line in lines), lines
     assert any(line.startswith("ray_grrm_tenant_prompt_tokens") for line in lines), lines
     assert any(line.startswith("ray_grrm_tenant_queue_wait_s_bucket") for line in lines), lines
+    # The capped tenant's refusals (an earlier test) are its failures of kind "overloaded".
+    assert any(line.startswith("ray_grrm_tenant_failures") and 'tenant="capped"' in line
+               and 'failure="overloaded"' in line for line in text.splitlines())
 
 
 def test_tenants_endpoint_asks_every_replica(serve_instance):
