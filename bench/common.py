@@ -81,7 +81,7 @@ def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
     def cell(value: Any) -> str:
         return f"{value:.3f}" if isinstance(value, float) else str(value)
 
-    widths = [max(len(c), *(len(cell(r.get(c, ""))) for r in rows)) for c in columns]
+    widths = [max([len(c), *(len(cell(r.get(c, ""))) for r in rows)]) for c in columns]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
     for row in rows:
         print("  ".join(cell(row.get(c, "")).ljust(w) for c, w in zip(columns, widths)))

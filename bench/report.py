@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import results_dir
+from bench.fair_share import VERL_COLUMNS as FAIR_SHARE_VERL_COLUMNS
 
 OUT = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 
@@ -385,6 +386,42 @@ def main() -> int:
             "the restarted controller. The node rows run without GCS fault tolerance: with the app running, a worker "
             "node killed on a cluster with it was once not declared dead within 5 minutes here (a bare cluster "
             "declared one dead in 17 s; not understood).",
+        ))
+    fair_share = load("fair_share")
+    if fair_share:
+        floods = [row for row in fair_share if row["case"] in ("engine_bound", "http_bound")]
+        shares = [row for row in fair_share if row["case"] == "weights"]
+        alone = [row for row in fair_share if row["case"] == "alone"]
+        verl = [row for row in fair_share if row["case"] == "verl"]
+        sections.append(section(
+            "15. Many tenants on one pool: fair share against first come first served",
+            ".venv/bin/python -m bench.fair_share",
+            table(floods, ["case", "mode", "small_groups", "flood_groups", "small_alone_s", "small_beside_flood_s",
+                           "beside_over_alone", "flood_groups_per_s"])
+            + "\n\n" + table(shares, ["tenant", "weight", "groups_while_all_busy", "share", "weighted_share",
+                                       "share_over_weighted_share"])
+            + "\n\n" + table(alone, ["mode", "groups", "rounds", "groups_per_s", "throughput_over_fifo"])
+            + ("\n\n" + table(verl, FAIR_SHARE_VERL_COLUMNS) if verl else "")
+            + "\n\nPlot: `bench/results/fair_share.png`.",
+            "fair_share",
+            "SIMULATED engine (scripted: a fixed time per group, a bounded number of generations at once per "
+            "replica), real Ray Serve and HTTP, every request through `grrm_client` under its tenant; each case runs "
+            "with `tenants.fair_share` off (`fifo`) and on (`fair`) in the same run. Flood: a small run's groups "
+            "(4 members each, one HTTP request per member, as the trainer bridge sends them) alone, then 3 s after "
+            "another tenant sent 20x (engine-bound: 0.4 s per group, one at a time, 2 replicas) or 25x "
+            "(HTTP-bound: 0.1 s, two at a time) their work; `beside_over_alone`: the small run's last reward, "
+            "beside the flood / alone. `fair+flood_limit_8`: the flood also held to 8 groups in flight per "
+            "replica (`max_groups_in_flight`; its excess answered 503 and retried by its client); "
+            "`fair+flood_client_32`: the flood's client sends at most 32 groups at once. Weights: three "
+            "backlogged tenants on one replica; shares of the groups finished while all three had work. Alone: one "
+            "tenant, 240 whole groups, 4 generations at once per replica, median of rounds alternating the modes. "
+            "verl: its real sync trainer on the CPU harness (8 prompts x 4 rollouts, the bridge over the handle; "
+            "service: 2 replicas, 0.3 s per group, 2 at once each) alone, then while `grrm score --concurrency 32` "
+            "floods the same service as tenant `nightly-eval` at priority -1; `reward_wait_s`: the median over the "
+            "steps after the first of `grrm/exposed_reward_s` (last reward after the last rollout); "
+            "`fair+reserve_1`: `tenants.reserved_slots: 1`; `flood_recent_share`: the flood's share of the tokens "
+            "served in the last minute, read at the end of the run. The step time grows beside the flood because "
+            "its HTTP path and `grrm score` take CPU from the trainer's generation on these 2 cores.",
         ))
     OUT.write_text("\n".join(sections))
     print(f"wrote {OUT}")

@@ -54,20 +54,27 @@ COLUMNS = [
 ]
 
 
-def service_config(path: Path, group_latency_s: float) -> Path:
-    """A Serve config: local.yaml's application on the scripted engine's latency model."""
+def service_config(path: Path, group_latency_s: float, slots: int = SLOTS, extra: dict[str, Any] | None = None) -> Path:
+    """A Serve config: local.yaml's application on the scripted engine's latency model (``slots``
+    groups at once per replica; ``extra``: more AppConfig fields, e.g. ``http`` and ``tenants``)."""
     from cluster.engines import EngineConfig, ScriptedEngineOptions
     from cpu_harness.reward_service import harness_config
+    from deployments.config import AppConfig
 
     base = harness_config()
     engine = EngineConfig(
         kind="scripted",
         model=base.engine.model,
-        scripted=ScriptedEngineOptions(per_prompt_s=group_latency_s, max_concurrent_prompts=SLOTS),
+        scripted=ScriptedEngineOptions(per_prompt_s=group_latency_s, max_concurrent_prompts=slots),
     )
     scoring = base.scoring.model_copy(update={"verdict_repair": False})
     replicas = base.replicas.model_copy(update={"num_replicas": REPLICAS})
     config = base.model_copy(update={"engine": engine, "scoring": scoring, "replicas": replicas})
+    if extra:  # merged one level down: {"http": {"tenants": [...]}} keeps the rest of http
+        merged = config.model_dump(mode="json")
+        for key, value in extra.items():
+            merged[key] = {**merged[key], **value} if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+        config = AppConfig.model_validate(merged)
     document = {"applications": [{"name": "grrm", "args": config.model_dump(mode="json")}]}
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     return path
