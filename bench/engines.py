@@ -269,7 +269,8 @@ def vllm_rows(model_dir: str, args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def targets(rows: list[dict[str, Any]], largest: int) -> dict[str, Any]:
-    """The issue's two targets, read off the transformers rows at the largest batch."""
+    """The engine's two targets, read off the transformers rows at the largest batch: throughput at least
+    TARGET_ENGINE_VS_PLAIN of the plain batch call's, and bfloat16 no slower than float32."""
     def engine_rows(**match):
         return [r for r in rows if r["engine"] == "transformers" and r["side"] == "engine" and r["batch"] == largest
                 and r["shapes"] == "fresh" and all(r[k] == v for k, v in match.items())]

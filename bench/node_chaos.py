@@ -1,4 +1,4 @@
-"""Node chaos (issue 21): the app on a multi-node Ray cluster on one machine, a node, the GCS or
+"""Node chaos: the app on a multi-node Ray cluster on one machine, a node, the GCS or
 the whole head lost while members stream through the product's client (``grrm_client.RewardClient``), half over
 HTTP and half over the Serve handle.
 

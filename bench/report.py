@@ -58,7 +58,7 @@ def engine_pairs(rows: list[dict]) -> list[dict]:
 
 
 def hang_rerun() -> str:
-    """The engine-hang row re-measured with the hang timeout (issue 21), when that run exists."""
+    """The engine-hang row re-measured with the hang timeout, when that run exists."""
     rerun = load("chaos_engine_core_hang")
     if not rerun:
         return ""
@@ -96,7 +96,7 @@ HANDLE_PATH_NOTE = (
     "bounds the path. The member path adds its ledger traffic, per group one lookup and one write per ledger copy "
     "(this bench runs one copy, `grrm.yaml` two), each a Serve call of its own. Rounds rotate the path order: with "
     "`bare_serve` always first, one earlier run put every other path at 0.71-0.80. Coalescing the ledger's calls "
-    "(a group commit, tried and withdrawn at stop 28) cut `cpu_ms_per_group_ledger` to about 0.7 ms in a run of its "
+    "(a group commit, tried and withdrawn) cut `cpu_ms_per_group_ledger` to about 0.7 ms in a run of its "
     "own."
 )
 
@@ -159,7 +159,7 @@ def main() -> int:
         from bench.handle_path import COLUMNS as HANDLE_PATH_COLUMNS
 
         sections.append(section(
-            "2b. Where the handle path's time goes (issue 19)", ".venv/bin/python -m bench.handle_path",
+            "2b. Where the handle path's time goes", ".venv/bin/python -m bench.handle_path",
             table(handle_path, HANDLE_PATH_COLUMNS), "handle_path", HANDLE_PATH_NOTE,
         ))
     routing = load("routing")
@@ -198,7 +198,7 @@ def main() -> int:
     if ensemble:
         columns = ["n", "method", "ranking_accuracy", "ci95", "prompts_per_group", "prompt_tokens", "completion_tokens"]
         sections.append(section(
-            "6. Large groups and position-bias ensembles (issue 8)", ".venv/bin/python -m bench.ensemble",
+            "6. Large groups and position-bias ensembles", ".venv/bin/python -m bench.ensemble",
             "Large groups:\n\n" + table(ensemble["large_groups"], columns)
             + "\n\nBy per-prompt scale shift (n = 32):\n\n" + table(ensemble["large_groups_by_prompt_shift"], columns)
             + "\n\nPosition bias (n = 8):\n\n" + table(ensemble["position_bias"], columns + ["position_gap"]),
@@ -208,7 +208,7 @@ def main() -> int:
     repair = load("repair")
     if repair:
         sections.append(section(
-            "7. Verdict repair vs resampling (issue 8)", ".venv/bin/python -m bench.repair",
+            "7. Verdict repair vs resampling", ".venv/bin/python -m bench.repair",
             table(repair, ["method", "group_size", "groups", "parsed_share", "generations_per_group",
                            "recovery_completion_tokens_per_failure", "prompt_tokens_computed_per_group"]),
             "repair",
@@ -236,7 +236,7 @@ def main() -> int:
         settings = info.get("settings", {})
         calibration = fmt(info.get("calibration_gen_s"))
         if name == "verl_trainer":
-            title = "9. verl's real trainer, every trainer mode: step time and exposed reward against the limit (issues 18, 19)"
+            title = "9. verl's real trainer, every trainer mode: step time and exposed reward against the limit"
             command = ".venv/bin/python -m bench.verl_trainer"
             note = (
                 f"Real verl 0.9.1 trainings (GRPO, {settings.get('prompts', '?')} prompts x {settings.get('n', '?')} "
@@ -258,11 +258,11 @@ def main() -> int:
             command = (f".venv/bin/python -m bench.verl_trainer --modes {settings.get('modes', '?')} --costs "
                        f"{settings.get('costs', '?')} --steps {settings.get('steps', '?')} --name {name}")
         if name == "verl_trainer_half":
-            title = "9c. verl's real trainer at reward = 0.5 x generation, every mode, and where the step time goes (issue 19)"
+            title = "9c. verl's real trainer at reward = 0.5 x generation, every mode, and where the step time goes"
             note = HALF_COST_NOTE.format(calibration=calibration, main_sync=zero_cost_sync_step(load("verl_trainer")),
                                          this_sync=zero_cost_sync_step(runs))
         elif name == "verl_trainer_offpolicy":
-            title = "9b. verl's real trainer, the off-policy modes one_step_off and fully_async (issue 19)"
+            title = "9b. verl's real trainer, the off-policy modes one_step_off and fully_async"
             note = (
                 "A run of its own, set up as section 9 (the same SIMULATED reward cost model), calibrated on its own "
                 f"zero-cost sync run ({calibration} s of generation per step): ratios within this "
@@ -278,7 +278,7 @@ def main() -> int:
     chaos = load("chaos")
     if chaos:
         sections.append(section(
-            "10. Chaos: engine death, replica death, dangling members, bad inputs (issue 12)",
+            "10. Chaos: engine death, replica death, dangling members, bad inputs",
             ".venv/bin/python -m bench.chaos",
             table(chaos["phases"], ["phase", "members_sent", "members_valid", "members_lost", "groups_duplicated",
                                     "split_groups", "in_flight_at_fault", "recovery_s", "replicas_back_s",
@@ -305,7 +305,7 @@ def main() -> int:
     if engines:
         targets = engines["targets"]
         sections.append(section(
-            "11. Engines against their libraries' plain batch calls (issue 15)", ".venv/bin/python -m bench.engines",
+            "11. Engines against their libraries' plain batch calls", ".venv/bin/python -m bench.engines",
             f"Targets at batch {targets['batch']}, fresh shapes, no constraint: engine / plain `generate` tokens/s "
             f"{', '.join(f'{k} {fmt(v)}' for k, v in targets['engine_vs_plain'].items())} (>= 0.7: "
             f"{'met' if targets['engine_vs_plain_met'] else 'NOT met'}); engine bf16 / fp32 "
@@ -326,7 +326,7 @@ def main() -> int:
     score_cli = load("score_cli")
     if score_cli:
         sections.append(section(
-            "12. `grrm score` vs the bare HTTP API (issue 13)", ".venv/bin/python -m bench.score_cli",
+            "12. `grrm score` vs the bare HTTP API", ".venv/bin/python -m bench.score_cli",
             table(score_cli, ["path", "concurrency", "groups", "runs", "wall_s", "groups_per_s", "vs_bare_http"]),
             "score_cli",
             "The same groups at the same concurrency (groups in flight) on a local Serve app (2 replicas, scripted "
@@ -343,7 +343,7 @@ def main() -> int:
         from bench.tensor_parallel import COLUMNS as TP_COLUMNS
 
         sections.append(section(
-            "13. Tensor parallelism: a TP = 2 replica against TP = 1 (issue 22)",
+            "13. Tensor parallelism: a TP = 2 replica against TP = 1",
             ".venv/bin/python -m bench.tensor_parallel",
             table(tensor_parallel, TP_COLUMNS),
             "tensor_parallel",
@@ -359,7 +359,7 @@ def main() -> int:
         from bench.node_chaos import COLUMNS as NODE_COLUMNS
 
         sections.append(section(
-            "14. Node, ingress, ledger, GCS and head faults on a multi-node cluster (issue 21)",
+            "14. Node, ingress, ledger, GCS and head faults on a multi-node cluster",
             ".venv/bin/python -m bench.node_chaos --redis",
             table(node_chaos["phases"], NODE_COLUMNS),
             "node_chaos",

@@ -23,7 +23,7 @@ def test_retry_decisions_follow_the_kind():
     # Retry later is 503 with Retry-After; nothing else is.
     assert all(KINDS[code].http_status == 503 and KINDS[code].retry_after for code in retryable)
     assert not any(kind.retry_after for code, kind in KINDS.items() if code not in retryable)
-    # A conflict is the caller's fault and final; overload is not a conflict (issue 20: no 409 for it).
+    # A conflict is the caller's fault and final; overload is not a conflict (no 409 for it).
     assert KINDS["conflict"].http_status == 409 and KINDS["conflict"].bad_input and not KINDS["conflict"].retryable
     assert KINDS["timeout"].rejoin and not KINDS["timeout"].retryable
     assert {code for code, kind in KINDS.items() if kind.bad_input} >= {"invalid_request", "too_large", "rejected"}

@@ -702,7 +702,7 @@ VALID = [
     ("ranking", 3, "  \n B > C = A \r\n", [0, 1, 0]),
     ("ranking", 3, "I compared them.\r\nB > A > C\r\n", [1, 2, 0]),
     ("ranking", 3, "C > A = B", [0, 0, 1]),  # the spec's example
-    ("ranking", 3, "C > A > B", [1, 0, 2]),  # the example
+    ("ranking", 3, "C > A > B", [1, 0, 2]),  # tiers counted from the lowest
     ("ranking", 4, "B > A = D > C", [1, 2, 0, 1]),
     ("ranking", 2, "B > A", [0, 1]),
     # score

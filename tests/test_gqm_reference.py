@@ -314,11 +314,11 @@ def test_bulk_differential_covers_every_outcome():
 
 
 # --------------------------------------------------------------------------------------------
-# The issue's regression: the lowest tier scores 0, the best tier (number of tiers) - 1.
+# A regression once: the lowest tier scores 0, the best tier (number of tiers) - 1.
 # --------------------------------------------------------------------------------------------
 
 
-def test_ranking_examples_from_the_spec_and_the_issue():
+def test_ranking_examples_from_the_spec_and_the_reference():
     assert parse_group_answer("C > A = B", 3, "ranking") == [0, 0, 1]
     assert parse_group_answer("C > A > B", 3, "ranking") == [1, 0, 2]
     assert parse_group_answer("A = B = C", 3, "ranking") == [0, 0, 0]  # one tier: the lowest

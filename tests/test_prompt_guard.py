@@ -1,4 +1,4 @@
-"""The forgery defence (cluster/prompt_guard.py, issue 12): no source or candidate can change the
+"""The forgery defence (cluster/prompt_guard.py): no source or candidate can change the
 structure of the prompt the model sees, texts that cannot forge anything are left byte for byte,
 and every guarded text is counted. Pure logic plus the scorer on the scripted engine."""
 

@@ -1,5 +1,5 @@
 """A scorer replica whose construction fails releases what it had started, and its destructor
-never raises, however far the construction got (issue 15). The class is called directly, as
+never raises, however far the construction got. The class is called directly, as
 Serve calls it in a replica actor."""
 
 from __future__ import annotations

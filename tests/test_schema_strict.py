@@ -1,4 +1,4 @@
-"""Request models take no coerced input (issue 12): every field refuses a value of the wrong type,
+"""Request models take no coerced input: every field refuses a value of the wrong type,
 from Python (handle callers) and from JSON (what FastAPI reads), and the error names the field."""
 
 from __future__ import annotations

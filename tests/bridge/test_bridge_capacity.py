@@ -57,7 +57,7 @@ def test_workers_needed_leaves_room_for_the_random_spread():
 
 
 def test_a_config_whose_workers_cannot_hold_its_waiting_members_names_the_setting():
-    # The example: 1024 prompts x n=16 on 8 workers.
+    # A large run: 1024 prompts x n=16 on 8 workers.
     problem = concurrency_problem(config(n=16, batch=1024, workers=8), 1000)
     assert "reward.num_workers=8" in problem and "16384 rollouts" in problem and "reward.num_workers=19" in problem
     assert concurrency_problem(config(n=16, batch=1024, workers=19), 1000) is None

@@ -1,6 +1,6 @@
 """The forgery defence against a real tokenizer: the tiny model's, which is Qwen2's pipeline (NFC
 normalizer, byte-level BPE, ChatML special tokens) as vLLM loads it. What the model sees is token
-ids; these tests count fences and turn markers there (cluster/prompt_guard.py, issue 12)."""
+ids; these tests count fences and turn markers there (cluster/prompt_guard.py)."""
 
 from __future__ import annotations
 

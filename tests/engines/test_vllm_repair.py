@@ -1,4 +1,4 @@
-"""Verdict repair on the real CPU vLLM engine (issue 8, part 3): a random-weight model never
+"""Verdict repair on the real CPU vLLM engine: a random-weight model never
 writes a parseable verdict on its own; the regex-constrained continuation of its analysis
 (vLLM structured outputs) always yields one, for every group size and model-written prompt type."""
 

@@ -1,4 +1,4 @@
-"""Access control and bad input on the real HTTP API (issue 7, parts 4 and 5; issue 12).
+"""Access control and bad input on the real HTTP API.
 
 Every bad request gets a 4xx that names the problem, nothing is scored for unauthenticated
 callers, no value is coerced into a field of another type, oversized bodies are refused before
@@ -205,7 +205,7 @@ BAD_REQUESTS = [
     ("/v1/score/member", member_with(candidate=""), 422, "candidate"),
     ("/v1/score/member", member_with(group_id=""), 422, "group_id"),
     ("/v1/score/member", member_with(extra="field"), 422, "extra"),
-    # No coercion (issue 12): each is refused naming the field, never read as 1, 3, 2 or True.
+    # No coercion: each is refused naming the field, never read as 1, 3, 2 or True.
     ("/v1/score/member", member_with(group_size=True), 422, "group_size"),
     ("/v1/score/member", member_with(group_size="3"), 422, "group_size"),
     ("/v1/score/member", member_with(group_size=2.0), 422, "group_size"),

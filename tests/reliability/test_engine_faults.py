@@ -1,7 +1,7 @@
-"""Engine faults on real Ray Serve (issue 7, part 2): an engine that raises, returns garbage,
+"""Engine faults on real Ray Serve: an engine that raises, returns garbage,
 hangs or dies. Deadlines fire, callers get a clear error or a flagged failure, nothing waits
-forever, and a replica whose engine died ends itself so that its work is scored on a live one
-(issue 12). The engine is scripted with injected failures: these tests are about how the service
+forever, and a replica whose engine died ends itself so that its work is scored on a live one.
+The engine is scripted with injected failures: these tests are about how the service
 handles a failing engine (tests/reliability/test_engine_death.py kills a real vLLM engine)."""
 
 from __future__ import annotations

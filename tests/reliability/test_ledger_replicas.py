@@ -1,4 +1,4 @@
-"""The ledger of scored groups survives the loss of any one of its replicas (issue 21).
+"""The ledger of scored groups survives the loss of any one of its replicas.
 
 Real Serve, the app with 2 ledger replicas: every scored group is on both; one ledger replica is
 killed and the records are still found; its replacement copies its peer's records when it

@@ -1,4 +1,4 @@
-"""Node and GCS faults on a multi-node Ray cluster on one machine (issue 21).
+"""Node and GCS faults on a multi-node Ray cluster on one machine.
 
 Runs ``bench.node_chaos --quick --redis`` in a process of its own (it starts its own Ray cluster:
 a head with 0 CPUs and 4 worker nodes; this test session's Ray would be in the way): members

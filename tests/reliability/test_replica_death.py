@@ -1,4 +1,4 @@
-"""Replica death under load (issue 7, part 1): 3 replicas, 200 groups sent member by member
+"""Replica death under load: 3 replicas, 200 groups sent member by member
 from 4 concurrent client processes (Ray tasks, each with its own router, as verl's reward
 workers are), one replica killed with ray.kill mid-run. Every member gets exactly one answer,
 every group is scored on one live replica, no group is scored twice with different results,

@@ -1,4 +1,4 @@
-"""One retry layer (issue 20): through a real Serve app and the handle transport, every send of
+"""One retry layer: through a real Serve app and the handle transport, every send of
 a logical member is one of RewardClient's attempts (or a re-join of an incomplete group), and
 attempts never exceed ``max_attempts``, while replicas refuse members as overloaded (503-kind,
 retried) and one replica is killed mid-stream (retried, routed in ring order). Every member

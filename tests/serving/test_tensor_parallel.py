@@ -1,4 +1,4 @@
-"""Tensor parallelism that runs (issue 22): deployments/local.yaml's app with
+"""Tensor parallelism that runs: deployments/local.yaml's app with
 ``engine.tensor_parallel_size: 2`` on real Ray Serve and the CPU build of vLLM. Placement is
 chosen, not forced (deployments/placement.py): on CPU the replica runs its two TP ranks as
 processes (vLLM's ``mp`` executor), so every replica's engine core has two TP worker children.
