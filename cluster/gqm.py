@@ -15,10 +15,13 @@ from __future__ import annotations
 import re
 import string
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 __all__ = [
     "EXTRACTORS",
+    "PROMPT_PIECES",
+    "PromptPieces",
     "GQMInputError",
     "LANGUAGE_NAMES",
     "MAX_CANDIDATES",
@@ -92,6 +95,25 @@ _EXAMPLES: dict[str, str] = {
     "score": "Output the scores on the last line, for example: `A: 4, B: 9, C: 7, D: 9`.",
 }
 PROMPT_TYPES: tuple[str, ...] = tuple(_TASKS)
+
+@dataclass(frozen=True)
+class PromptPieces:
+    """The fixed text between the variable parts of the prompts, cut from the templates above (not
+    written again): for code that reads a prompt back apart, such as the scripted test engine."""
+
+    group: tuple[str, ...]  # around: source language, target language, task, source, candidate blocks
+    candidate: tuple[str, ...]  # around: letter, candidate
+    single: tuple[str, ...]  # around: source language, target language, source, candidate
+    tasks: dict[str, str]  # prompt type -> its task sentence (an example may follow it)
+
+
+PROMPT_PIECES = PromptPieces(
+    group=tuple(_GROUP_TEMPLATE.split("{}")),
+    candidate=tuple(_CANDIDATE_BLOCK.split("{}")),
+    single=tuple(_SINGLE_TEMPLATE.split("{}")),
+    tasks=dict(_TASKS),
+)
+
 EXTRACTORS: tuple[str, ...] = ("codeblock", "line", "oneline", "none")
 
 SCORE_MIN, SCORE_MAX = 0, 10

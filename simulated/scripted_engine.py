@@ -99,22 +99,13 @@ _ANALYSIS_WORDS: tuple[str, ...] = (
     "better", "worse",
 )
 
-# Fixed pieces of the GQM prompts (docs/gqm.md), used to walk a prompt back apart.
-_GROUP_HEAD = "Given a source text in "
-_GROUP_LANGS = " and multiple translation candidates in "
-_GROUP_TASK_INTRO = (
-    ". Perform a step by step analysis and comparison of the translation quality for the candidates. "
-)
-_GROUP_SOURCE = "\n\nSource text:\n```\n"
-_GROUP_SOURCE_END = "\n```\n\n"
-_CANDIDATE_HEAD = "Translation {}:\n```\n"
-_CANDIDATE_END = "\n```\n"
-_SINGLE_LANGS = " and a translation text in "
-_SINGLE_INTRO = (
-    ". Perform a step by step analysis of translation quality and assign a score on a scale "
-    "from 0 to 10.\nSource text:\n```\n"
-)
-_SINGLE_MIDDLE = "\n```\n\nTranslation text:\n```\n"
+# Fixed pieces of the GQM prompts, used to walk a prompt back apart: cut from cluster/gqm.py's own
+# templates (gqm.PROMPT_PIECES), so the spec is written down once.
+_PIECES = gqm.PROMPT_PIECES
+_GROUP_HEAD, _GROUP_LANGS, _GROUP_TASK_INTRO, _GROUP_SOURCE, _GROUP_SOURCE_END, _ = _PIECES.group
+_CANDIDATE_HEAD = _PIECES.candidate[0] + "{}" + _PIECES.candidate[1]
+_CANDIDATE_END = _PIECES.candidate[2]
+_SINGLE_HEAD, _SINGLE_LANGS, _SINGLE_INTRO, _SINGLE_MIDDLE, _SINGLE_END = _PIECES.single
 
 
 # --------------------------------------------------------------------------- tokenizer
@@ -206,12 +197,9 @@ def extract_user_message(prompt: str) -> str:
 
 
 def _detect_prompt_type(task: str) -> gqm.PromptType | None:
-    if task.startswith("Finally, rank and score the candidates"):
-        return "ranking_score"
-    if task.startswith("Finally, rank the candidates"):
-        return "ranking"
-    if task.startswith("Finally, score the candidates"):
-        return "score"
+    for prompt_type, sentence in _PIECES.tasks.items():
+        if task == sentence or task.startswith(sentence + " "):  # an example may follow the sentence
+            return prompt_type
     return None
 
 
@@ -258,13 +246,13 @@ def _parse_group(message: str) -> ParsedPrompt | None:
 
 
 def _parse_single(message: str) -> ParsedPrompt | None:
-    if not message.startswith(_GROUP_HEAD) or _SINGLE_LANGS not in message:
+    if not message.startswith(_SINGLE_HEAD) or _SINGLE_LANGS not in message:
         return None
-    src_lang, _, rest = message[len(_GROUP_HEAD) :].partition(_SINGLE_LANGS)
+    src_lang, _, rest = message[len(_SINGLE_HEAD) :].partition(_SINGLE_LANGS)
     trg_lang, found, rest = rest.partition(_SINGLE_INTRO)
-    if not found or not rest.endswith(_CANDIDATE_END):
+    if not found or not rest.endswith(_SINGLE_END):
         return None
-    source, found, candidate = rest[: len(rest) - len(_CANDIDATE_END)].partition(_SINGLE_MIDDLE)
+    source, found, candidate = rest[: len(rest) - len(_SINGLE_END)].partition(_SINGLE_MIDDLE)
     if not found:
         return None
     return ParsedPrompt("single", None, source, (candidate,), src_lang, trg_lang)

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cluster.gqm import (
+    PROMPT_PIECES,
     GQMInputError,
     build_group_prompt,
     build_single_prompt,
@@ -1033,3 +1034,16 @@ def test_parse_bad_group_size(n, prompt_type):
 def test_render_answer_bad_group_size(count):
     with pytest.raises(GQMInputError):
         render_answer([1] * count, "ranking_score")
+
+
+def test_prompt_pieces_are_the_templates_cut_at_their_variable_parts():
+    """Code that reads prompts back (the scripted test engine) uses these pieces: joined with the
+    variable parts they give the exact prompt, so the spec is written down once."""
+    pieces = PROMPT_PIECES
+    blocks = "".join(f"{pieces.candidate[0]}{letter}{pieces.candidate[1]}{text}{pieces.candidate[2]}"
+                     for letter, text in zip("AB", ("x", "y")))
+    values = ("German", "English", pieces.tasks["ranking_score"], "Der Hund.", blocks)
+    rebuilt = "".join(piece + value for piece, value in zip(pieces.group, (*values, "")))
+    assert rebuilt == build_group_prompt("Der Hund.", ["x", "y"], "de", "en", "ranking_score")
+    single = ("German", "English", "Der Hund.", "x", "")
+    assert "".join(p + v for p, v in zip(pieces.single, single)) == build_single_prompt("Der Hund.", "x", "de", "en")
