@@ -30,7 +30,8 @@ from pydantic import (
 from cluster import gqm
 from cluster.failures import FailureReason
 
-_TEXT = Field(max_length=1_000_000)  # a hard ceiling; deployments set tighter limits
+# A text's hard ceiling (characters); deployments set tighter limits.
+_MAX_TEXT = 1_000_000
 
 
 def _check_text(value: str) -> str:
@@ -142,11 +143,16 @@ class GroupRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
 
     tenant: StrictStr = _TENANT
-    group_id: StrictStr | None = Field(None, min_length=1, max_length=256)
-    source: StrictStr = _TEXT
-    candidates: list[StrictStr] = Field(min_length=gqm.MIN_CANDIDATES)
-    src_lang: StrictStr = Field(max_length=64)
-    trg_lang: StrictStr = Field(max_length=64)
+    group_id: StrictStr | None = Field(
+        None, min_length=1, max_length=256,
+        description="The caller's id of the group: requests with the same id go to the same replica (its prefix "
+                    "cache), and a scored group's answer is kept for retries under it. Without one, any replica.")
+    source: StrictStr = Field(max_length=_MAX_TEXT, description="The source text.")
+    candidates: list[StrictStr] = Field(
+        min_length=gqm.MIN_CANDIDATES, description="The candidate translations, labelled A, B, C, ... in this order "
+                                                   "in the prompt; identical texts are shown once and share a score.")
+    src_lang: StrictStr = Field(max_length=64, description="Source language: a two-letter code or a full name.")
+    trg_lang: StrictStr = Field(max_length=64, description="Target language: a two-letter code or a full name.")
 
     validate_text = field_validator("source")(_check_text)
     validate_source = field_validator("source")(_check_not_blank)
@@ -169,8 +175,10 @@ class MemberRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tenant: StrictStr = _TENANT
-    group_id: StrictStr = Field(min_length=1, max_length=256)
-    group_size: StrictInt = Field(ge=1, le=1024)
+    group_id: StrictStr = Field(min_length=1, max_length=256,
+                                description="The group this member belongs to: its members meet on one replica under "
+                                            "this id (scoped by tenant) and are scored together.")
+    group_size: StrictInt = Field(ge=1, le=1024, description="How many members the group has (the same on each).")
     # Who the member is within its group, given exactly one way:
     # - `index`: its position 0..group_size-1, when the caller knows it (verl's session_id, or
     #   priority % n): the candidates appear in the prompt in index order;
@@ -178,18 +186,23 @@ class MemberRequest(BaseModel):
     #   re-send, when the caller has no position (verl's fully_async_policy repeats a sample n times
     #   without numbering the copies): the replica orders the candidates by their texts, so the
     #   prompt does not depend on the order in which members arrive.
-    index: StrictInt | None = Field(None, ge=0)
-    member_id: StrictStr | None = Field(None, min_length=1, max_length=128)
-    source: StrictStr = _TEXT
-    candidate: StrictStr = _TEXT
-    src_lang: StrictStr = Field(max_length=64)
-    trg_lang: StrictStr = Field(max_length=64)
+    index: StrictInt | None = Field(None, ge=0, description="Its position 0..group_size-1 (give this or member_id).")
+    member_id: StrictStr | None = Field(
+        None, min_length=1, max_length=128,
+        description="An id of the caller's choosing, unique in the group and the same on every re-send, when the "
+                    "caller has no position (give this or index).")
+    source: StrictStr = Field(max_length=_MAX_TEXT, description="The group's source text (the same on each member).")
+    candidate: StrictStr = Field(max_length=_MAX_TEXT, description="This member's translation.")
+    src_lang: StrictStr = Field(max_length=64, description="Source language: a two-letter code or a full name.")
+    trg_lang: StrictStr = Field(max_length=64, description="Target language: a two-letter code or a full name.")
     # The rollout's translation could not be extracted (spec section 4): the member still
     # completes its group (nobody waits for it) but is not shown to the model and gets no score.
     # Its `candidate` is ignored (send "").
-    invalid: StrictBool = False
+    invalid: StrictBool = Field(False, description="No translation could be read from the rollout: it completes "
+                                                   "its group but is not shown to the model and gets no score.")
     # When the caller first sent this member (Unix seconds, the same on every re-send): timing only.
-    sent_at: StrictFloat | None = Field(None, ge=0)
+    sent_at: StrictFloat | None = Field(None, ge=0, description="When the caller first sent it (Unix seconds, the "
+                                                                "same on every re-send): timing only.")
 
     validate_text = field_validator("source", "candidate")(_check_text)
     validate_source = field_validator("source")(_check_not_blank)
@@ -216,26 +229,24 @@ class MemberRequest(BaseModel):
 class GroupResult(BaseModel):
     """The verdict on one group. ``scores`` is None unless ``valid``: never a made-up score."""
 
-    group_id: str | None = None
-    scores: list[int] | None = None
-    ranking: str | None = None
-    valid: bool = False
-    error: str | None = None
-    failure: FailureReason | None = None
-    attempts: int = 0
-    # Verdicts obtained by constrained repair of an unparseable answer (see ScoringConfig).
-    repairs: int = 0
-    replica: str = ""
-    usage: Usage = Field(default_factory=Usage)
-    latency_s: float = 0.0
-    # Seconds per stage (e.g. "generation", "parse", "assembly"), for metrics.
-    stages: dict[str, float] = Field(default_factory=dict)
-    # The last raw answer, for debugging (HTTP responses include it only on request).
-    answer: str | None = None
-    # Texts of the group (source, candidates) that could have changed the prompt's structure, by
-    # what was done with them: {"neutralized": n}, {"rejected": n} or, with the guard off,
-    # {"unguarded": n} (scoring.prompt_guard, cluster/prompt_guard.py). Empty for most groups.
-    guarded_texts: dict[str, int] = Field(default_factory=dict)
+    group_id: str | None = Field(None, description="The request's group_id.")
+    scores: list[int] | None = Field(None, description="One score (0-10) per candidate, in request order; None "
+                                                       "unless valid: never a made-up score.")
+    ranking: str | None = Field(None, description="The model's ranking line, e.g. 'B > A = C'.")
+    valid: bool = Field(False, description="Whether the group got a verdict.")
+    error: str | None = Field(None, description="Why not, for people (decide on `failure`, never on this text).")
+    failure: FailureReason | None = Field(None, description="Why not, as a failure kind (cluster/failures.py).")
+    attempts: int = Field(0, description="Generations it took (retries of unparseable answers included).")
+    repairs: int = Field(0, description="Verdicts obtained by constrained repair of an unparseable answer.")
+    replica: str = Field("", description="The replica that scored it.")
+    usage: Usage = Field(default_factory=Usage, description="Prompt and answer tokens the engine spent on it.")
+    latency_s: float = Field(0.0, description="Seconds the replica spent on it.")
+    stages: dict[str, float] = Field(default_factory=dict,
+                                     description="Seconds per stage (generation, parse, repair, assembly).")
+    answer: str | None = Field(None, description="The last raw model answer (HTTP: only with http.include_answers).")
+    guarded_texts: dict[str, int] = Field(
+        default_factory=dict, description="Texts that could have changed the prompt's structure, by what was done "
+                                          "with them (neutralized, rejected, unguarded); empty for most groups.")
 
 
 class MemberTiming(BaseModel):
@@ -256,18 +267,18 @@ class MemberTiming(BaseModel):
 class MemberResult(BaseModel):
     """The verdict on one member of a group."""
 
-    group_id: str
-    # The member's position in its group's verdict (``group_scores``): its request's index, or,
-    # for a member sent with a member_id, the position the replica gave it (None until scored).
-    index: int | None = None
-    member_id: str | None = None
-    score: int | None = None
-    valid: bool = False
-    error: str | None = None
-    failure: FailureReason | None = None
-    replica: str = ""
-    attempts: int = 0
-    # The group's scores, so a caller holding one member can still see the whole verdict
-    # (None at the positions of invalid members, which are not scored).
-    group_scores: list[int | None] | None = None
-    timing: MemberTiming | None = None
+    group_id: str = Field(description="The request's group_id.")
+    index: int | None = Field(None, description="Its position in the group's verdict (group_scores): its request's "
+                                                "index, or the position the replica gave a member_id (None until "
+                                                "scored).")
+    member_id: str | None = Field(None, description="The request's member_id.")
+    score: int | None = Field(None, description="Its score (0-10); None unless valid.")
+    valid: bool = Field(False, description="Whether it got a score.")
+    error: str | None = Field(None, description="Why not, for people (decide on `failure`, never on this text).")
+    failure: FailureReason | None = Field(None, description="Why not, as a failure kind (cluster/failures.py).")
+    replica: str = Field("", description="The replica that answered.")
+    attempts: int = Field(0, description="Generations the group's scoring took.")
+    group_scores: list[int | None] | None = Field(
+        None, description="The whole group's scores, so one member's caller sees the whole verdict (None at the "
+                          "positions of invalid members).")
+    timing: MemberTiming | None = Field(None, description="When its group went through its replica.")
