@@ -15,49 +15,64 @@ class ScoringConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt_type: PromptType = "ranking_score"
-    add_example: bool = False
-    # A source or candidate that could change the prompt's structure (a code fence, a special
-    # token of the tokenizer; cluster/prompt_guard.py) is neutralized (a space breaks the
-    # sequence), or its group refused ("reject"), or pasted as is ("off": trusted texts only).
-    prompt_guard: GuardMode = "neutralize"
-    # Prompts longer than this (chat template included) are refused, not truncated.
-    max_prompt_tokens: int = Field(4096, ge=16)
-    max_answer_tokens: int = Field(4096, ge=1)
-    temperature: float = Field(0.0, ge=0)
-    retry_temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    # Extra attempts after an unparseable answer (GRRM resamples the whole analysis).
-    retries: int = Field(6, ge=0, le=32)
-    seed: int = 0
-    # Deadline for one generation attempt; a hung engine never holds a group forever.
-    generation_timeout_s: float = Field(600.0, gt=0)
-    # On an answer with an analysis but no parseable verdict, continue from the analysis with a
-    # short regex-constrained generation of the verdict lines before resampling everything.
-    verdict_repair: bool = False
-    repair_max_tokens: int = Field(160, ge=8)
-    # Most distinct candidates sent in one prompt (GQM labels A-Z). Larger groups are split
-    # (split_large_groups) or refused ("rejected").
-    max_group_size: int = Field(MAX_CANDIDATES, ge=2, le=MAX_CANDIDATES)
-    # Large groups (cluster/ensemble.py): above max_group_size, score overlapping subgroups that
-    # share `split_anchors` candidates (at most subgroup size - 1), all on this replica so the
-    # source prefix is cached, and merge them with a Bradley-Terry fit into one score vector.
-    split_large_groups: bool = True
-    # Size of each subgroup; None = max_group_size. Subgroups are balanced, never larger.
-    split_subgroup_size: int | None = Field(None, ge=2, le=MAX_CANDIDATES)
-    split_anchors: int = Field(2, ge=1, le=MAX_CANDIDATES - 1)
-    # Position-bias ensemble: score every (sub)group in this many candidate orders and merge
-    # them (1 = off). `antithetic`: the order, its reverse, random orders each with its reverse.
-    permutations: int = Field(1, ge=1, le=16)
-    permutation_design: Literal["antithetic", "random"] = "antithetic"
-    # The merge's soft Bradley-Terry outcomes: a score difference of `merge_temperature` points
-    # is one logit of win probability (0 = hard win/tie/loss outcomes, classical BT).
-    merge_temperature: float = Field(2.0, ge=0)
-    # Gaussian prior on the Bradley-Terry strengths (keeps them finite; small = data decides).
-    merge_prior: float = Field(1e-4, gt=0)
-    # A group whose plan needs more prompts than this is refused ("rejected"), so one request
-    # cannot fan out into an unbounded number of generations.
-    max_prompts_per_group: int = Field(64, ge=1)
+    prompt_type: PromptType = Field(
+        "ranking_score", description="What the GQM prompt asks for: `ranking_score` (rank and score the "
+                                     "candidates, GRRM's default), `ranking` (rank only) or `score` (score only).")
+    add_example: bool = Field(False, description="Add an example of the expected verdict lines to the prompt's "
+                                                 "task instruction.")
+    # cluster/prompt_guard.py
+    prompt_guard: GuardMode = Field(
+        "neutralize", description="What happens to a source or candidate that could change the prompt's structure "
+                                  "(a code fence, a special token of the tokenizer): `neutralize` (a space breaks "
+                                  "the sequence), `reject` (its group is refused) or `off` (pasted as is: trusted "
+                                  "texts only).")
+    max_prompt_tokens: int = Field(4096, ge=16, description="Prompts longer than this many tokens (chat template "
+                                                            "included) are refused, not truncated.")
+    max_answer_tokens: int = Field(4096, ge=1, description="Most tokens generated for one answer.")
+    temperature: float = Field(0.0, ge=0, description="Sampling temperature of the first attempt (0: greedy).")
+    retry_temperature: float = Field(1.0, ge=0, description="Sampling temperature of the attempts after an "
+                                                            "unparseable answer.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling top-p of every attempt (1: off).")
+    retries: int = Field(6, ge=0, le=32, description="Extra attempts after an unparseable answer (GRRM resamples "
+                                                     "the whole analysis).")
+    seed: int = Field(0, description="Base seed: attempt k samples with seed + k, and a group's prompt plan "
+                                     "(subgroups, candidate orders) is seeded by it and the group's texts.")
+    # A hung engine never holds a group forever.
+    generation_timeout_s: float = Field(600.0, gt=0, description="Deadline for one generation attempt, in seconds.")
+    verdict_repair: bool = Field(
+        False, description="On an answer with an analysis but no parseable verdict, continue from the analysis "
+                           "with a short regex-constrained generation of the verdict lines before resampling "
+                           "everything.")
+    repair_max_tokens: int = Field(160, ge=8, description="Most tokens generated by one verdict repair.")
+    max_group_size: int = Field(
+        MAX_CANDIDATES, ge=2, le=MAX_CANDIDATES,
+        description="Most distinct candidates sent in one prompt (GQM labels A-Z). Larger groups are split "
+                    "(split_large_groups) or refused (`rejected`).")
+    # Large groups (cluster/ensemble.py): all subgroups are scored on this replica so the source prefix is cached.
+    split_large_groups: bool = Field(
+        True, description="Above max_group_size, score overlapping subgroups that share `split_anchors` candidates "
+                          "and merge them with a Bradley-Terry fit into one score vector (false: such a group is "
+                          "refused).")
+    split_subgroup_size: int | None = Field(
+        None, ge=2, le=MAX_CANDIDATES,
+        description="Size of each subgroup; None = max_group_size. Subgroups are balanced, never larger.")
+    split_anchors: int = Field(2, ge=1, le=MAX_CANDIDATES - 1,
+                               description="Candidates shared by every subgroup of a split group (at most subgroup "
+                                           "size - 1).")
+    permutations: int = Field(1, ge=1, le=16,
+                              description="Position-bias ensemble: score every (sub)group in this many candidate "
+                                          "orders and merge them (1 = off).")
+    permutation_design: Literal["antithetic", "random"] = Field(
+        "antithetic", description="The candidate orders of the ensemble. `antithetic`: the order, its reverse, "
+                                  "random orders each with its reverse; `random`: the order, then random orders.")
+    merge_temperature: float = Field(
+        2.0, ge=0, description="The merge's soft Bradley-Terry outcomes: a score difference of this many points is "
+                               "one logit of win probability (0 = hard win/tie/loss outcomes, classical BT).")
+    merge_prior: float = Field(1e-4, gt=0, description="Precision of the Gaussian prior on the Bradley-Terry "
+                                                       "strengths (keeps them finite; small = data decides).")
+    # So one request cannot fan out into an unbounded number of generations.
+    max_prompts_per_group: int = Field(64, ge=1, description="A group whose plan needs more prompts than this is "
+                                                             "refused (`rejected`).")
 
     @model_validator(mode="after")
     def _subgroups_fit(self) -> ScoringConfig:

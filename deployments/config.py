@@ -28,14 +28,20 @@ class _Strict(BaseModel):
 class AutoscalingSettings(_Strict):
     """Serve replica autoscaling on ongoing requests (see Ray Serve's autoscaling_config)."""
 
-    min_replicas: int = Field(1, ge=0)
-    max_replicas: int = Field(1, ge=1)
-    initial_replicas: int | None = Field(None, ge=0)
-    target_ongoing_requests: float = Field(16.0, gt=0)
-    upscale_delay_s: float = Field(10.0, ge=0)
-    downscale_delay_s: float = Field(120.0, ge=0)
-    metrics_interval_s: float = Field(2.0, gt=0)
-    look_back_period_s: float = Field(10.0, gt=0)
+    min_replicas: int = Field(1, ge=0, description="Fewest scorer replicas autoscaling keeps.")
+    max_replicas: int = Field(1, ge=1, description="Most scorer replicas autoscaling starts (at least min_replicas).")
+    initial_replicas: int | None = Field(None, ge=0, description="Replicas started when the application is deployed "
+                                                                 "(None: min_replicas).")
+    target_ongoing_requests: float = Field(16.0, gt=0, description="Ongoing requests per replica that autoscaling "
+                                                                   "aims for: Serve scales the replica count to keep "
+                                                                   "each replica near it.")
+    upscale_delay_s: float = Field(10.0, ge=0, description="How long, in seconds, Serve waits before scaling up.")
+    downscale_delay_s: float = Field(120.0, ge=0, description="How long, in seconds, Serve waits before scaling "
+                                                              "down.")
+    metrics_interval_s: float = Field(2.0, gt=0, description="How often, in seconds, Serve collects the load "
+                                                             "metrics autoscaling decides on.")
+    look_back_period_s: float = Field(10.0, gt=0, description="Time window, in seconds, the load metrics are "
+                                                              "averaged over.")
 
     @model_validator(mode="after")
     def _ordered(self) -> AutoscalingSettings:
@@ -49,34 +55,42 @@ class AutoscalingSettings(_Strict):
 class ReplicaSettings(_Strict):
     """How many scorer replicas run, what each one holds, and how much each accepts."""
 
-    # Fixed replica count; leave None and set `autoscaling` to scale on load.
-    num_replicas: int | None = Field(None, ge=1)
-    autoscaling: AutoscalingSettings | None = None
-    # Concurrent requests one replica takes. Serve's default of 5 starves a batching engine, and
-    # members waiting for their group hold a slot each: a low limit fills up with incomplete
-    # groups whose other members queue behind them until the assembly timeout.
-    max_ongoing_requests: int = Field(2048, ge=1)
-    # Requests a caller may queue beyond that before it gets a 503 / BackPressureError.
-    max_queued_requests: int = Field(1024, ge=-1)
-    # Groups one replica collects members for at once; a member of one more group is answered
-    # `overloaded` (HTTP 503, Retry-After) and retried by the clients.
-    max_assembling_groups: int = Field(100_000, ge=1)
-    num_cpus: float = Field(1.0, ge=0)
-    # GPUs per tensor/pipeline-parallel rank (a whole one when there are several ranks); 0 on a
-    # CPU machine. A replica takes this times engine.tensor_parallel_size x pipeline_parallel_size.
-    gpus_per_rank: float = Field(1.0, ge=0)
-    # Serve checks each replica this often; the check probes the engine, and an engine that does
-    # not answer within hang_timeout_s is hung: the replica ends and is replaced. So a hang is
-    # found within about health_check_period_s + hang_timeout_s. A probe is answered between two
-    # engine steps, so a long generation is not a hang; a step longer than hang_timeout_s is.
-    health_check_period_s: float = Field(5.0, gt=0)
-    hang_timeout_s: float = Field(8.0, gt=0)
-    health_check_timeout_s: float = Field(30.0, gt=0)
-    graceful_shutdown_timeout_s: float = Field(20.0, ge=0)
-    # Serve's per-request access log lines cost CPU on every call; errors are logged regardless.
-    access_log: bool = False
-    # Environment for the replica processes (e.g. VLLM_* switches).
-    env_vars: dict[str, str] = Field(default_factory=dict)
+    num_replicas: int | None = Field(None, ge=1, description="Fixed replica count; leave None and set "
+                                                             "`autoscaling` to scale on load (neither: one replica).")
+    autoscaling: AutoscalingSettings | None = Field(None, description="Scale the replica count on load (instead of "
+                                                                      "num_replicas).")
+    # Serve's default of 5 starves a batching engine, and members waiting for their group hold a
+    # slot each: a low limit fills up with incomplete groups whose other members queue behind them
+    # until the assembly timeout.
+    max_ongoing_requests: int = Field(2048, ge=1, description="Concurrent requests one replica takes.")
+    max_queued_requests: int = Field(1024, ge=-1, description="Requests a caller may queue beyond "
+                                                              "max_ongoing_requests before it gets a 503 / "
+                                                              "BackPressureError (-1: no limit).")
+    max_assembling_groups: int = Field(
+        100_000, ge=1, description="Groups one replica collects members for at once; a member of one more group is "
+                                   "answered `overloaded` (HTTP 503, Retry-After) and retried by the clients.")
+    num_cpus: float = Field(1.0, ge=0, description="CPUs each replica's actor asks Ray for.")
+    gpus_per_rank: float = Field(
+        1.0, ge=0, description="GPUs per tensor/pipeline-parallel rank (a whole one when there are several ranks); "
+                               "0 on a CPU machine. A replica takes this times engine.tensor_parallel_size x "
+                               "pipeline_parallel_size.")
+    # A hang is found within about health_check_period_s + hang_timeout_s.
+    health_check_period_s: float = Field(5.0, gt=0, description="How often, in seconds, Serve checks each replica; "
+                                                                "the check probes the engine.")
+    hang_timeout_s: float = Field(
+        8.0, gt=0, description="An engine that does not answer a health probe within this many seconds is hung: the "
+                               "replica ends and is replaced. A probe is answered between two engine steps, so a "
+                               "long generation is not a hang; a step longer than this is.")
+    health_check_timeout_s: float = Field(30.0, gt=0, description="How long, in seconds, Serve waits for a health "
+                                                                  "check to answer (above hang_timeout_s).")
+    graceful_shutdown_timeout_s: float = Field(20.0, ge=0, description="How long, in seconds, Serve lets a stopping "
+                                                                       "replica shut down gracefully before it is "
+                                                                       "killed.")
+    # The access log lines cost CPU on every call.
+    access_log: bool = Field(False, description="Write Serve's per-request access log lines (errors are logged "
+                                                "regardless).")
+    env_vars: dict[str, str] = Field(default_factory=dict, description="Environment for the replica processes "
+                                                                       "(e.g. VLLM_* switches).")
 
     @model_validator(mode="after")
     def _one_sizing(self) -> ReplicaSettings:
@@ -98,14 +112,17 @@ class ServiceSettings(_Strict):
     ``num-cpus: 0`` (a 0-CPU actor may land anywhere, the head included).
     """
 
-    num_replicas: int = Field(1, ge=1)
-    num_cpus: float = Field(0.0, ge=0)
-    # Custom Ray resources each replica asks for (the Kubernetes render pins them to a worker
-    # group of their own this way).
-    resources: dict[str, float] = Field(default_factory=dict)
-    # At most this many replicas on one node (Serve's max_replicas_per_node): 1 guarantees
-    # distinct nodes, and leaves a replica pending where the cluster has fewer nodes.
-    max_replicas_per_node: int | None = Field(None, ge=1)
+    num_replicas: int = Field(1, ge=1, description="Replicas of the deployment (two or more survive the loss of "
+                                                   "one).")
+    num_cpus: float = Field(0.0, ge=0, description="CPUs each replica's actor asks Ray for (above 0 keeps it off "
+                                                   "a head started with `num-cpus: 0`).")
+    # The Kubernetes render pins the replicas to a worker group of their own this way.
+    resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources each replica asks "
+                                                                          "for.")
+    max_replicas_per_node: int | None = Field(
+        None, ge=1, description="At most this many replicas on one node (Serve's max_replicas_per_node): 1 "
+                                "guarantees distinct nodes, and leaves a replica pending where the cluster has fewer "
+                                "nodes.")
 
     def serve_options(self, env_vars: dict[str, str] | None = None) -> dict[str, Any]:
         """The Serve deployment options these settings stand for (``env_vars``: the processes' environment)."""
@@ -127,27 +144,35 @@ def runtime_env(env_vars: dict[str, str]) -> dict[str, Any]:
 class RoutingSettings(_Strict):
     """The group-aware router (``deployments/router.py``)."""
 
-    # `serve_default` (Serve's power-of-two-choices router) exists for comparison benchmarks
-    # only: members of a group would scatter, so member requests need `group_aware`.
-    router: Literal["group_aware", "serve_default"] = "group_aware"
-    load_factor: float = Field(1.25, ge=1)
-    headroom: float = Field(8.0, ge=0)
-    virtual_nodes: int = Field(100, ge=1)
-    # How often replicas report their outstanding work to every router.
-    stats_period_s: float = Field(1.0, gt=0)
+    # Under `serve_default` members of a group would scatter, so member requests need `group_aware`.
+    router: Literal["group_aware", "serve_default"] = Field(
+        "group_aware", description="The request router of the scorer replicas: `group_aware`, or `serve_default` "
+                                   "(Serve's power-of-two-choices router), for comparison benchmarks only.")
+    load_factor: float = Field(1.25, ge=1, description="Bounded load for whole groups: a replica whose outstanding "
+                                                       "work is above load_factor x the mean plus headroom hands new "
+                                                       "groups to the next replica on the ring.")
+    headroom: float = Field(8.0, ge=0, description="Outstanding work, in candidates, a replica may have above "
+                                                   "load_factor x the mean before it hands new groups on.")
+    virtual_nodes: int = Field(100, ge=1, description="Points per replica on the consistent-hash ring that maps "
+                                                      "group ids to replicas.")
+    stats_period_s: float = Field(1.0, gt=0, description="How often, in seconds, replicas report their outstanding "
+                                                         "work to every router.")
 
 
 class LimitSettings(_Strict):
     """Request limits enforced at the HTTP boundary (413/422 name the limit)."""
 
-    max_groups_per_request: int = Field(256, ge=1)
-    max_candidates_per_group: int = Field(26, ge=2)
-    max_text_chars: int = Field(20_000, ge=1)
-    max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024)
-    # A refused body (over max_request_bytes, or unauthenticated) up to this size is read to its
-    # end and dropped before the 413/401, so clients that send everything before reading (urllib)
-    # can read the answer; a larger one is answered at once and its connection closed.
-    max_discard_bytes: int = Field(64 * 1024 * 1024, ge=0)
+    max_groups_per_request: int = Field(256, ge=1, description="Most groups in one request.")
+    max_candidates_per_group: int = Field(26, ge=2, description="Most candidates in one group (also the largest "
+                                                                "group_size a member or an OpenRLHF request may "
+                                                                "give).")
+    max_text_chars: int = Field(20_000, ge=1, description="Most characters in one source or candidate text.")
+    max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest request body, in bytes.")
+    # Reading the body first lets clients that send everything before reading (urllib) read the answer.
+    max_discard_bytes: int = Field(
+        64 * 1024 * 1024, ge=0, description="A refused body (over max_request_bytes, or unauthenticated) up to this "
+                                            "many bytes is read to its end and dropped before the 413/401; a larger "
+                                            "one is answered at once and its connection closed.")
 
 
 class TenantDefaults(_Strict):
@@ -172,15 +197,14 @@ class TenantSettings(TenantDefaults):
 class HTTPSettings(_Strict):
     """The HTTP ingress."""
 
-    # Name of an environment variable holding a bearer token; when it is set and non-empty,
-    # every /v1 request must carry `Authorization: Bearer <token>`.
-    auth_token_env: str | None = "GRRM_API_TOKEN"
-    # Return each group's raw model answer in /v1/score results.
-    include_answers: bool = False
-    # Retry-After seconds sent with 503.
-    retry_after_s: int = Field(1, ge=0)
-    # Environment of the ingress process (e.g. the token variable, when not set on the node).
-    env_vars: dict[str, str] = Field(default_factory=dict)
+    auth_token_env: str | None = Field(
+        "GRRM_API_TOKEN", description="Name of an environment variable holding a bearer token; when it is set and "
+                                      "non-empty, every /v1 request must carry `Authorization: Bearer <token>`.")
+    include_answers: bool = Field(False, description="Return each group's raw model answer in /v1/score results.")
+    retry_after_s: int = Field(1, ge=0, description="Retry-After seconds sent with 503.")
+    env_vars: dict[str, str] = Field(default_factory=dict, description="Environment of the ingress process (e.g. "
+                                                                       "the token variable, when not set on the "
+                                                                       "node).")
     tenants: list[TenantSettings] = Field(
         default_factory=list, description="Tenants with settings of their own (weight, priority, limit, token); "
                                           "every other tenant gets `tenants.default`.")
@@ -242,28 +266,38 @@ class TenantsSettings(_Strict):
 class AppConfig(_Strict):
     """One reward application: engine, scoring recipe, replicas, routing, limits."""
 
-    engine: EngineConfig
-    scoring: ScoringConfig = Field(default_factory=ScoringConfig)
-    replicas: ReplicaSettings = Field(default_factory=ReplicaSettings)
-    routing: RoutingSettings = Field(default_factory=RoutingSettings)
-    limits: LimitSettings = Field(default_factory=LimitSettings)
-    http: HTTPSettings = Field(default_factory=HTTPSettings)
-    openrlhf: OpenRLHFSettings = Field(default_factory=OpenRLHFSettings)
-    tenants: TenantsSettings = Field(default_factory=TenantsSettings)
-    # The HTTP ingress's replicas.
-    ingress: ServiceSettings = Field(default_factory=ServiceSettings)
-    # The ledger of scored groups: each record is kept on every ledger replica.
-    ledger: ServiceSettings = Field(default_factory=ServiceSettings)
-    # Members of a group that do not all arrive within this many seconds get a timeout error.
-    assembly_timeout_s: float = Field(120.0, gt=0)
-    # How long a scored group's answer is kept for retried members (idempotency).
-    completed_ttl_s: float = Field(900.0, gt=0)
-    # Build the tiny local test model at engine.model if the directory is missing (CPU demo).
-    build_tiny_model_if_missing: bool = False
-    # Deployment names (the trainer bridge looks the replica deployment up by name).
-    replica_deployment_name: str = "GRRMReplica"
-    ingress_deployment_name: str = "GRRMIngress"
-    ledger_deployment_name: str = "GRRMLedger"
+    engine: EngineConfig = Field(description="The engine each scorer replica runs, and its model.")
+    scoring: ScoringConfig = Field(default_factory=ScoringConfig, description="How a group becomes a GQM prompt, a "
+                                                                              "generation and a verdict.")
+    replicas: ReplicaSettings = Field(default_factory=ReplicaSettings, description="How many scorer replicas run, "
+                                                                                   "what each one holds, and how "
+                                                                                   "much each accepts.")
+    routing: RoutingSettings = Field(default_factory=RoutingSettings, description="The request router of the "
+                                                                                  "scorer replicas.")
+    limits: LimitSettings = Field(default_factory=LimitSettings, description="Request limits enforced at the HTTP "
+                                                                             "boundary.")
+    http: HTTPSettings = Field(default_factory=HTTPSettings, description="The HTTP ingress: authentication, "
+                                                                         "answers, Retry-After, named tenants.")
+    openrlhf: OpenRLHFSettings = Field(default_factory=OpenRLHFSettings, description="The OpenRLHF remote reward "
+                                                                                     "route (POST "
+                                                                                     "/openrlhf/get_reward).")
+    tenants: TenantsSettings = Field(default_factory=TenantsSettings, description="How runs share one pool of "
+                                                                                  "engines (fair share, engine "
+                                                                                  "slots, tenant defaults).")
+    ingress: ServiceSettings = Field(default_factory=ServiceSettings, description="The HTTP ingress's replicas.")
+    ledger: ServiceSettings = Field(default_factory=ServiceSettings, description="The ledger of scored groups: "
+                                                                                 "each record is kept on every "
+                                                                                 "ledger replica.")
+    assembly_timeout_s: float = Field(120.0, gt=0, description="Members of a group that do not all arrive within "
+                                                               "this many seconds get a timeout error.")
+    completed_ttl_s: float = Field(900.0, gt=0, description="How long, in seconds, a scored group's answer is kept "
+                                                            "for retried members (idempotency).")
+    build_tiny_model_if_missing: bool = Field(False, description="Build the tiny local test model at engine.model "
+                                                                 "if the directory is missing (CPU demo).")
+    replica_deployment_name: str = Field("GRRMReplica", description="Name of the scorer deployment (the trainer "
+                                                                    "bridge looks it up by name).")
+    ingress_deployment_name: str = Field("GRRMIngress", description="Name of the HTTP ingress deployment.")
+    ledger_deployment_name: str = Field("GRRMLedger", description="Name of the ledger deployment.")
 
     @model_validator(mode="after")
     def _consistent(self) -> AppConfig:

@@ -21,29 +21,40 @@ class ClientConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    # "handle": a Ray Serve handle on the same Ray cluster (no HTTP hop); "http": the HTTP API.
-    transport: Transport = "handle"
-    # Who this client's requests are for (a run, a job): the service scopes group ids by it, shares
-    # its engines fairly among tenants and meters each (README: "Sharing one pool").
-    tenant: str = Field(DEFAULT_TENANT, pattern=TENANT_PATTERN)
-    app_name: str = "grrm"
-    replica_deployment: str = "GRRMReplica"
-    # Base URL of the application (its route prefix included), for the HTTP transport.
-    http_url: str = "http://127.0.0.1:8000"
-    # Environment variable holding the bearer token (unset or empty: no Authorization header).
-    token_env: str | None = "GRRM_API_TOKEN"
-    # Deadline of one logical request, every attempt included. A member waits for its whole group
-    # (until the group's last rollout finishes, across the trainer's own pauses: a training phase
-    # in colocate_async, weight syncs), so this must exceed the spread of a group's finish times.
-    # It is also how long a rollout lost before its reward (its session failed) holds the rest of
-    # its group (README: "How long a member waits").
-    deadline_s: float = Field(1800.0, gt=0)
-    # Sends per logical request, all layers together (503 / back pressure / replica loss /
-    # connection errors are retried, nothing below retries on its own). An assembly timeout is not
-    # a failed attempt: the member re-joins its group until deadline_s.
-    max_attempts: int = Field(4, ge=1)
-    backoff_s: float = Field(0.5, ge=0)
-    max_backoff_s: float = Field(8.0, ge=0)
+    transport: Transport = Field(
+        "handle", description="`handle`: a Ray Serve handle on the same Ray cluster (no HTTP hop); `http`: the "
+                              "HTTP API.")
+    # README: "Sharing one pool".
+    tenant: str = Field(
+        DEFAULT_TENANT, pattern=TENANT_PATTERN,
+        description="Who this client's requests are for (a run, a job): the service scopes group ids by it, "
+                    "shares its engines fairly among tenants and meters each.")
+    app_name: str = Field("grrm", description="Name of the Serve application, for the handle transport.")
+    replica_deployment: str = Field("GRRMReplica", description="Name of the application's scorer deployment, for "
+                                                               "the handle transport.")
+    http_url: str = Field("http://127.0.0.1:8000", description="Base URL of the application (its route prefix "
+                                                               "included), for the HTTP transport.")
+    token_env: str | None = Field("GRRM_API_TOKEN", description="Environment variable holding the bearer token "
+                                                                "(unset or empty: no Authorization header).")
+    # README: "How long a member waits".
+    deadline_s: float = Field(
+        1800.0, gt=0,
+        description="Deadline of one logical request, every attempt included, in seconds. A member waits for its "
+                    "whole group (until the group's last rollout finishes, across the trainer's own pauses: a "
+                    "training phase in colocate_async, weight syncs), so this must exceed the spread of a group's "
+                    "finish times. It is also how long a rollout lost before its reward (its session failed) holds "
+                    "the rest of its group.")
+    # Nothing below this layer retries on its own.
+    max_attempts: int = Field(
+        4, ge=1, description="Sends per logical request, all layers together (503 / back pressure / replica loss / "
+                             "connection errors are retried). An assembly timeout is not a failed attempt: the "
+                             "member re-joins its group until deadline_s.")
+    backoff_s: float = Field(0.5, ge=0, description="Wait before the first retry, in seconds; it doubles with each "
+                                                    "further retry up to max_backoff_s (a longer Retry-After from "
+                                                    "the service wins). Also the pause before a member re-joins its "
+                                                    "incomplete group.")
+    max_backoff_s: float = Field(8.0, ge=0, description="Longest wait between two attempts, in seconds (at least "
+                                                        "backoff_s).")
 
     @model_validator(mode="after")
     def _valid_policy(self) -> ClientConfig:

@@ -37,10 +37,13 @@ class OverlongSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    enable: bool = False
-    max_resp_len: int | None = Field(None, ge=1)
-    buffer_len: int = Field(0, ge=0)
-    penalty_factor: float = Field(1.0, ge=0)
+    enable: bool = Field(False, description="Apply the overlong penalty to scored rollouts.")
+    max_resp_len: int | None = Field(None, ge=1, description="Response length, in tokens, at which the penalty "
+                                                             "reaches penalty_factor (required when enabled).")
+    buffer_len: int = Field(0, ge=0, description="Length of the buffer, in tokens, over which the penalty rises "
+                                                 "(positive when enabled; at most max_resp_len).")
+    penalty_factor: float = Field(1.0, ge=0, description="The largest penalty, subtracted from the scaled score "
+                                                         "at max_resp_len and beyond.")
 
     @model_validator(mode="after")
     def _consistent(self) -> OverlongSettings:
@@ -63,50 +66,66 @@ class BridgeConfig(ClientConfig):
 
     model_config = ConfigDict(extra="forbid")
 
-    # Groups scored at once by the whole-batch path.
-    max_concurrent_groups: int = Field(256, ge=1)
-    # Concurrent calls one verl reward-loop worker runs (Ray's default for async actors, which verl
-    # 0.9.1 does not change). A member waiting for its group holds one; the bridge refuses to start
-    # when the trainer can have more rollouts waiting than its reward.num_workers can hold
-    # (trainer_bridge/capacity.py). Set it only if you raised the actors' max_concurrency.
-    reward_worker_concurrency: int = Field(1000, ge=1)
+    max_concurrent_groups: int = Field(256, ge=1, description="Groups scored at once by the whole-batch path.")
+    # A member waiting for its group holds one call; the bridge refuses to start when the trainer can have more
+    # rollouts waiting than its reward.num_workers can hold (trainer_bridge/capacity.py).
+    reward_worker_concurrency: int = Field(
+        1000, ge=1, description="Concurrent calls one verl reward-loop worker runs (Ray's default for async actors, "
+                                "which verl 0.9.1 does not change). Set it only if you raised the actors' "
+                                "max_concurrency.")
 
     # -- reading a rollout ---------------------------------------------------------------------
-    extractor: ExtractorName = "codeblock"
-    # Where a row keeps its source text and languages: a non_tensor_batch key, then dict keys
-    # separated by dots ("extra_info.source" = non_tensor_batch["extra_info"]["source"]).
-    source_key: str = "extra_info.source"
-    src_lang_key: str = "extra_info.src_lang"
-    trg_lang_key: str = "extra_info.trg_lang"
-    # Languages used when a row does not carry them (None: the row must carry them).
-    src_lang: str | None = None
-    trg_lang: str | None = None
-    # GRPO group id (verl puts a uuid per prompt in non_tensor_batch["uid"]).
-    uid_key: str = "uid"
-    # Namespace of group ids: the service sees "{run_id}:{uid}", so two runs (or a resumed run)
-    # sharing one service never meet in one group. None: derived from the Ray job running the
-    # trainer (trainer_bridge/run_identity.py); "": verl's uid as it is.
-    run_id: str | None = Field(None, max_length=64, pattern=r"^[A-Za-z0-9_.\-]*$")
-    # The rollout's position in its group, for the member API. None: what the trainer provides,
-    # "session_id" (verl's default trainer) else "priority" % group_size (legacy agent loop), else
-    # none (fully_async_policy: the member is sent with an id of its own and the service orders the
-    # group); see trainer_bridge/rollout.py. A key name: int(row[index_key]) % group_size.
-    index_key: str | None = None
-    # Rollouts per group (None: actor_rollout_ref.rollout.n of the trainer config).
-    group_size: int | None = Field(None, ge=1, le=1024)
-    # A row may override the group size (e.g. validation with val_kwargs.n != rollout.n).
-    group_size_key: str | None = "extra_info.group_size"
-    # Longer translations are not sent (the service refuses texts over its limits.max_text_chars);
-    # they count as invalid, so the rest of the group is not left waiting.
-    max_text_chars: int = Field(20_000, ge=1)
+    extractor: ExtractorName = Field(
+        "codeblock", description="How the translation is read from a rollout's response: `codeblock`, `line`, "
+                                 "`oneline` or `none` (the GQM spec, section 4).")
+    # Row keys: a non_tensor_batch key, then dict keys separated by dots
+    # ("extra_info.source" = non_tensor_batch["extra_info"]["source"]).
+    source_key: str = Field("extra_info.source", description="Where a row keeps its source text: a "
+                                                             "non_tensor_batch key, then dict keys separated by dots.")
+    src_lang_key: str = Field("extra_info.src_lang", description="Where a row keeps its source language (same "
+                                                                 "form as source_key).")
+    trg_lang_key: str = Field("extra_info.trg_lang", description="Where a row keeps its target language (same "
+                                                                 "form as source_key).")
+    src_lang: str | None = Field(None, description="Source language used when a row does not carry one (None: the "
+                                                   "row must carry it).")
+    trg_lang: str | None = Field(None, description="Target language used when a row does not carry one (None: the "
+                                                   "row must carry it).")
+    uid_key: str = Field("uid", description="Row key of the GRPO group id (verl puts a uuid per prompt in "
+                                            "non_tensor_batch['uid']).")
+    # Two runs (or a resumed run) sharing one service never meet in one group.
+    run_id: str | None = Field(
+        None, max_length=64, pattern=r"^[A-Za-z0-9_.\-]*$",
+        description="Namespace of group ids: the service sees `{run_id}:{uid}`. None: derived from the Ray job "
+                    "running the trainer (trainer_bridge/run_identity.py); empty: verl's uid as it is.")
+    # See trainer_bridge/rollout.py.
+    index_key: str | None = Field(
+        None, description="Row key of the rollout's position in its group, for the member API. None: what the "
+                          "trainer provides, `session_id` (verl's default trainer) else `priority` % group_size "
+                          "(legacy agent loop), else none (fully_async_policy: the member is sent with an id of its "
+                          "own and the service orders the group). A key name: int(row[index_key]) % group_size.")
+    group_size: int | None = Field(None, ge=1, le=1024, description="Rollouts per group (None: "
+                                                                    "actor_rollout_ref.rollout.n of the trainer "
+                                                                    "config).")
+    group_size_key: str | None = Field(
+        "extra_info.group_size", description="Row key with which a row may override the group size (e.g. "
+                                             "validation with val_kwargs.n != rollout.n); None: no override.")
+    # The service refuses texts over its limits.max_text_chars; counting such translations as invalid keeps the
+    # rest of the group from waiting.
+    max_text_chars: int = Field(20_000, ge=1, description="Longer translations, in characters, are not sent; they "
+                                                          "count as invalid.")
 
     # -- reward arithmetic (spec section 5) ----------------------------------------------------
-    default_reward: float = 0.0
-    score_scale_factor: float = 1.0
-    overlong: OverlongSettings = Field(default_factory=OverlongSettings)
-    # Flag rows whose reward could not be obtained (service failures) as masked: the trainer can
-    # drop them from the loss with trainer_bridge.batch.mask_failed_rows.
-    mask_failed: bool = False
+    default_reward: float = Field(
+        0.0, description="Reward of a rollout without a translation, of a group with fewer than 2 distinct ones or "
+                         "a prompt over the token limit, and (flagged) of one whose reward could not be obtained; "
+                         "never scaled or penalised.")
+    score_scale_factor: float = Field(1.0, description="Reward = GRRM score x this factor, minus the overlong "
+                                                       "penalty.")
+    overlong: OverlongSettings = Field(default_factory=OverlongSettings, description="DAPO's soft overlong buffer "
+                                                                                     "penalty.")
+    mask_failed: bool = Field(
+        False, description="Flag rows whose reward could not be obtained (service failures) as masked: the trainer "
+                           "can drop them from the loss with trainer_bridge.batch.mask_failed_rows.")
 
     def reward_settings(self) -> RewardSettings:
         """The pure arithmetic's settings."""

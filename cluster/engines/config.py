@@ -33,44 +33,52 @@ class ScriptedEngineOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    # Latency model: per_prompt_s + per_token_s * tokens (prompt tokens * prefill_token_s too),
-    # scaled by a uniform factor in [1 - jitter, 1 + jitter].
-    per_prompt_s: float = Field(0.0, ge=0)
-    per_token_s: float = Field(0.0, ge=0)
-    prefill_token_s: float = Field(0.0, ge=0)
-    jitter: float = Field(0.0, ge=0, le=1)
-    # Generations served at once (None: all at once). A real engine's throughput is bounded: with
-    # a limit, groups queue for the engine as they would on a busy GPU.
-    max_concurrent_prompts: int | None = Field(None, ge=1)
-    # Length of the fake analysis before the verdict, in words (each counted as one token).
-    analysis_words: int = Field(16, ge=0)
-    # More analysis for larger groups, as a real model writes (0 = a fixed length).
-    analysis_words_per_candidate: int = Field(0, ge=0)
+    per_prompt_s: float = Field(
+        0.0, ge=0, description="Latency model: per_prompt_s + per_token_s * tokens (prompt tokens * prefill_token_s "
+                               "too), in seconds, scaled by a uniform factor in [1 - jitter, 1 + jitter].")
+    per_token_s: float = Field(0.0, ge=0, description="Latency per generated token, in seconds (see per_prompt_s).")
+    prefill_token_s: float = Field(0.0, ge=0, description="Latency per prompt token, in seconds (see per_prompt_s).")
+    jitter: float = Field(0.0, ge=0, le=1, description="Each generation's latency is scaled by a uniform factor "
+                                                       "in [1 - jitter, 1 + jitter].")
+    # A real engine's throughput is bounded: with a limit, groups queue for the engine as they
+    # would on a busy GPU.
+    max_concurrent_prompts: int | None = Field(None, ge=1, description="Generations served at once (None: all "
+                                                                       "at once).")
+    analysis_words: int = Field(16, ge=0, description="Length of the fake analysis before the verdict, in words "
+                                                      "(each counted as one token).")
+    analysis_words_per_candidate: int = Field(0, ge=0, description="More analysis words per candidate of a group "
+                                                                   "prompt, as a real model writes (0 = a fixed "
+                                                                   "length).")
     # Injected failures, drawn per generation from a seeded generator.
-    malformed_rate: float = Field(0.0, ge=0, le=1)
-    error_rate: float = Field(0.0, ge=0, le=1)
-    hang_rate: float = Field(0.0, ge=0, le=1)
-    # The engine dies (check_health fails, every call raises) after serving this many
-    # generations: a crashed engine, for health-check and replacement tests.
-    die_after_generations: int | None = Field(None, ge=0)
-    # The engine hangs (generations and health probes never answer) after serving this many
-    # generations: a hung engine, for hang-detection tests.
-    stall_after_generations: int | None = Field(None, ge=0)
-    # Add this many points to candidate A, fewer to later ones (a position bias to remove).
-    position_bias: float = Field(0.0, ge=0)
-    # Judgement noise (simulations of a fallible reward model). Each candidate's score in a group
-    # prompt is off by a Gaussian draw of standard deviation `score_noise` (rounded), plus
-    # `oversize_noise` more per candidate beyond `trained_group_size` (a model is worse on
-    # groups larger than it was trained on), plus one shared draw per prompt of standard
-    # deviation `prompt_shift_noise` (a model's scale is relative to the group it sees, so
-    # scores from different prompts are not directly comparable). Draws are seeded by the
-    # prompt and `seed`: the same prompt always gets the same verdict, another candidate order
-    # or subgroup gets independent errors. All 0 = the exact marker scores.
-    score_noise: float = Field(0.0, ge=0)
-    oversize_noise: float = Field(0.0, ge=0)
-    trained_group_size: int = Field(8, ge=2)
-    prompt_shift_noise: float = Field(0.0, ge=0)
-    seed: int = 0
+    malformed_rate: float = Field(0.0, ge=0, le=1, description="Probability that a generation's verdict is "
+                                                               "malformed (an injected failure).")
+    error_rate: float = Field(0.0, ge=0, le=1, description="Probability that a generation raises an engine error "
+                                                           "(an injected failure).")
+    hang_rate: float = Field(0.0, ge=0, le=1, description="Probability that a generation hangs, never answering "
+                                                          "(an injected failure).")
+    die_after_generations: int | None = Field(
+        None, ge=0, description="The engine dies (check_health fails, every call raises) after serving this many "
+                                "generations: a crashed engine, for health-check and replacement tests.")
+    stall_after_generations: int | None = Field(
+        None, ge=0, description="The engine hangs (generations and health probes never answer) after serving "
+                                "this many generations: a hung engine, for hang-detection tests.")
+    position_bias: float = Field(0.0, ge=0, description="Points added to candidate A, fewer to later ones (a "
+                                                        "position bias to remove).")
+    # Judgement noise (simulations of a fallible reward model). Draws are seeded by the prompt and
+    # `seed`: the same prompt always gets the same verdict, another candidate order or subgroup
+    # gets independent errors. All 0 = the exact marker scores.
+    score_noise: float = Field(0.0, ge=0, description="Standard deviation of the Gaussian error (rounded) on each "
+                                                      "candidate's score in a group prompt.")
+    # A model is worse on groups larger than it was trained on.
+    oversize_noise: float = Field(0.0, ge=0, description="Added to score_noise's standard deviation per candidate "
+                                                         "beyond trained_group_size.")
+    trained_group_size: int = Field(8, ge=2, description="Group size beyond which oversize_noise applies.")
+    # A model's scale is relative to the group it sees, so scores from different prompts are not
+    # directly comparable.
+    prompt_shift_noise: float = Field(0.0, ge=0, description="Standard deviation of one Gaussian draw per prompt "
+                                                             "added to all of its scores.")
+    seed: int = Field(0, description="Seed of the injected failures, the latency jitter, the analysis text of "
+                                     "unseeded sampled requests and the judgement noise.")
 
 
 class EngineConfig(BaseModel):
@@ -78,25 +86,41 @@ class EngineConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
-    kind: EngineKind = "vllm"
-    # A local directory or a Hugging Face hub id (hub downloads only where the network allows).
-    model: str = ""
-    tokenizer: str | None = None
-    tensor_parallel_size: int = Field(1, ge=1)
-    pipeline_parallel_size: int = Field(1, ge=1)
-    distributed_executor_backend: ExecutorBackend = "auto"
-    enable_prefix_caching: bool = True
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    max_model_len: int | None = Field(None, ge=16)
-    dtype: str = "auto"
-    # transformers engine only: "auto" picks cuda when available, else cpu.
-    device: str = "auto"
-    seed: int = 0
-    scheduling: Scheduling = "fifo"
-    # Passed through to the engine's own constructor (vLLM AsyncEngineArgs, sglang.Engine,
-    # transformers from_pretrained; for transformers `max_batch_size` sets its micro-batch).
-    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
-    scripted: ScriptedEngineOptions = Field(default_factory=ScriptedEngineOptions)
+    kind: EngineKind = Field("vllm", description="The engine: `vllm`, `sglang`, `transformers` or `scripted` "
+                                                 "(the deterministic test engine).")
+    model: str = Field("", description="A local directory or a Hugging Face hub id (hub downloads only where the "
+                                       "network allows).")
+    tokenizer: str | None = Field(None, description="Tokenizer directory or hub id (None: the model's).")
+    tensor_parallel_size: int = Field(1, ge=1, description="Tensor-parallel ranks of the engine (more than one: "
+                                                           "vllm or sglang); the replica's GPUs follow from it.")
+    pipeline_parallel_size: int = Field(1, ge=1, description="Pipeline-parallel ranks of the engine (more than "
+                                                             "one: vllm or sglang); the replica's GPUs follow from "
+                                                             "it.")
+    distributed_executor_backend: ExecutorBackend = Field(
+        "auto", description="How the engine starts its tensor/pipeline-parallel ranks: `mp`, processes of the "
+                            "replica on its node; `ray` (vLLM only), Ray actors in the replica's placement group, "
+                            "which may span nodes; `auto`, `mp`.")
+    enable_prefix_caching: bool = Field(True, description="Reuse the KV cache of shared prompt prefixes (vLLM's "
+                                                          "prefix caching, SGLang's radix cache).")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="Fraction of GPU memory the engine may "
+                                                                       "use (SGLang: mem_fraction_static).")
+    max_model_len: int | None = Field(None, ge=16, description="Context length in tokens (None: the model's own).")
+    dtype: str = Field("auto", description="Model dtype passed to the engine (`auto`: the engine picks it from the "
+                                           "model).")
+    device: str = Field("auto", description="transformers engine only: the torch device; `auto` picks cuda when "
+                                            "available, else cpu.")
+    seed: int = Field(0, description="Engine-level random seed (the transformers engine seeds requests that carry "
+                                     "no seed from it).")
+    scheduling: Scheduling = Field(
+        "fifo", description="Which waiting prompt the engine serves first when it is saturated: `fifo`, first "
+                            "come; or `largest_first`, the longest prompt (the largest group). vLLM and the "
+                            "scripted engine only.")
+    engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Passed through to the engine's own constructor (vLLM AsyncEngineArgs, "
+                                          "sglang.Engine, transformers from_pretrained; for transformers "
+                                          "`max_batch_size` sets its micro-batch).")
+    scripted: ScriptedEngineOptions = Field(default_factory=ScriptedEngineOptions,
+                                            description="Options of the scripted engine (kind `scripted`).")
 
     def request_priority(self, priority: int) -> int:
         """The priority an engine gives a request: the caller's with ``largest_first``, else 0
