@@ -51,6 +51,7 @@ class FailureKind:
     retryable: bool = False  # another attempt, later, may succeed
     bad_input: bool = False  # the request's own content is at fault: the same request fails again
     rejoin: bool = False  # a member's group is not complete yet: send it again to join it (not a retry)
+    meaning: str = ""  # what happened, for people: the README's and the reference's failure tables
 
     @property
     def retry_after(self) -> bool:
@@ -63,22 +64,35 @@ KINDS: dict[str, FailureKind] = {
     for kind in (
         # Flagged answers: the group was judged, without a usable verdict. Retrying is the
         # service's job (scoring.retries); the caller gets a default reward.
-        FailureKind("parse_failed", 200),
-        FailureKind("prompt_too_long", 200, bad_input=True),
-        FailureKind("too_few_distinct", 200, bad_input=True),
-        FailureKind("engine_error", 200),
-        FailureKind("timeout", 504, rejoin=True),
-        FailureKind("rejected", 422, bad_input=True),
-        FailureKind("conflict", 409, bad_input=True),
-        FailureKind("overloaded", 503, retryable=True),
-        FailureKind("shutting_down", 503, retryable=True),
-        FailureKind("invalid_request", 422, bad_input=True),
-        FailureKind("too_large", 413, bad_input=True),
-        FailureKind("unauthorized", 401),
-        FailureKind("forbidden", 403),
-        FailureKind("not_found", 404),
-        FailureKind("method_not_allowed", 405),
-        FailureKind("unavailable", 503, retryable=True),
+        FailureKind("parse_failed", 200, meaning="no parseable verdict after every allowed attempt"),
+        FailureKind("prompt_too_long", 200, bad_input=True,
+                    meaning="the GQM prompt exceeds scoring.max_prompt_tokens"),
+        FailureKind("too_few_distinct", 200, bad_input=True,
+                    meaning="fewer than 2 distinct candidates: nothing to compare"),
+        FailureKind("engine_error", 200, meaning="the engine raised on this group"),
+        FailureKind("timeout", 504, rejoin=True,
+                    meaning="a generation, or the group's assembly, ran past its deadline (a member: send it "
+                            "again to keep waiting)"),
+        FailureKind("rejected", 422, bad_input=True,
+                    meaning="the group's input is refused (more prompts than max_prompts_per_group, a text the "
+                            "prompt guard rejects)"),
+        FailureKind("conflict", 409, bad_input=True,
+                    meaning="a member disagrees with what its group already holds (source, languages, size, a text)"),
+        FailureKind("overloaded", 503, retryable=True,
+                    meaning="Serve's queue is full, the replica holds too many groups assembling, or the tenant "
+                            "its max_groups_in_flight"),
+        FailureKind("shutting_down", 503, retryable=True,
+                    meaning="the replica is stopping, or stopped before the group was scored"),
+        FailureKind("invalid_request", 422, bad_input=True,
+                    meaning="the body does not validate (the error names each field and problem)"),
+        FailureKind("too_large", 413, bad_input=True, meaning="over a configured limit (the limit is named)"),
+        FailureKind("unauthorized", 401, meaning="missing or wrong bearer token"),
+        FailureKind("forbidden", 403, meaning="the request claims a tenant its token may not act for"),
+        FailureKind("not_found", 404, meaning="no such route"),
+        FailureKind("method_not_allowed", 405, meaning="the route takes another HTTP method"),
+        FailureKind("unavailable", 503, retryable=True,
+                    meaning="no scorer replica can answer now (none placed: the missing resources are named; "
+                            "all went away)"),
     )
 }
 

@@ -15,7 +15,7 @@ class ScoreRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    groups: list[GroupRequest] = Field(min_length=1)
+    groups: list[GroupRequest] = Field(min_length=1, description="The groups to score; answered in this order.")
 
 
 class ScoreResponse(BaseModel):
