@@ -124,7 +124,8 @@ def deploy(serve, load: Load, *, fair: bool, limits: dict[str, int] | None = Non
     serve.run(build_app(config), name=APP, route_prefix=f"/{APP}")
 
 
-async def flood_case(url: str, load: Load, tag: str, flood_concurrency: int | None = None) -> dict:
+async def flood_case(url: str, load: Load, tag: str, flood_concurrency: int | None = None,
+                     flood_lead_s: float = 3.0) -> dict:
     """The small run alone, then beside a flood sent 3 s before it. The small run's groups have the same
     ids both times (its tenant differs, "small-alone" then "small"), so they land on the same replicas."""
     alone, small, flood = client_for(url, "small-alone"), client_for(url, "small"), client_for(url, "flood", patient=True)
@@ -134,7 +135,7 @@ async def flood_case(url: str, load: Load, tag: str, flood_concurrency: int | No
         flood_started = time.monotonic()
         flooding = asyncio.create_task(send_members(flood, [group("flood", f"{tag}-flood", i)
                                                             for i in range(load.flood_groups)], flood_concurrency))
-        await asyncio.sleep(3.0)
+        await asyncio.sleep(flood_lead_s)
         beside_s = await send_members(small, [group("small", tag, i) for i in range(load.small_groups)])
         await flooding
         flood_s = time.monotonic() - flood_started
@@ -330,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--cases: unknown {sorted(cases - set(CASES))} (choose from {', '.join(CASES)})")
     if args.quick or args.no_verl:
         cases.discard("verl")
-    scale = 4 if args.quick else 1
+    scale = 6 if args.quick else 1
     engine_bound = Load(per_group_s=0.4, engine_slots=1, small_groups=6, flood_groups=120 // scale)
     http_bound = Load(per_group_s=0.1, engine_slots=2, small_groups=12, flood_groups=300 // scale)
     weights_load = Load(per_group_s=0.1, engine_slots=1, small_groups=0, flood_groups=0, replicas=1)
@@ -349,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
                           ("fair+flood_client_32", True, None, 32)]
             for mode, fair, limits, flood_concurrency in modes:
                 deploy(serve, load, fair=fair, limits=limits)
-                row = asyncio.run(flood_case(url, load, f"{case}-{mode}", flood_concurrency))
+                row = asyncio.run(flood_case(url, load, f"{case}-{mode}", flood_concurrency,
+                                             flood_lead_s=1.5 if args.quick else 3.0))
                 rows.append({"case": case, "mode": mode, "small_groups": load.small_groups,
                              "flood_groups": load.flood_groups, "per_group_s": load.per_group_s,
                              "engine_slots": load.engine_slots, **row})

@@ -230,7 +230,11 @@ def test_a_tenant_over_its_limit_gets_503_and_the_others_do_not(url):
                 http, url, [group("capped-", i, tenant="capped") for i in range(6)], SHARED))
             others = asyncio.create_task(post_groups(
                 http, url, [group("dave-", i, tenant="dave") for i in range(6)], SHARED))
-            await asyncio.sleep(SERVICE_S)
+            # Once the capped tenant holds its 2 groups, a member of a third group is refused too.
+            deadline = time.monotonic() + 30
+            while (await http.get(f"{url}/v1/tenants", headers=SHARED)).json()["tenants"].get(
+                    "capped", {}).get("groups_in_flight", 0) < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
             member_answer = await http.post(f"{url}/v1/score/member", headers=SHARED,
                                             json=member("capped-m", 0, "x [q=3]", tenant="capped"))
             return await capped, await others, member_answer
