@@ -200,7 +200,6 @@ class FairGate(Generic[T]):
                 self._release(tenant)
             raise
         waited = self._clock() - started
-        charged = tokens if self.enabled else 0.0
         result: T | None = None
         try:
             result = await work()
@@ -208,7 +207,7 @@ class FairGate(Generic[T]):
         finally:
             used = cost(result) if result is not None else tokens
             if self.enabled:
-                self.counters.charge(tenant, max(0.0, used - charged))
+                self.counters.charge(tenant, max(0.0, used - entry.tokens))  # its estimate was charged at take
             self._record(tenant, used)
             self._release(tenant)
 
@@ -238,16 +237,12 @@ class FairGate(Generic[T]):
 
     def _dispatch(self) -> None:
         while self._free > 0:
+            entry = self.counters.peek() if self.enabled else self._oldest()
+            if entry is None or (self.enabled and self._held_back(entry)):
+                return
+            self.counters.take(entry)  # disabled, its tokens are 0: nothing is charged
             if self.enabled:
-                entry = self.counters.peek()
-                if entry is None or self._held_back(entry):
-                    return
-                self.counters.take(entry)
                 self._classes[self.counters.policy(entry.tenant).priority] = self._clock()
-            else:
-                entry = self._oldest()
-                if entry is None:
-                    return
             self._free -= 1
             wakeup = self._wakeups.pop(id(entry), None)
             if wakeup is not None and not wakeup.done():
@@ -263,14 +258,8 @@ class FairGate(Generic[T]):
         return any(higher > priority and now - when <= self.window_s for higher, when in self._classes.items())
 
     def _oldest(self) -> _Waiting | None:
-        """First come, first served (the gate disabled)."""
-        heads = [queue[0] for queue in self.counters.waiting.values() if queue]
-        if not heads:
-            return None
-        entry = min(heads)
-        self.counters.waiting[entry.tenant].popleft()
-        self.counters.running[entry.tenant] += 1
-        return entry
+        """First come, first served (the gate disabled): the earliest waiting group, left waiting."""
+        return min((queue[0] for queue in self.counters.waiting.values() if queue), default=None)
 
     def _release(self, tenant: str) -> None:
         self.counters.finish(tenant)

@@ -28,7 +28,7 @@ from ray.serve.handle import DeploymentHandle
 
 from cluster.assembly import GroupAssembler
 from cluster.engines import EngineDeadError, make_engine
-from cluster.fair_share import FairGate
+from cluster.fair_share import FairGate, GateStats
 from cluster.open_groups import OpenGroups
 from cluster.schema import (
     GroupRequest,
@@ -302,17 +302,13 @@ class GRRMReplica:
     def tenants(self, target_replica: str | None = None) -> dict[str, dict[str, Any]]:
         """Each active tenant's work on this replica now and what the engine served it lately."""
         stats = self.gate.stats()
-        names = set(stats) | set(self._in_flight)
-        return {
-            name: {
-                "groups_in_flight": len(self._in_flight.get(name, ())),
-                "waiting_for_engine": stats[name].waiting if name in stats else 0,
-                "at_engine": stats[name].running if name in stats else 0,
-                "recent_groups": stats[name].recent_groups if name in stats else 0,
-                "recent_tokens": stats[name].recent_tokens if name in stats else 0.0,
-            }
-            for name in names
-        }
+        report = {}
+        for name in set(stats) | set(self._in_flight):
+            gate = stats.get(name, GateStats())
+            report[name] = {"groups_in_flight": len(self._in_flight.get(name, ())), "waiting_for_engine": gate.waiting,
+                            "at_engine": gate.running, "recent_groups": gate.recent_groups,
+                            "recent_tokens": gate.recent_tokens}
+        return report
 
     async def _release(self) -> None:
         """Close the assembler and stop the engine, whichever exist (a construction may have failed
