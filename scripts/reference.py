@@ -7,7 +7,8 @@
 * ``http-api.md``: the routes of the HTTP API and the fields of their request bodies, from the OpenAPI schema.
 
     .venv/bin/python scripts/reference.py            # writes docs/reference/*.md
-    .venv/bin/python scripts/reference.py --check    # exit 1 when a committed page differs (tests run this)
+    .venv/bin/python scripts/reference.py --check    # exit 1 when a committed page differs from the code or a
+                                                     # public config or request field has no description (tests)
 """
 
 from __future__ import annotations
@@ -72,27 +73,48 @@ def nested_models(annotation: object) -> Iterator[type[BaseModel]]:
         yield from nested_models(argument)
 
 
-def model_sections(root: type[BaseModel], path: str) -> list[str]:
-    """One table per model reachable from ``root``, each headed by where it sits (``http.tenants[]``)."""
-    sections, seen = [], set()
+def models_under(root: type[BaseModel], path: str) -> Iterator[tuple[type[BaseModel], str]]:
+    """Every model reachable from ``root``, once, with where it sits (``http.tenants[]``), breadth first."""
+    seen = set()
     queue: list[tuple[type[BaseModel], str]] = [(root, path)]
     while queue:
         model, where = queue.pop(0)
         if model in seen:
             continue
         seen.add(model)
-        doc = (model.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
-        heading = f"### `{where}`: `{model.__name__}`" if where else f"### `{model.__name__}`"
-        lines = [heading, "", doc, "", "| field | type | default | description |",
-                 "|---|---|---|---|"]
+        yield model, where
         for name, field in model.model_fields.items():
-            lines.append(f"| `{name}` | {cell(type_name(field.annotation))} | {cell(default_text(field))} | "
-                         f"{cell(field.description or '')} |")
             for nested in nested_models(field.annotation):
                 suffix = "[]" if typing.get_origin(field.annotation) is list else ""
                 queue.append((nested, f"{where}.{name}{suffix}" if where else f"{name}{suffix}"))
+
+
+def model_sections(root: type[BaseModel], path: str) -> list[str]:
+    """One table per model reachable from ``root``, each headed by where it sits."""
+    sections = []
+    for model, where in models_under(root, path):
+        doc = (model.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+        heading = f"### `{where}`: `{model.__name__}`" if where else f"### `{model.__name__}`"
+        lines = [heading, "", doc, "", "| field | type | default | description |", "|---|---|---|---|"]
+        for name, field in model.model_fields.items():
+            lines.append(f"| `{name}` | {cell(type_name(field.annotation))} | {cell(default_text(field))} | "
+                         f"{cell(field.description or '')} |")
         sections.append("\n".join(lines))
     return sections
+
+
+def undescribed() -> list[str]:
+    """Public config and request fields without a description (the pages and /docs would show them bare)."""
+    from cluster.schema import MemberRequest
+    from deployments.config import AppConfig
+    from deployments.http.models import ScoreRequest
+    from grrm_client.config import ClientConfig
+    from trainer_bridge.config import BridgeConfig
+
+    return [f"{model.__name__}.{name}"
+            for root in (AppConfig, BridgeConfig, ClientConfig, ScoreRequest, MemberRequest)
+            for model, _ in models_under(root, "")
+            for name, field in model.model_fields.items() if not field.description]
 
 
 def configuration() -> str:
@@ -218,8 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     if stale:
         print(f"docs/reference: {', '.join(stale)} differ from the code: run `python scripts/reference.py`",
               file=sys.stderr)
-        return 1
-    return 0
+    missing = undescribed() if args.check else []
+    if missing:
+        print(f"fields without Field(description=...): {', '.join(missing)}", file=sys.stderr)
+    return 1 if stale or missing else 0
 
 
 if __name__ == "__main__":
