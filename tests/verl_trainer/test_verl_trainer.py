@@ -150,13 +150,15 @@ def test_colocate_async_groups_survive_the_training_phase_that_pauses_them(harne
     # is sampled (with 16 tokens every rollout is done before the replay buffer's 2 s poll; at 256
     # tokens and half this stop scale none was aborted). So varied that one may end blank. Two warm-up
     # batches keep two batches' groups generating when one is sampled (verl's default is one).
-    # Whether a rollout is still generating when a batch is sampled is up to the scheduling of 2 shared
-    # cores: one CI run on record had none ("Aborted 0 requests"). A second training then makes the
-    # pause this test is about; every run's rewards are checked, and the pause must happen in one.
+    # Whether a rollout is still generating when a batch is sampled was up to the scheduling of 2 shared
+    # cores: two CI runs in a row had none ("Aborted 0 requests"). One generation at a time
+    # (max_num_seqs=1) queues the later groups' rollouts behind the first, so when the batch's 4 groups
+    # are done the next group is part-way through and the rest wait. A second training remains for the
+    # rare sampling that falls exactly between two groups; every run's rewards are checked.
     for run in range(2):
         report = harness.train(
             transport="handle", steps=STEPS, mode="colocate_async", policy_stop_scale=3.0, max_response_length=512,
-            extra_overrides=["trainer.v1.colocate_async.num_warmup_batches=2"],
+            extra_overrides=["trainer.v1.colocate_async.num_warmup_batches=2", "actor_rollout_ref.rollout.max_num_seqs=1"],
         )
         check_rewards_came_from_the_cluster(report, STEPS, blanks_allowed=True)
         paused = straddling(report)
