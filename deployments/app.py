@@ -66,7 +66,7 @@ def replica_options(config: AppConfig) -> dict[str, Any]:
     placed["ray_actor_options"].update(runtime_env(replicas.env_vars))
     options.update(placed)
     if replicas.autoscaling is not None:
-        options["autoscaling_config"] = replicas.autoscaling.model_dump(exclude_none=True)
+        options["autoscaling_config"] = replicas.autoscaling.serve_config()
     else:
         options["num_replicas"] = replicas.num_replicas or 1
     return options

@@ -6,18 +6,21 @@ start, not a crash later. Everything below this layer receives these objects, no
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from cluster.autoscaling import ScalingSettings
 from cluster.config import ScoringConfig
 from cluster.fair_share import TenantPolicy
 from cluster.schema import TENANT_PATTERN
 from cluster.engines.config import EngineConfig
 from cluster.gqm import Extractor
 from cluster.rewards import RewardSettings
+from deployments.autoscaling_policy import POLICY_PATH
 from deployments.placement import ReplicaPlacement, plan_placement
 
 
@@ -26,22 +29,39 @@ class _Strict(BaseModel):
 
 
 class AutoscalingSettings(_Strict):
-    """Serve replica autoscaling on ongoing requests (see Ray Serve's autoscaling_config)."""
+    """Replica autoscaling: on engine work and announced demand (the project's policy), or on ongoing
+    requests (Serve's own, for comparison)."""
 
+    policy: Literal["engine_work", "serve_default"] = Field(
+        "engine_work", description="`engine_work`: scale on the engines' queued work and the demand trainers announce "
+                                   "(cluster/autoscaling.py); members waiting for group-mates never count. "
+                                   "`serve_default`: Serve's policy on ongoing requests (target_ongoing_requests), "
+                                   "which counts waiting members as load.")
     min_replicas: int = Field(1, ge=0, description="Fewest scorer replicas autoscaling keeps.")
     max_replicas: int = Field(1, ge=1, description="Most scorer replicas autoscaling starts (at least min_replicas).")
     initial_replicas: int | None = Field(None, ge=0, description="Replicas started when the application is deployed "
                                                                  "(None: min_replicas).")
-    target_ongoing_requests: float = Field(16.0, gt=0, description="Ongoing requests per replica that autoscaling "
-                                                                   "aims for: Serve scales the replica count to keep "
-                                                                   "each replica near it.")
-    upscale_delay_s: float = Field(10.0, ge=0, description="How long, in seconds, Serve waits before scaling up.")
-    downscale_delay_s: float = Field(120.0, ge=0, description="How long, in seconds, Serve waits before scaling "
-                                                              "down.")
-    metrics_interval_s: float = Field(2.0, gt=0, description="How often, in seconds, Serve collects the load "
-                                                             "metrics autoscaling decides on.")
-    look_back_period_s: float = Field(10.0, gt=0, description="Time window, in seconds, the load metrics are "
-                                                              "averaged over.")
+    target_backlog_s: float = Field(10.0, gt=0, description="engine_work: seconds of queued engine work one replica "
+                                                            "may hold before another is started.")
+    cold_start_s: float = Field(60.0, ge=0, description="engine_work: how long a new replica takes to serve (engine "
+                                                        "load included); announced work starting within this gets its "
+                                                        "replicas now.")
+    default_seconds_per_group: float = Field(2.0, gt=0, description="engine_work: engine seconds per group assumed "
+                                                                    "until the replicas have measured theirs.")
+    demand_headroom: float = Field(1.25, ge=1, description="engine_work: capacity over an announced phase's mean rate "
+                                                           "(its groups do not arrive evenly).")
+    demand_grace_s: float = Field(30.0, ge=0, description="engine_work: how long an announced phase keeps its replicas "
+                                                          "after its announced end; an announcement then expires.")
+    target_ongoing_requests: float = Field(16.0, gt=0, description="serve_default: ongoing requests per replica that "
+                                                                   "Serve's policy aims for.")
+    upscale_delay_s: float = Field(10.0, ge=0, description="How long, in seconds, more replicas must be wanted before "
+                                                           "they are started.")
+    downscale_delay_s: float = Field(120.0, ge=0, description="How long, in seconds, fewer replicas must do before "
+                                                              "replicas are stopped.")
+    metrics_interval_s: float = Field(2.0, gt=0, description="How often, in seconds, replicas report the load "
+                                                             "autoscaling decides on.")
+    look_back_period_s: float = Field(10.0, gt=0, description="Time window, in seconds, Serve keeps the load "
+                                                              "reports of (serve_default averages over it).")
 
     @model_validator(mode="after")
     def _ordered(self) -> AutoscalingSettings:
@@ -50,6 +70,23 @@ class AutoscalingSettings(_Strict):
                 f"autoscaling.min_replicas ({self.min_replicas}) exceeds max_replicas ({self.max_replicas})"
             )
         return self
+
+    def scaling_settings(self) -> ScalingSettings:
+        """The engine_work policy's settings."""
+        return ScalingSettings(**{field: getattr(self, field) for field in ScalingSettings.__dataclass_fields__})
+
+    def serve_config(self) -> dict[str, Any]:
+        """Serve's ``autoscaling_config`` for this setting."""
+        common = self.model_dump(include={"min_replicas", "max_replicas", "initial_replicas", "upscale_delay_s",
+                                          "downscale_delay_s", "metrics_interval_s", "look_back_period_s"},
+                                 exclude_none=True)
+        if self.policy == "serve_default":
+            return {**common, "target_ongoing_requests": self.target_ongoing_requests}
+        # The project's policy applies the delays itself (cluster/autoscaling.py, the simulator's too):
+        # Serve, which wraps a custom policy in its own delay logic, gets none, else the two would
+        # restart each other's timers. Serve's bounds still hold.
+        return {**common, "upscale_delay_s": 0.0, "downscale_delay_s": 0.0,
+                "policy": {"policy_function": POLICY_PATH, "policy_kwargs": dataclasses.asdict(self.scaling_settings())}}
 
 
 class ReplicaSettings(_Strict):
@@ -91,6 +128,10 @@ class ReplicaSettings(_Strict):
                                                 "regardless).")
     env_vars: dict[str, str] = Field(default_factory=dict, description="Environment for the replica processes "
                                                                        "(e.g. VLLM_* switches).")
+
+    def demand_grace_s(self) -> float:
+        """How long a replica keeps an announced demand past its end (see AutoscalingSettings)."""
+        return (self.autoscaling or AutoscalingSettings()).demand_grace_s
 
     @model_validator(mode="after")
     def _one_sizing(self) -> ReplicaSettings:

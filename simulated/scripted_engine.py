@@ -539,6 +539,8 @@ class ScriptedEngine:
             raise EngineError("scripted engine was killed; build a new one")
         if self._tokenizer is None:
             self._tokenizer = self._load_hf_tokenizer()
+        if self.options.start_s:
+            await asyncio.sleep(self.options.start_s)
         self._abort = asyncio.Event()
         self._started = True
 

@@ -27,7 +27,10 @@ def test_production_config_validates_and_places_tensor_parallel_replicas():
     assert options["ray_actor_options"]["num_cpus"] == config.replicas.num_cpus
     autoscaling = options["autoscaling_config"]
     assert autoscaling["min_replicas"] < autoscaling["max_replicas"]
-    assert autoscaling["target_ongoing_requests"] > 0
+    # The project's policy, not Serve's ongoing-requests one (which counts members that only wait).
+    assert autoscaling["policy"]["policy_function"] == "deployments.autoscaling_policy:EngineWorkPolicy"
+    assert autoscaling["policy"]["policy_kwargs"]["max_replicas"] == autoscaling["max_replicas"]
+    assert "target_ongoing_requests" not in autoscaling
     assert options["request_router_config"].request_router_class == "deployments.router:GroupAwareRequestRouter"
     # A hub id stays a hub id.
     assert resolve_model_path(config).engine.model == "double7/GRRM-Qwen2.5-7B"

@@ -40,6 +40,8 @@ class ScriptedEngineOptions(BaseModel):
     prefill_token_s: float = Field(0.0, ge=0, description="Latency per prompt token, in seconds (see per_prompt_s).")
     jitter: float = Field(0.0, ge=0, le=1, description="Each generation's latency is scaled by a uniform factor "
                                                        "in [1 - jitter, 1 + jitter].")
+    start_s: float = Field(0.0, ge=0, le=3600, description="Seconds the engine takes to start (a real one loads "
+                                                           "weights and warms up): a replica's cold start.")
     # A real engine's throughput is bounded: with a limit, groups queue for the engine as they
     # would on a busy GPU.
     max_concurrent_prompts: int | None = Field(None, ge=1, description="Generations served at once (None: all "

@@ -1,0 +1,239 @@
+"""How many scorer replicas the pool needs: scaled on engine work and announced demand (pure, no Ray).
+
+Ray Serve's default policy scales on ongoing requests. For GRRM most of those are members waiting
+for their group-mates (a GRPO group's rollouts finish minutes apart): they cost no engine work, yet
+they would grow the pool, and the new replicas would split the very groups they wait on. This
+policy counts only what the engines have to do, and what the trainers say is coming:
+
+- **engine work**: each replica reports the groups waiting for its engine and at it, and the
+  seconds of work they hold (their tokens over the replica's measured throughput). The pool keeps
+  enough replicas that this backlog drains within ``target_backlog_s``.
+- **announced demand**: a trainer knows at the start of a generation phase how many groups are
+  coming and roughly when the phase ends (:class:`Demand`). The pool grows *before* the burst so
+  that groups arriving at that rate are scored as they come, and keeps that size until the phase
+  is over, counting a replica's cold start.
+- members waiting for group-mates are reported apart (``members_waiting``): a forecast, never load.
+
+Scaling up happens as soon as it is needed; scaling down only after the lower count has been
+enough for ``downscale_delay_s`` and never below what an announced phase starting within a cold
+start needs. The same function decides in the Serve policy (``deployments/autoscaling_policy.py``)
+and in the simulator (``bench/autoscaling_sim.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+__all__ = [
+    "Demand",
+    "EngineWorkMeter",
+    "ReplicaLoad",
+    "ScalingDecision",
+    "ScalingSettings",
+    "decide_replicas",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLoad:
+    """What one replica reports: its engine's work now, and what only waits."""
+
+    groups_waiting: float = 0.0  # complete groups waiting for the engine
+    groups_running: float = 0.0  # groups the engine is generating for now
+    queued_work_s: float = 0.0  # estimated seconds of engine work in those groups
+    members_waiting: float = 0.0  # members waiting for their group-mates: a forecast, never load
+    seconds_per_group: float | None = None  # measured engine seconds per group (None: nothing scored yet)
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """Announced work: ``groups`` groups of ``tenant`` arriving between ``starts_at`` and ``ends_at``
+    (Unix seconds), e.g. one GRPO step's generation phase (prompts x 1 group each)."""
+
+    tenant: str
+    groups: int
+    starts_at: float
+    ends_at: float
+    # When it was announced: a tenant's later announcement replaces its earlier ones wherever they
+    # are kept; one of 0 groups withdraws them.
+    announced_at: float = 0.0
+
+    def rate(self) -> float:
+        """Groups per second while the phase lasts (at least one second long)."""
+        return self.groups / max(1.0, self.ends_at - self.starts_at)
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingSettings:
+    """The knobs of :func:`decide_replicas` (``replicas.autoscaling`` in the app config)."""
+
+    min_replicas: int = 1
+    max_replicas: int = 1
+    # Engine work a replica may hold queued before another one is worth starting.
+    target_backlog_s: float = 10.0
+    upscale_delay_s: float = 0.0
+    downscale_delay_s: float = 60.0
+    # How long a new replica takes to serve (engine load included); the lead time for announced work.
+    cold_start_s: float = 30.0
+    # Engine seconds per group until a replica has measured its own.
+    default_seconds_per_group: float = 1.0
+    # Extra capacity over the announced rate: bursts within a phase are not uniform.
+    demand_headroom: float = 1.25
+    # An announced phase keeps its replicas this long after its end, for its last groups.
+    demand_grace_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingDecision:
+    """The replica count to ask for, why, and the state to hand to the next decision."""
+
+    replicas: int
+    reason: str
+    state: dict[str, float] = field(default_factory=dict)
+    engine_work_s: float = 0.0
+    for_work: int = 0
+    for_demand: int = 0
+
+
+def seconds_per_group(loads: Iterable[ReplicaLoad], default: float) -> float:
+    """The pool's engine seconds per group: the median of the replicas' measurements, or ``default``."""
+    measured = sorted(load.seconds_per_group for load in loads if load.seconds_per_group)
+    if not measured:
+        return default
+    middle = len(measured) // 2
+    return measured[middle] if len(measured) % 2 else (measured[middle - 1] + measured[middle]) / 2
+
+
+def engine_work(load: ReplicaLoad, per_group_s: float) -> float:
+    """A replica's queued engine seconds: its own estimate, or its groups at the pool's cost per group
+    while it has measured nothing (a fresh replica's first burst still counts)."""
+    if load.seconds_per_group is None:
+        return (load.groups_waiting + load.groups_running) * per_group_s
+    return load.queued_work_s
+
+
+def replicas_for_demand(demands: Iterable[Demand], now: float, per_group_s: float, settings: ScalingSettings) -> int:
+    """Replicas that score the announced groups as they arrive: the phases under way, and those that
+    start within a cold start (a replica started later would not be serving in time)."""
+    engine_seconds_per_second = 0.0
+    for demand in demands:
+        if demand.starts_at - settings.cold_start_s <= now <= demand.ends_at + settings.demand_grace_s:
+            engine_seconds_per_second += demand.rate() * per_group_s
+    return math.ceil(engine_seconds_per_second * settings.demand_headroom - 1e-9)
+
+
+def decide_replicas(
+    *,
+    now: float,
+    current: int,
+    loads: list[ReplicaLoad],
+    demands: list[Demand],
+    settings: ScalingSettings,
+    state: dict[str, float] | None = None,
+) -> ScalingDecision:
+    """The replica count for the pool now (see the module docstring).
+
+    ``current`` is the count the deployment targets now; ``state`` what the previous decision
+    returned (empty after a controller restart: the policy then waits a full downscale delay
+    before it drops replicas, and rebuilds the rest from the replicas' reports).
+    """
+    state = dict(state or {})
+    per_group_s = seconds_per_group(loads, settings.default_seconds_per_group)
+    engine_work_s = sum(engine_work(load, per_group_s) for load in loads)
+    for_work = math.ceil(engine_work_s / settings.target_backlog_s - 1e-9)
+    for_demand = replicas_for_demand(demands, now, per_group_s, settings)
+    wanted = min(settings.max_replicas, max(settings.min_replicas, for_work, for_demand))
+    details = dict(engine_work_s=engine_work_s, for_work=for_work, for_demand=for_demand)
+    if wanted > current:
+        state.pop("lower_since", None)
+        since = state.setdefault("higher_since", now)
+        if now - since >= settings.upscale_delay_s:
+            state.pop("higher_since", None)
+            return ScalingDecision(wanted, _why(wanted, for_work, for_demand, engine_work_s), state, **details)
+        return ScalingDecision(current, f"holding {current} until the upscale delay has passed", state, **details)
+    state.pop("higher_since", None)
+    if wanted < current:
+        since = state.setdefault("lower_since", now)
+        if now - since >= settings.downscale_delay_s:
+            state.pop("lower_since", None)
+            return ScalingDecision(wanted, _why(wanted, for_work, for_demand, engine_work_s), state, **details)
+        return ScalingDecision(current, f"holding {current}: {wanted} would do, not yet for the downscale delay",
+                               state, **details)
+    state.pop("lower_since", None)
+    return ScalingDecision(current, "steady", state, **details)
+
+
+def _why(wanted: int, for_work: int, for_demand: int, engine_work_s: float) -> str:
+    if for_demand >= for_work and for_demand == wanted:
+        return f"{wanted} replicas for the announced demand"
+    if for_work == wanted:
+        return f"{wanted} replicas for {engine_work_s:.1f} s of queued engine work"
+    return f"{wanted} replicas (the configured bound)"
+
+
+class EngineWorkMeter:
+    """One replica's engine work: the groups queued for and at its engine, in estimated seconds.
+
+    A group's cost is estimated when it is queued (its prompt tokens, roughly); what the engine then
+    takes per estimated token, answers included, is measured over *busy* time (at least one group at
+    the engine), so an idle replica does not look slow and long analyses count. Callers pass the
+    clock (monotonic seconds).
+    """
+
+    def __init__(self) -> None:
+        self.waiting = 0  # groups queued for the engine
+        self.running = 0  # groups at the engine
+        self.queued_tokens = 0.0  # estimated tokens of both
+        self.groups_done = 0
+        self.estimated_tokens_done = 0.0
+        self.tokens_done = 0.0  # what the engine reported (prompt and answer)
+        self.busy_s = 0.0
+        self._busy_since: float | None = None
+
+    def queued(self, estimated_tokens: float) -> None:
+        """A complete group now waits for the engine."""
+        self.waiting += 1
+        self.queued_tokens += estimated_tokens
+
+    def started(self, now: float) -> None:
+        """A waiting group went to the engine."""
+        self.waiting -= 1
+        self.running += 1
+        if self._busy_since is None:
+            self._busy_since = now
+
+    def withdrawn(self, estimated_tokens: float) -> None:
+        """A waiting group left before it reached the engine (its caller went away)."""
+        self.waiting -= 1
+        self.queued_tokens -= estimated_tokens
+
+    def finished(self, now: float, estimated_tokens: float, used_tokens: float | None) -> None:
+        """A group left the engine (``used_tokens`` None: it failed, and teaches nothing about cost)."""
+        self.running -= 1
+        self.queued_tokens -= estimated_tokens
+        if used_tokens is not None:
+            self.groups_done += 1
+            self.estimated_tokens_done += estimated_tokens
+            self.tokens_done += used_tokens
+        if self.running == 0 and self._busy_since is not None:
+            self.busy_s += now - self._busy_since
+            self._busy_since = None
+
+    def _busy(self, now: float) -> float:
+        return self.busy_s + (now - self._busy_since if self._busy_since is not None else 0.0)
+
+    def tokens_per_s(self, now: float) -> float | None:
+        """Tokens (prompt and answer) served per busy second so far (None: nothing served yet)."""
+        busy = self._busy(now)
+        return self.tokens_done / busy if self.groups_done and busy > 0 else None
+
+    def load(self, now: float, members_waiting: int) -> ReplicaLoad:
+        """This replica's report to the autoscaling policy."""
+        busy = self._busy(now)
+        if self.groups_done == 0 or busy <= 0 or self.estimated_tokens_done <= 0:
+            return ReplicaLoad(self.waiting, self.running, 0.0, members_waiting, None)
+        seconds_per_token = busy / self.estimated_tokens_done
+        return ReplicaLoad(self.waiting, self.running, max(0.0, self.queued_tokens) * seconds_per_token,
+                           members_waiting, busy / self.groups_done)

@@ -1,0 +1,101 @@
+"""The scorer deployment's Ray Serve autoscaling policy: engine work and announced demand.
+
+A thin edge over :func:`cluster.autoscaling.decide_replicas`. Each replica reports its engine
+work and the demand announced to it through ``record_autoscaling_stats``
+(:func:`autoscaling_stats`); Serve's controller calls :class:`EngineWorkPolicy` with those reports
+(only running replicas report: one that fails to start counts for nothing) and applies
+``min_replicas``/``max_replicas``. Everything the policy knows is rebuilt from the reports, so a
+restarted controller decides as before (only the downscale delay starts again).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from cluster.autoscaling import Demand, ReplicaLoad, ScalingSettings, decide_replicas
+
+__all__ = ["EngineWorkPolicy", "POLICY_PATH", "autoscaling_stats", "demands_of", "loads_of"]
+
+logger = logging.getLogger("ray.serve")
+POLICY_PATH = "deployments.autoscaling_policy:EngineWorkPolicy"
+# Report keys: a replica's load, and each announced demand as three keys under its tenant.
+LOAD_KEYS = ("groups_waiting", "groups_running", "queued_work_s", "members_waiting", "seconds_per_group")
+DEMAND_PREFIX = "demand/"
+
+
+def autoscaling_stats(load: ReplicaLoad, demands: list[Demand]) -> dict[str, float]:
+    """A replica's report, as Serve's ``record_autoscaling_stats`` wants it (flat names, numbers)."""
+    stats = {key: float(getattr(load, key)) for key in LOAD_KEYS if getattr(load, key) is not None}
+    for demand in demands:
+        stats[f"{DEMAND_PREFIX}{demand.tenant}/groups"] = float(demand.groups)
+        stats[f"{DEMAND_PREFIX}{demand.tenant}/starts_at"] = demand.starts_at
+        stats[f"{DEMAND_PREFIX}{demand.tenant}/ends_at"] = demand.ends_at
+        stats[f"{DEMAND_PREFIX}{demand.tenant}/announced_at"] = demand.announced_at
+    return stats
+
+
+def _latest(raw_metrics: dict[str, dict[Any, list[Any]]]) -> dict[Any, dict[str, float]]:
+    """Each replica's last reported value of every key (Serve keeps a time series per key)."""
+    by_replica: dict[Any, dict[str, float]] = {}
+    for name, series_by_replica in raw_metrics.items():
+        for replica, series in series_by_replica.items():
+            if series:
+                by_replica.setdefault(replica, {})[name] = float(max(series, key=lambda point: point.timestamp).value)
+    return by_replica
+
+
+def loads_of(reports: dict[Any, dict[str, float]]) -> list[ReplicaLoad]:
+    """Each reporting replica's load."""
+    return [
+        ReplicaLoad(**{key: report.get(key, 0.0) for key in LOAD_KEYS[:-1]},
+                    seconds_per_group=report.get("seconds_per_group"))
+        for report in reports.values()
+    ]
+
+
+def demands_of(reports: dict[Any, dict[str, float]], now: float, grace_s: float) -> list[Demand]:
+    """The announced demands the replicas know: per tenant its latest announcement (wherever it is
+    kept), unless that withdrew it (0 groups) or is long over (a client that announced and never
+    came stops counting ``grace_s`` after its phase's end)."""
+    latest: dict[str, Demand] = {}
+    for report in reports.values():
+        for key, value in report.items():
+            if not (key.startswith(DEMAND_PREFIX) and key.endswith("/groups")):
+                continue
+            tenant = key[len(DEMAND_PREFIX):-len("/groups")]
+            prefix = f"{DEMAND_PREFIX}{tenant}/"
+            demand = Demand(tenant, int(value), report.get(prefix + "starts_at", now), report.get(prefix + "ends_at", now),
+                            report.get(prefix + "announced_at", 0.0))
+            known = latest.get(tenant)
+            if known is None or demand.announced_at > known.announced_at:
+                latest[tenant] = demand
+    return [demand for demand in latest.values() if demand.groups > 0 and demand.ends_at + grace_s >= now]
+
+
+class EngineWorkPolicy:
+    """Serve instantiates this once per deployment (``policy_kwargs``: the :class:`ScalingSettings`
+    fields) and calls it on every autoscaling tick with an ``AutoscalingContext``."""
+
+    def __init__(self, **settings: Any):
+        self.settings = ScalingSettings(**settings)
+        self.last_reason = ""
+
+    def __call__(self, context: Any) -> tuple[int, dict[str, Any]]:
+        now = context.current_time or time.time()
+        reports = _latest(context.raw_metrics or {})
+        decision = decide_replicas(
+            now=now,
+            current=context.target_num_replicas,
+            loads=loads_of(reports),
+            demands=demands_of(reports, now, self.settings.demand_grace_s),
+            settings=self.settings,
+            state=dict(context.policy_state or {}),
+        )
+        if decision.reason != self.last_reason:  # the controller's log says why the pool is the size it is
+            logger.info("engine_work autoscaling of %s: %s (engine work %.1f s, for work %d, for demand %d, "
+                        "%d reporting)", getattr(context, "deployment_name", "?"), decision.reason,
+                        decision.engine_work_s, decision.for_work, decision.for_demand, len(reports))
+        self.last_reason = decision.reason
+        return decision.replicas, decision.state

@@ -1,0 +1,161 @@
+"""The autoscaling decision (cluster/autoscaling.py) and its Serve edge's parsing, without Ray."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from cluster.autoscaling import (
+    Demand,
+    EngineWorkMeter,
+    ReplicaLoad,
+    ScalingSettings,
+    decide_replicas,
+    engine_work,
+    replicas_for_demand,
+)
+from deployments.autoscaling_policy import EngineWorkPolicy, autoscaling_stats, demands_of, loads_of
+
+SETTINGS = ScalingSettings(min_replicas=1, max_replicas=4, target_backlog_s=10.0, upscale_delay_s=2.0,
+                           downscale_delay_s=30.0, cold_start_s=20.0, default_seconds_per_group=1.0)
+
+
+def decide(now: float, current: int, loads=(), demands=(), state=None, settings=SETTINGS):
+    return decide_replicas(now=now, current=current, loads=list(loads), demands=list(demands), settings=settings,
+                           state=state)
+
+
+def test_members_that_only_wait_add_no_replica():
+    # The issue's measurement: 600 members of 200 groups each waiting for its fourth member.
+    waiting = [ReplicaLoad(members_waiting=600.0, seconds_per_group=0.05)]
+    state = None
+    for second in range(60):
+        decision = decide(float(second), 1, waiting, state=state)
+        state = decision.state
+        assert decision.replicas == 1
+    assert decision.engine_work_s == 0.0
+
+
+def test_queued_engine_work_adds_replicas_after_the_upscale_delay():
+    loads = [ReplicaLoad(groups_waiting=30, groups_running=4, queued_work_s=35.0, seconds_per_group=1.0)]
+    first = decide(100.0, 1, loads)
+    assert first.replicas == 1 and first.for_work == 4  # wanted, held for the delay
+    assert decide(101.0, 1, loads, state=first.state).replicas == 1
+    assert decide(102.0, 1, loads, state=first.state).replicas == 4
+
+
+def test_a_dip_below_the_wanted_count_restarts_the_upscale_delay():
+    busy = [ReplicaLoad(groups_waiting=30, queued_work_s=35.0, seconds_per_group=1.0)]
+    state = decide(0.0, 1, busy).state
+    state = decide(1.0, 1, [], state=state).state  # the backlog drained meanwhile
+    assert decide(2.5, 1, busy, state=state).replicas == 1
+    assert decide(4.6, 1, busy, state=decide(2.5, 1, busy, state=state).state).replicas == 4
+
+
+def test_scaling_down_waits_for_the_downscale_delay_and_a_controller_restart_starts_it_again():
+    idle = [ReplicaLoad(seconds_per_group=1.0)] * 4
+    first = decide(0.0, 4, idle)
+    assert first.replicas == 4
+    assert decide(29.0, 4, idle, state=first.state).replicas == 4
+    assert decide(30.0, 4, idle, state=first.state).replicas == 1
+    # A restarted controller hands the policy no state: it waits a whole delay again, never drops at once.
+    assert decide(31.0, 4, idle, state={}).replicas == 4
+
+
+def test_a_fresh_replica_counts_its_groups_at_the_default_cost():
+    fresh = ReplicaLoad(groups_waiting=25, groups_running=5)
+    assert engine_work(fresh, 1.0) == 30.0
+    assert decide(0.0, 1, [fresh], settings=ScalingSettings(max_replicas=8, upscale_delay_s=0)).replicas == 3
+
+
+def test_announced_demand_scales_ahead_within_a_cold_start_and_is_capped():
+    settings = ScalingSettings(max_replicas=8, cold_start_s=20.0, demand_headroom=1.0, demand_grace_s=10.0)
+    # 120 groups in 60 s at 2 s each: 4 engine-seconds per second, 4 replicas.
+    step = Demand("run-a", 120, starts_at=100.0, ends_at=160.0)
+    assert replicas_for_demand([step], 70.0, 2.0, settings) == 0  # too early: a replica would idle
+    assert replicas_for_demand([step], 80.0, 2.0, settings) == 4  # one cold start ahead
+    assert replicas_for_demand([step], 165.0, 2.0, settings) == 4  # its last groups, within the grace
+    assert replicas_for_demand([step], 171.0, 2.0, settings) == 0  # over
+    # Two runs' phases overlap: their rates add up.
+    other = Demand("run-b", 60, starts_at=90.0, ends_at=150.0)
+    assert replicas_for_demand([step, other], 110.0, 2.0, settings) == 6
+    # A forecast far too high is capped by max_replicas.
+    flood = Demand("run-c", 1_000_000, starts_at=100.0, ends_at=110.0)
+    decision = decide(100.0, 1, [], [flood], settings=settings)
+    assert decision.for_demand > 8 and decision.replicas == 8
+
+
+def test_the_next_announced_step_keeps_its_replicas_through_a_training_phase():
+    settings = ScalingSettings(max_replicas=8, cold_start_s=20.0, downscale_delay_s=5.0, demand_headroom=1.0,
+                               demand_grace_s=0.0)
+    next_step = Demand("run-a", 120, starts_at=110.0, ends_at=170.0)
+    # The training phase: no work now, but the next step starts within a cold start.
+    state: dict = {}
+    for now in range(90, 110):
+        decision = decide(float(now), 4, [ReplicaLoad(seconds_per_group=2.0)] * 4, [next_step], state=state,
+                          settings=settings)
+        state = decision.state
+        assert decision.replicas == 4
+
+
+def test_the_engine_work_meter_measures_busy_time_and_prices_the_queue():
+    meter = EngineWorkMeter()
+    assert meter.load(0.0, members_waiting=3) == ReplicaLoad(0, 0, 0.0, 3, None)
+    meter.queued(100.0)
+    meter.queued(100.0)
+    meter.started(10.0)
+    meter.started(10.0)
+    meter.finished(12.0, 100.0, used_tokens=400.0)
+    meter.finished(14.0, 100.0, used_tokens=400.0)
+    meter.queued(300.0)  # idle from 14 to 50: not busy time
+    load = meter.load(50.0, members_waiting=0)
+    # Busy 4 s for 200 estimated tokens: 0.02 s per estimated token, so 300 queued are 6 s of work.
+    assert load.groups_waiting == 1 and load.seconds_per_group == pytest.approx(2.0)
+    assert load.queued_work_s == pytest.approx(6.0)
+    assert meter.tokens_per_s(50.0) == pytest.approx(200.0)
+    meter.withdrawn(300.0)
+    assert meter.load(50.0, 0).queued_work_s == 0.0
+
+
+def test_a_failed_group_teaches_nothing_about_cost():
+    meter = EngineWorkMeter()
+    meter.queued(50.0)
+    meter.started(0.0)
+    meter.finished(5.0, 50.0, used_tokens=None)
+    assert meter.load(5.0, 0).seconds_per_group is None
+
+
+def _series(value: float, at: float = 1.0) -> list:
+    return [SimpleNamespace(timestamp=at - 1, value=-1.0), SimpleNamespace(timestamp=at, value=value)]
+
+
+def test_the_serve_policy_reads_the_latest_reports_and_decides():
+    reports = {
+        "replica-a": autoscaling_stats(ReplicaLoad(20, 2, 30.0, 7, 1.5), [Demand("run-a", 60, 1000.0, 1060.0)]),
+        "replica-b": autoscaling_stats(ReplicaLoad(0, 0, 0.0, 100, None), []),
+    }
+    assert loads_of(reports)[1] == ReplicaLoad(0, 0, 0.0, 100, None)
+    assert demands_of(reports, now=1000.0, grace_s=5.0) == [Demand("run-a", 60, 1000.0, 1060.0)]
+    assert demands_of(reports, now=1066.0, grace_s=5.0) == []  # announced and never came: expired
+    raw = {}
+    for replica, report in reports.items():
+        for key, value in report.items():
+            raw.setdefault(key, {})[replica] = _series(value)
+    policy = EngineWorkPolicy(min_replicas=1, max_replicas=8, target_backlog_s=10.0, upscale_delay_s=0.0,
+                              default_seconds_per_group=1.0, demand_headroom=1.0, cold_start_s=30.0)
+    context = SimpleNamespace(current_time=1000.0, target_num_replicas=1, raw_metrics=raw, policy_state={})
+    replicas, state = policy(context)
+    # 30 s of queued work at target 10 s: 3; the announced 1 group/s at 1.5 s each: 2. Waiting members: none.
+    assert replicas == 3 and "queued engine work" in policy.last_reason
+    assert isinstance(state, dict)
+
+
+def test_of_a_tenants_announcements_the_latest_counts_wherever_kept_and_a_withdrawal_ends_them():
+    earlier = Demand("run-a", 10, 100.0, 110.0, announced_at=90.0)
+    later = Demand("run-a", 50, 200.0, 260.0, announced_at=95.0)  # the next step, announced ahead
+    reports = {"a": autoscaling_stats(ReplicaLoad(), [earlier]), "b": autoscaling_stats(ReplicaLoad(), [later])}
+    assert demands_of(reports, now=150.0, grace_s=0.0) == [later]
+    withdrawn = Demand("run-a", 0, 96.0, 96.0, announced_at=96.0)
+    reports["c"] = autoscaling_stats(ReplicaLoad(), [withdrawn])
+    assert demands_of(reports, now=150.0, grace_s=0.0) == []
