@@ -255,6 +255,7 @@ class GroupAssembler:
                 "ledger_errors",  # ledger calls that failed or timed out (scoring goes on without)
                 "ledger_late_writes",  # writes that outlasted ledger_timeout_s: answered first, written after
                 "groups_abandoned",  # the engine died while scoring them: no verdict, not answered
+                "groups_handed_off",  # still collecting when another replica became their owner
             ),
             0,
         )
@@ -302,6 +303,28 @@ class GroupAssembler:
                 )
             assembly = self._start(member, received_at)
         return await self._wait(assembly, member, received_at)
+
+    def hand_off(self, new_owner: Callable[[str], str | None]) -> int:
+        """Release every group still collecting members that ``new_owner`` (group id -> the replica that
+        owns it now, None: this one) places elsewhere: its waiting members are answered ``moved`` at
+        once, to be sent to the new owner, instead of waiting out the assembly timeout for group-mates
+        that now go there. Groups being scored stay. Returns how many groups were released."""
+        released = 0
+        for assembly in list(self._assembling.values()):
+            owner = new_owner(assembly.group_id)
+            if owner is None:
+                continue
+            self._drop_assembling(assembly)
+            self._counters["groups_handed_off"] += 1
+            released += 1
+            self._resolve(assembly, self._verdict(
+                "moved", f"group {assembly.group_id}: the replica set changed and replica {owner} now collects its "
+                         f"members ({len(assembly.candidates)} of {assembly.first.group_size} were here)"))
+        return released
+
+    def holds(self, group_id: str) -> bool:
+        """Whether this assembler collects, scores or has scored (and still remembers) the group."""
+        return group_id in self._assembling or group_id in self._scoring or group_id in self._completed
 
     def pending_groups(self) -> int:
         """Groups still collecting members."""

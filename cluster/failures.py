@@ -26,6 +26,7 @@ FailureReason = Literal[
     "conflict",  # a member disagrees with what its group already holds
     "overloaded",  # the replica holds too many groups assembling: retry later
     "shutting_down",  # the replica is stopping, or stopped before the group was scored: retry
+    "moved",  # the replica set changed and another replica collects the member's group: send it again
 ]
 
 # An HTTP error body's `code`: the request was refused or could not be served.
@@ -83,6 +84,9 @@ KINDS: dict[str, FailureKind] = {
                             "its max_groups_in_flight"),
         FailureKind("shutting_down", 503, retryable=True,
                     meaning="the replica is stopping, or stopped before the group was scored"),
+        FailureKind("moved", 503, rejoin=True,
+                    meaning="the replica set changed while the member's group assembled and another replica now "
+                            "collects it (a member: send it again, it goes there)"),
         FailureKind("invalid_request", 422, bad_input=True,
                     meaning="the body does not validate (the error names each field and problem)"),
         FailureKind("too_large", 413, bad_input=True, meaning="over a configured limit (the limit is named)"),

@@ -181,6 +181,12 @@ class RouteKey:
     target_replica: str | None = None
 
 
+def demand_route_key(tenant: str) -> str:
+    """The ring key of a tenant's demand announcements: they meet on one replica, which hands them
+    on when the replica set changes, as it does groups."""
+    return f"demand:{tenant}"
+
+
 def route_key(args: tuple | list, kwargs: Mapping[str, object]) -> RouteKey:
     """Read a :class:`RouteKey` from the arguments of a replica call.
 
@@ -188,7 +194,7 @@ def route_key(args: tuple | list, kwargs: Mapping[str, object]) -> RouteKey:
     ``GroupRequest``) and an optional ``attempt`` keyword.
     """
     # Imported here so this module stays importable by routers that never see schema objects.
-    from cluster.schema import GroupRequest, MemberRequest
+    from cluster.schema import DemandAnnouncement, GroupRequest, MemberRequest
 
     request = args[0] if args else kwargs.get("member", kwargs.get("group"))
     attempt = kwargs.get("attempt", 0)
@@ -198,6 +204,9 @@ def route_key(args: tuple | list, kwargs: Mapping[str, object]) -> RouteKey:
         return RouteKey(group_id=None, work=0.0, member=False, target_replica=target)
     if isinstance(request, MemberRequest):
         return RouteKey(group_id=request.group_id, work=1.0, member=True, attempt=attempt)
+    if isinstance(request, DemandAnnouncement):
+        # A tenant's announcements meet on one replica, where the next replaces the last.
+        return RouteKey(group_id=demand_route_key(request.tenant), work=0.0, member=True, attempt=attempt)
     if isinstance(request, GroupRequest):
         return RouteKey(group_id=request.group_id, work=float(len(request.candidates)), member=False, attempt=attempt)
     return RouteKey(group_id=None, work=1.0, member=False, attempt=attempt)

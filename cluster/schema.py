@@ -226,6 +226,31 @@ class MemberRequest(BaseModel):
         return self.index if self.index is not None else self.member_id  # type: ignore[return-value]
 
 
+class DemandAnnouncement(BaseModel):
+    """Work a caller expects to send: e.g. a GRPO step's groups, announced as its generation phase
+    starts, so that the pool has the replicas for them when they come (the autoscaling policy's
+    forecast). Times are relative to the receiving replica's clock: no clock is shared."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tenant: StrictStr = _TENANT
+    groups: StrictInt = Field(ge=0, le=10_000_000, description="How many groups are coming (a step's prompts: "
+                                                               "one group of n rollouts each). 0 withdraws the "
+                                                               "tenant's announcement.")
+    starts_in_s: float = Field(0.0, ge=0, le=86_400, description="Seconds from now until the first of them comes "
+                                                                  "(0: the phase starts now).")
+    lasts_s: float = Field(gt=0, le=86_400, description="Seconds the phase lasts from its start: its last group "
+                                                        "comes by then.")
+
+
+class DemandAccepted(BaseModel):
+    """The answer to a :class:`DemandAnnouncement`: which replica keeps it for the autoscaling policy."""
+
+    replica: str = Field(description="The replica that reports the announcement to the autoscaling policy.")
+    tenant: str = Field(description="The tenant it counts for.")
+    groups: int = Field(description="The groups announced (0: the tenant's announcement was withdrawn).")
+
+
 class GroupResult(BaseModel):
     """The verdict on one group. ``scores`` is None unless ``valid``: never a made-up score."""
 

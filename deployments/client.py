@@ -28,7 +28,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, 
 from ray.serve.handle import DeploymentHandle
 
 from cluster.retry import RetryPolicy
-from cluster.schema import GroupRequest, GroupResult, MemberRequest, MemberResult
+from cluster.schema import DemandAccepted, DemandAnnouncement, GroupRequest, GroupResult, MemberRequest, MemberResult
 from deployments.availability import DeploymentAvailability, wait_for_refresh
 from deployments.handles import ready_handle
 
@@ -117,6 +117,10 @@ class ScorerClient:
                 timeout_retried = True
                 self.timeout_retries += 1
                 continue
+            # Its group moved to another replica (the replica set changed, and the replica that now
+            # collects it went away as well): the next send goes where the ring now places it.
+            if isinstance(result, MemberResult) and result.failure == "moved" and self.policy.resend_on_timeout and not last:
+                continue
             return result
         raise AssertionError("unreachable")
 
@@ -151,9 +155,20 @@ class ScorerClient:
                 # Its end (RequestCancelledError) is expected: read it so asyncio does not report it.
                 waiting.add_done_callback(lambda task: task.cancelled() or task.exception())
 
-    def ask_replica(self, method: str, replica: str):
-        """Call a diagnostic method (``tenants``, ``info``, ...) of one replica, by its id; a response."""
-        return contextvars.copy_context().run(self._remote, method, target_replica=replica)
+    async def announce_demand(self, announcement: DemandAnnouncement) -> DemandAccepted:
+        """Tell a replica what work a tenant expects (for the autoscaling policy; any replica will do)."""
+        return await self._call("announce_demand", announcement, 0)
+
+    async def hand_to(self, method: str, member: MemberRequest, replica: str, hand_offs: int) -> MemberResult:
+        """Send a member to one replica by id, with how often it was handed off (a replica passing on a
+        group the replica set moved to another); no retry here: the caller answers ``moved`` if it fails."""
+        return await contextvars.copy_context().run(self._remote, method, member, handed_off=hand_offs,
+                                                    target_replica=replica)
+
+    def ask_replica(self, method: str, replica: str, *args: Any):
+        """Call a method of one replica by its id (diagnostics such as ``tenants`` and ``info``, or a
+        hand-off between replicas); a response."""
+        return contextvars.copy_context().run(self._remote, method, *args, target_replica=replica)
 
     def _sent(self, method: str, request: GroupRequest | MemberRequest, attempt: int):
         return contextvars.copy_context().run(self._remote, method, request, attempt=attempt)

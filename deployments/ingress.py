@@ -20,7 +20,14 @@ from fastapi.responses import JSONResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from cluster.schema import DEFAULT_TENANT, TENANT_PATTERN, MemberRequest, MemberResult
+from cluster.schema import (
+    DEFAULT_TENANT,
+    TENANT_PATTERN,
+    DemandAccepted,
+    DemandAnnouncement,
+    MemberRequest,
+    MemberResult,
+)
 from deployments.availability import Availability
 from deployments.client import UNANSWERED_ERRORS, ScorerClient
 from deployments.config import AppConfig
@@ -83,7 +90,8 @@ class GRRMIngress:
                   "description": "invalid request (`code`), or the group's input refused (`failure: rejected`)"},
             503: {"model": ErrorResponse | MemberResult,
                   "description": "retry later (Retry-After): no replica can answer (`code`), or the replica is "
-                                 "overloaded or shutting down (`failure`)"},
+                                 "overloaded or shutting down (`failure`); or send the member again at once: its "
+                                 "group moved to another replica (`failure: moved`)"},
             504: {"model": MemberResult, "description": "`failure: timeout`: the group did not complete in time"},
         },
     )
@@ -126,6 +134,19 @@ class GRRMIngress:
             raise HTTPProblem("too_large", f"n: {n} exceeds limits.max_candidates_per_group "
                                            f"({self.config.limits.max_candidates_per_group})")
         return await openrlhf_rewards(body, n, self.client, self.config, tenant_of(request.state, tenant, self.config))
+
+    @app.post("/v1/demand", response_model=DemandAccepted,
+              responses={401: {"model": ErrorResponse}, 403: {"model": ErrorResponse},
+                         422: {"model": ErrorResponse}, 503: {"model": ErrorResponse}})
+    async def announce_demand(self, announcement: DemandAnnouncement, request: Request) -> DemandAccepted:
+        """Announce the groups a run is about to send (a GRPO step's generation phase), so that the
+        autoscaling policy has the replicas for them when they come. Advisory: nothing waits on it."""
+        announcement = announcement.model_copy(
+            update={"tenant": tenant_of(request.state, announcement.tenant, self.config)})
+        try:
+            return await self.client.announce_demand(announcement)
+        except UNANSWERED_ERRORS as error:
+            raise unanswered(error) from None
 
     @app.get("/v1/tenants", responses={503: {"model": ErrorResponse}})
     async def tenants(self) -> dict[str, Any]:

@@ -27,10 +27,14 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from cluster.assembly import GroupAssembler
+from cluster.autoscaling import Demand, EngineWorkMeter
 from cluster.engines import EngineDeadError, make_engine
 from cluster.fair_share import FairGate, GateStats
 from cluster.open_groups import OpenGroups
+from cluster.routing import HashRing, demand_route_key
 from cluster.schema import (
+    DemandAccepted,
+    DemandAnnouncement,
     GroupRequest,
     GroupResult,
     MemberRequest,
@@ -39,15 +43,25 @@ from cluster.schema import (
     unscoped_group_id,
 )
 from cluster.scorer import GroupScorer
+from deployments.autoscaling_policy import autoscaling_stats
+from deployments.client import REPLICA_GONE_ERRORS, ScorerClient
 from deployments.config import AppConfig
 from deployments.ledger import ServeLedger
 from deployments.metrics import ReplicaMetrics
+from deployments.replica_set import ReplicaSetWatch
 from deployments.router import OUTSTANDING_WORK
 
 logger = logging.getLogger("ray.serve")
 
 # A replica that lost its engine gives the engine this long to stop before its process ends.
 ENGINE_STOP_TIMEOUT_S = 5.0
+# How often a member is passed between replicas whose views of the ring differ, before it is answered
+# `moved` for its caller to send again.
+MAX_HAND_OFFS = 3
+# How long a replica waits for another to answer a probe before it hands it nothing.
+PROBE_TIMEOUT_S = 5.0
+# How long a withdrawn announcement is reported (it outweighs the tenant's older ones elsewhere).
+WITHDRAWAL_KEPT_S = 3600.0
 # Exit status of a replica process that ended because its engine died.
 ENGINE_LOST_EXIT_CODE = 3
 
@@ -115,6 +129,18 @@ class GRRMReplica:
                                                     reserved_slots=min(tenants.reserved_slots, slots - 1),
                                                     window_s=tenants.window_s)
         self._in_flight: dict[str, set[str]] = {}  # tenant -> its groups (scoped ids) on this replica
+        # What the engine has to do, for the autoscaling policy; members that only wait are not in it.
+        self.engine_work = EngineWorkMeter()
+        self.demands: dict[str, Demand] = {}  # tenant -> the work it announced (autoscaling forecast)
+        # The routers' ring as the controller last broadcast it (None: not known yet, or outside
+        # Serve): a group it places on another replica is handed there (see _on_replica_set).
+        self._ring: HashRing | None = None
+        self._route_keys: dict[str, str] = {}  # scoped id of a group assembling here -> its routing key
+        self._peer_client: ScorerClient | None = None  # this deployment's other replicas, for hand-offs
+        self._probes: dict[str, asyncio.Future[bool]] = {}  # replica -> whether it answered (this replica set)
+        self._gone: set[str] = set()  # replicas on the ring that did not answer
+        self._background: set[asyncio.Task[None]] = set()
+        self._watch = self._watch_replica_set()
         self._outstanding_work = 0.0
         self._groups_scored = 0  # GQM groups whose engine path returned (a verdict or a flagged failure)
         # Set once the engine is lost; never resolved: the process ends while calls wait on it.
@@ -139,10 +165,28 @@ class GRRMReplica:
             self._settle(group.tenant, key)
         return result
 
-    async def score_member(self, member: MemberRequest, attempt: int = 0) -> MemberResult:
+    async def score_member(self, member: MemberRequest, attempt: int = 0, handed_off: int = 0,
+                           target_replica: str | None = None) -> MemberResult:
         """Add one member to its group; answers when the group is scored (or times out). Its group is
-        kept under its tenant's scope: two tenants' equal group ids never meet."""
-        return await self._member(member, scoped_group_id(member.tenant, member.group_id))
+        kept under its tenant's scope: two tenants' equal group ids never meet.
+
+        A member of a group the routers' ring now places on another replica (the replica set changed)
+        is handed to that replica, and its answer passed back. ``handed_off`` counts the hand-offs so
+        far: replicas whose views of the ring differ for a moment pass a member on a few times at
+        most (``attempt`` and ``target_replica`` are read by the router, not here)."""
+        scoped = scoped_group_id(member.tenant, member.group_id)
+        # A member re-sent after a replica died (attempt >= 1) was placed by a router that knows of the
+        # death before this replica's view of the ring does: it stays.
+        if handed_off < MAX_HAND_OFFS and (attempt == 0 or handed_off) and not self.assembler.holds(scoped):
+            owner = await self._reachable_owner(member.group_id)
+            if owner is not None:
+                return await self._hand_to(owner, member, handed_off + 1)
+        result = await self._member(member, scoped, route_key=member.group_id)
+        if result.failure == "moved" and handed_off < MAX_HAND_OFFS:
+            owner = await self._reachable_owner(member.group_id)
+            if owner is not None:
+                return await self._hand_to(owner, member, handed_off + 1)
+        return result
 
     async def score_open_member(self, member: MemberRequest, attempt: int = 0) -> MemberResult:
         """A member whose ``group_id`` is only a key shared by the samples of one prompt (and whose
@@ -154,7 +198,7 @@ class GRRMReplica:
                                            member.member_id)
         return await self._member(member.model_copy(update={"group_id": unscoped_group_id(scoped)[1]}), scoped)
 
-    async def _member(self, member: MemberRequest, scoped: str) -> MemberResult:
+    async def _member(self, member: MemberRequest, scoped: str, route_key: str | None = None) -> MemberResult:
         if self._engine_lost is not None:
             await self._answer_nothing()
         refusal = self._admit(member.tenant, scoped)
@@ -162,6 +206,8 @@ class GRRMReplica:
             return MemberResult(group_id=member.group_id, index=member.index, member_id=member.member_id,
                                 valid=False, failure="overloaded", error=refusal, replica=self.name)
         self._outstanding_work += 1.0
+        if route_key is not None:
+            self._route_keys[scoped] = route_key
         try:
             result = await self.assembler.submit(member.model_copy(update={"group_id": scoped}))
         except EngineDeadError:
@@ -169,6 +215,8 @@ class GRRMReplica:
         finally:
             self._outstanding_work -= 1.0
             self._settle(member.tenant, scoped)
+            if scoped not in self._in_flight.get(member.tenant, ()):  # its group's last member here answered
+                self._route_keys.pop(scoped, None)
             self.metrics.members_waiting.set(self.assembler.members_waiting())
         if result.failure == "timeout":
             self.metrics.assembly_timeouts.inc()
@@ -198,14 +246,32 @@ class GRRMReplica:
             raise EngineDeadError(f"replica {self.name} lost its engine")
         # What its prompt will cost, roughly (4 characters a token), charged when it goes to the engine.
         estimate = (len(group.source) + sum(len(candidate) for candidate in group.candidates)) / 4 + 64
+        meter = self.engine_work
+        meter.queued(estimate)
+        at_engine = False
+        used: float | None = None
+
+        async def at_the_engine() -> GroupResult:
+            nonlocal at_engine
+            at_engine = True
+            meter.started(time.monotonic())
+            return await self.scorer.score_group(group)
+
+        def tokens(done: GroupResult) -> float:
+            nonlocal used
+            used = float(done.usage.prompt_tokens + done.usage.completion_tokens)
+            return used
+
         try:
-            result, waited = await self.gate.run(
-                group.tenant, estimate, lambda: self.scorer.score_group(group),
-                lambda done: float(done.usage.prompt_tokens + done.usage.completion_tokens),
-            )
+            result, waited = await self.gate.run(group.tenant, estimate, at_the_engine, tokens)
         except EngineDeadError as error:
             self._lose_engine(error)
             raise
+        finally:
+            if at_engine:
+                meter.finished(time.monotonic(), estimate, used)
+            else:
+                meter.withdrawn(estimate)
         self._groups_scored += 1
         self.metrics.record_group(result)
         self.metrics.record_tenant(group.tenant, result, waited)
@@ -253,6 +319,128 @@ class GRRMReplica:
     def record_routing_stats(self) -> dict[str, Any]:
         """Outstanding work every router reads for bounded-load and least-work decisions."""
         return {OUTSTANDING_WORK: self._outstanding_work, "pending_groups": self.assembler.pending_groups()}
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """What the autoscaling policy decides on (``deployments/autoscaling_policy.py``): this engine's
+        queued and running work, members that only wait (apart), and the demand announced here."""
+        now = time.time()
+        grace_s = self.config.replicas.demand_grace_s()
+        for tenant in [name for name, demand in self.demands.items()
+                       if max(demand.ends_at + grace_s, demand.announced_at + WITHDRAWAL_KEPT_S) < now]:
+            del self.demands[tenant]  # over (a client that announced and never came), or long withdrawn
+        load = self.engine_work.load(time.monotonic(), self.assembler.members_waiting())
+        return autoscaling_stats(load, list(self.demands.values()))
+
+    def announce_demand(self, announcement: DemandAnnouncement, attempt: int = 0,
+                        target_replica: str | None = None) -> DemandAccepted:
+        """Remember work a tenant expects to send (its next generation phase), for the autoscaling
+        policy. A tenant's announcements go to one replica (its ring owner) and the latest counts
+        wherever earlier ones are kept; one of 0 groups withdraws them (kept as such for a while)."""
+        now = time.time()
+        starts_at = now + announcement.starts_in_s
+        ends_at = starts_at + announcement.lasts_s if announcement.groups else now
+        self.keep_demand(Demand(announcement.tenant, announcement.groups, starts_at, ends_at, announced_at=now))
+        return DemandAccepted(replica=self.name, tenant=announcement.tenant, groups=announcement.groups)
+
+    def keep_demand(self, demand: Demand, target_replica: str | None = None) -> None:
+        """Keep a tenant's announced demand unless a later one is kept already (a replica handing on
+        the demands the new ring places here calls this; ``target_replica`` is read by the router)."""
+        known = self.demands.get(demand.tenant)
+        if known is None or demand.announced_at >= known.announced_at:
+            self.demands[demand.tenant] = demand
+
+    def _watch_replica_set(self) -> ReplicaSetWatch | None:
+        try:
+            context = serve.get_replica_context()
+        except Exception:  # noqa: BLE001 - outside Serve there is no ring to follow
+            return None
+        return ReplicaSetWatch(context.replica_id.deployment_id, self._on_replica_set, self.name)
+
+    def _on_replica_set(self, replicas: list[str]) -> None:
+        """The running replicas changed: hand every group still collecting members here that the new
+        ring places elsewhere to its new owner (its members here are answered ``moved`` and sent on)."""
+        # A replica being stopped is no longer on the ring: every group it collects goes elsewhere. One
+        # not yet on it is starting: until the broadcast that lists it, it knows no ring to go by.
+        if self.name not in replicas and self._ring is None:
+            return
+        self._ring = HashRing(replicas, virtual_nodes=self.config.routing.virtual_nodes)
+        self._gone &= set(replicas)  # a dead replica the controller still lists stays passed over
+        self._probes.clear()
+        released = self.assembler.hand_off(
+            lambda scoped: self._owner_elsewhere(self._route_keys[scoped]) if scoped in self._route_keys else None
+        )
+        for tenant in list(self.demands):
+            owner = self._owner_elsewhere(demand_route_key(tenant))
+            if owner is not None:  # handed on like a group: one replica reports a tenant's demand
+                self._in_background(self._peers().ask_replica("keep_demand", owner, self.demands.pop(tenant)))
+        if released:
+            self.metrics.groups_handed_off.inc(released)
+            logger.info("replica %s: replica set now %s; %d assembling groups handed to their new owners",
+                        self.name, replicas, released)
+
+    def _owner_elsewhere(self, route_key: str) -> str | None:
+        """The replica the routers' ring now sends ``route_key``'s members to, if not this one (a
+        replica found gone is passed over, as routers do before the controller has seen the death)."""
+        if self._ring is None:
+            return None
+        owner = next((name for name in self._ring.walk(route_key) if name not in self._gone), None)
+        return owner if owner != self.name else None
+
+    async def _reachable_owner(self, route_key: str) -> str | None:
+        """:meth:`_owner_elsewhere`, once that replica answered a probe: a call routed to one that is
+        gone would wait for it for ever. None: this replica owns the group (or no owner answers)."""
+        for _ in range(len(self._ring.replica_ids) if self._ring is not None else 0):
+            owner = self._owner_elsewhere(route_key)
+            if owner is None or await self._reachable(owner):
+                return owner
+        return None
+
+    async def _reachable(self, replica: str) -> bool:
+        """Whether ``replica`` answers a probe (asked once per replica set; a silent one is gone)."""
+        probe = self._probes.get(replica)
+        if probe is None:
+            probe = self._probes[replica] = asyncio.ensure_future(self._probe(replica))
+        return await asyncio.shield(probe)
+
+    async def _probe(self, replica: str) -> bool:
+        try:
+            await asyncio.wait_for(self._peers().ask_replica("info", replica), PROBE_TIMEOUT_S)
+            return True
+        except Exception as error:  # noqa: BLE001 - whatever the reason, members do not go there
+            logger.warning("replica %s: replica %s did not answer a probe (%s); its groups stay here",
+                           self.name, replica, type(error).__name__)
+            self._gone.add(replica)
+            return False
+
+    def _peers(self) -> ScorerClient:
+        """This deployment's replicas, through the group-aware router (made at the first hand-off)."""
+        if self._peer_client is None:
+            context = serve.get_replica_context()
+            self._peer_client = ScorerClient(serve.get_deployment_handle(context.deployment, context.app_name))
+        return self._peer_client
+
+    def _in_background(self, call: Any) -> None:
+        """Run a hand-off call without waiting for it; a failure only costs the policy a forecast."""
+        async def run() -> None:
+            try:
+                await call
+            except Exception as error:  # noqa: BLE001 - the announcement is advisory
+                logger.warning("replica %s: handing on a demand failed: %r", self.name, error)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _hand_to(self, owner: str, member: MemberRequest, hand_offs: int) -> MemberResult:
+        """Send a member to the replica that now owns its group and pass its answer back; if that
+        replica went away meanwhile, answer ``moved`` so the caller sends it again."""
+        try:
+            return await self._peers().hand_to("score_member", member, owner, hand_offs)
+        except REPLICA_GONE_ERRORS as error:
+            return MemberResult(group_id=member.group_id, index=member.index, member_id=member.member_id, valid=False,
+                                failure="moved", replica=self.name,
+                                error=f"group {member.group_id}: replica {owner}, which now collects it, went away "
+                                      f"({type(error).__name__}); send the member again")
 
     async def check_health(self) -> None:
         """Serve calls this periodically; raising makes Serve replace the replica.
@@ -315,6 +503,9 @@ class GRRMReplica:
         before either); never raises: a failed step is logged and the next one still runs."""
         assembler = getattr(self, "assembler", None)
         engine = getattr(self, "engine", None)
+        watch = getattr(self, "_watch", None)
+        if watch is not None:
+            watch.stop()
         if assembler is not None:
             await self._logged("close the assembler", assembler.close())
         if engine is not None:

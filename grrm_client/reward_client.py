@@ -36,6 +36,7 @@ neither vLLM nor SGLang (nor Ray).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -43,13 +44,23 @@ from typing import Any, Generic, TypeVar
 
 from cluster.failures import kind_of
 from cluster.retry import TRANSPORT_ERROR, RetryPolicy
-from cluster.schema import DEFAULT_TENANT, GroupRequest, GroupResult, MemberRequest, MemberResult
+from cluster.schema import (
+    DEFAULT_TENANT,
+    DemandAnnouncement,
+    GroupRequest,
+    GroupResult,
+    MemberRequest,
+    MemberResult,
+)
 from grrm_client.config import ClientConfig
 from grrm_client.transports import FatalError, RetryableError, Transport, make_transport
 
 __all__ = ["CallOutcome", "RewardClient", "group_incomplete", "retryable_result"]
 
 R = TypeVar("R", MemberResult, GroupResult)
+logger = logging.getLogger(__name__)
+# An announcement is advisory: it must never hold up a trainer's step.
+ANNOUNCE_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -102,6 +113,8 @@ class RewardClient:
         self.requests = 0
         self.retries = 0  # attempts beyond the first, over all requests
         self.rejoins = 0  # re-sends of members whose group was still incomplete, over all requests
+        self.announcements = 0  # demand announcements taken
+        self.announcements_failed = 0
 
     async def score_member(self, member: MemberRequest) -> CallOutcome[MemberResult]:
         """One rollout as a member of its group; answers when the group is scored."""
@@ -110,6 +123,22 @@ class RewardClient:
     async def score_group(self, group: GroupRequest) -> CallOutcome[GroupResult]:
         """One whole group."""
         return await self._call(self.transport.group, self._for_tenant(group))
+
+    async def announce_demand(self, groups: int, lasts_s: float, starts_in_s: float = 0.0,
+                              tenant: str | None = None) -> bool:
+        """Announce the groups a tenant (None: this client's) is about to send (e.g. a GRPO step: its
+        prompts, one group each) over the next ``lasts_s`` seconds, starting in ``starts_in_s``, so that
+        the pool scales ahead of them. Advisory: one attempt, never raises; returns whether it was taken."""
+        announcement = DemandAnnouncement(tenant=tenant or self.config.tenant, groups=groups,
+                                          starts_in_s=max(0.0, starts_in_s), lasts_s=max(1.0, lasts_s))
+        try:
+            await asyncio.wait_for(self.transport.announce(announcement, ANNOUNCE_TIMEOUT_S), ANNOUNCE_TIMEOUT_S)
+        except Exception as error:  # noqa: BLE001 - scoring goes on as without an announcement
+            logger.warning("demand announcement of %d groups not taken: %s: %s", groups, type(error).__name__, error)
+            self.announcements_failed += 1
+            return False
+        self.announcements += 1
+        return True
 
     def _for_tenant(self, request: R) -> R:
         """The request under this client's tenant, unless it names one of its own."""

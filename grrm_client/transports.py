@@ -23,7 +23,7 @@ import httpx
 
 from cluster.failures import code_for_status, kind_of
 from cluster.retry import TRANSPORT_ERROR
-from cluster.schema import GroupRequest, GroupResult, MemberRequest, MemberResult
+from cluster.schema import DemandAccepted, DemandAnnouncement, GroupRequest, GroupResult, MemberRequest, MemberResult
 from grrm_client.config import ClientConfig
 
 __all__ = ["FatalError", "HTTPTransport", "HandleTransport", "RetryableError", "Transport", "make_transport"]
@@ -58,6 +58,8 @@ class Transport(Protocol):
     async def member(self, member: MemberRequest, timeout_s: float, attempt: int = 0) -> MemberResult: ...
 
     async def group(self, group: GroupRequest, timeout_s: float, attempt: int = 0) -> GroupResult: ...
+
+    async def announce(self, announcement: DemandAnnouncement, timeout_s: float) -> DemandAccepted: ...
 
     async def aclose(self) -> None: ...
 
@@ -97,6 +99,9 @@ class HandleTransport:
 
     async def group(self, group: GroupRequest, timeout_s: float, attempt: int = 0) -> GroupResult:
         return await self._guard(self._client().score_group(group, attempt=attempt))
+
+    async def announce(self, announcement: DemandAnnouncement, timeout_s: float) -> DemandAccepted:
+        return await self._guard(self._client().announce_demand(announcement))
 
     @staticmethod
     async def _guard(call: Awaitable[R]) -> R:
@@ -160,6 +165,12 @@ class HTTPTransport:
         response = await self._post("/v1/score", {"groups": [group.model_dump()]}, timeout_s)
         if response.status_code == 200:
             return GroupResult.model_validate(response.json()["results"][0])
+        raise _status_error(response, _json(response))
+
+    async def announce(self, announcement: DemandAnnouncement, timeout_s: float) -> DemandAccepted:
+        response = await self._post("/v1/demand", announcement.model_dump(), timeout_s)
+        if response.status_code == 200:
+            return DemandAccepted.model_validate(response.json())
         raise _status_error(response, _json(response))
 
     async def aclose(self) -> None:

@@ -684,3 +684,28 @@ async def test_every_answer_carries_when_its_group_completed_and_was_scored():
     assert assembler.recent_groups(since=trace.scoring_ended_at + 1) == []
     timed_out = await GroupAssembler(scorer, assembly_timeout_s=0.05).submit(member("h", 0))
     assert timed_out.timing.received_at > 0 and timed_out.timing.scoring_started_at is None
+
+
+async def test_a_group_handed_off_answers_its_waiting_members_moved_at_once_and_scoring_groups_stay():
+    scorer = FakeScorer()
+    scorer.release = asyncio.Event()
+    assembler = GroupAssembler(scorer, assembly_timeout_s=300.0, replica="old-owner")
+    moving = [asyncio.create_task(assembler.submit(member("moves", index))) for index in (0, 2)]
+    staying = [asyncio.create_task(assembler.submit(member("stays", index))) for index in (0, 1)]
+    scoring = [asyncio.create_task(assembler.submit(member("scoring", index, group_size=2))) for index in (0, 1)]
+    await settle()
+    assert assembler.scoring_groups() == 1 and assembler.pending_groups() == 2
+
+    released = assembler.hand_off(lambda group_id: "new-owner" if group_id in ("moves", "scoring") else None)
+    assert released == 1  # "scoring" is complete: it stays and is scored here
+    for result in await asyncio.gather(*moving):
+        assert result.failure == "moved" and not result.valid and result.score is None
+        assert "replica new-owner now collects its members (2 of 4 were here)" in result.error
+    assert not assembler.holds("moves") and assembler.holds("stays")
+    assert assembler.stats()["groups_handed_off"] == 1 and assembler.stats()["assembly_timeouts"] == 0
+
+    scorer.release.set()
+    assert all(result.valid for result in await asyncio.gather(*scoring))
+    rest = await asyncio.gather(*(assembler.submit(member("stays", index)) for index in (2, 3)))
+    assert all(result.valid for result in [*rest, *await asyncio.gather(*staying)])
+    assert [call.group_id for call in scorer.calls] == ["scoring", "stays"]

@@ -20,9 +20,11 @@ def test_every_code_has_exactly_one_kind_and_the_openapi_schema_lists_them():
 def test_retry_decisions_follow_the_kind():
     retryable = {code for code, kind in KINDS.items() if kind.retryable}
     assert retryable == {"overloaded", "shutting_down", "unavailable"}
-    # Retry later is 503 with Retry-After; nothing else is.
+    # Retry later is 503 with Retry-After; so is a member's group that moved (send it again, not a
+    # failed attempt); nothing else is.
     assert all(KINDS[code].http_status == 503 and KINDS[code].retry_after for code in retryable)
-    assert not any(kind.retry_after for code, kind in KINDS.items() if code not in retryable)
+    assert not any(kind.retry_after for code, kind in KINDS.items() if code not in retryable and code != "moved")
+    assert KINDS["moved"].rejoin and not KINDS["moved"].retryable and KINDS["moved"].retry_after
     # A conflict is the caller's fault and final; overload is not a conflict (no 409 for it).
     assert KINDS["conflict"].http_status == 409 and KINDS["conflict"].bad_input and not KINDS["conflict"].retryable
     assert KINDS["timeout"].rejoin and not KINDS["timeout"].retryable

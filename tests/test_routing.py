@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from cluster.routing import HashRing, RoutingPolicy, route_key, stable_hash
-from cluster.schema import GroupRequest, MemberRequest
+from cluster.schema import DemandAnnouncement, GroupRequest, MemberRequest
 
 REPLICAS = ["r1", "r2", "r3"]
 
@@ -125,6 +125,9 @@ def test_route_key_reads_members_groups_and_hints():
     assert (key.group_id, key.work, key.member) == ("g2", 3.0, False)
     assert route_key((), {"target_replica": "r9"}).target_replica == "r9"
     assert route_key((), {}).group_id is None
+    # A tenant's demand announcements all go to its ring owner, where the next replaces the last.
+    key = route_key((DemandAnnouncement(tenant="run-7", groups=64, lasts_s=30),), {})
+    assert (key.group_id, key.member, key.work) == ("demand:run-7", True, 0.0)
 
 
 @pytest.mark.parametrize("bad", [{"load_factor": 0.5}, {"headroom": -1}, {"virtual_nodes": 0}])

@@ -91,6 +91,12 @@ def rollouts_in_flight(config: Any) -> InFlight | None:
     return None
 
 
+def groups_per_step(config: Any) -> int | None:
+    """The groups one generation phase sends: a prompt's rollouts are one group (None: unknown)."""
+    batch = max(_integer(lookup(config, "data.train_batch_size")) or 0, _integer(lookup(config, "data.gen_batch_size")) or 0)
+    return batch or None
+
+
 def _fully_async_samples(config: Any) -> int | None:
     mini_batch = _integer(lookup(config, "actor_rollout_ref.actor.ppo_mini_batch_size"))
     if mini_batch is None:

@@ -127,6 +127,13 @@ class BridgeConfig(ClientConfig):
         False, description="Flag rows whose reward could not be obtained (service failures) as masked: the trainer "
                            "can drop them from the loss with trainer_bridge.batch.mask_failed_rows.")
 
+    announce_demand: bool = Field(
+        True, description="At the start of each generation phase (a rollout after a quiet gap), announce the step's "
+                          "groups to the service so that its autoscaling has the replicas for them (advisory: "
+                          "never holds up a reward).")
+    phase_gap_s: float = Field(10.0, gt=0, description="A pause in rollouts at least this long, in seconds, ends a "
+                                                       "generation phase (the next rollout opens one).")
+
     def reward_settings(self) -> RewardSettings:
         """The pure arithmetic's settings."""
         overlong = self.overlong

@@ -24,7 +24,7 @@ from verl import DataProto
 from cluster.assembly import GroupAssembler
 from cluster.config import ScoringConfig
 from cluster.engines import EngineConfig, ScriptedEngineOptions, make_engine
-from cluster.schema import GroupRequest, GroupResult, MemberRequest, MemberResult
+from cluster.schema import DemandAccepted, DemandAnnouncement, GroupRequest, GroupResult, MemberRequest, MemberResult
 from cluster.scorer import GroupScorer
 
 SOURCE = "The cat sat on the mat."
@@ -170,7 +170,8 @@ def _object_array(values: list[Any]) -> np.ndarray:
     return array
 
 
-def verl_config(n: int, model_path: str = "", reward_kwargs: dict | None = None, module_path: str | None = None):
+def verl_config(n: int, model_path: str = "", reward_kwargs: dict | None = None, module_path: str | None = None,
+                train_batch_size: int | None = None):
     """The slice of verl's trainer config a reward-loop worker and its manager read (a DictConfig)."""
     from omegaconf import OmegaConf
 
@@ -180,7 +181,7 @@ def verl_config(n: int, model_path: str = "", reward_kwargs: dict | None = None,
                 "model": {"path": model_path, "tokenizer_path": None},
                 "rollout": {"n": n, "response_length": 256},
             },
-            "data": {"max_response_length": 256},
+            "data": {"max_response_length": 256, **({"train_batch_size": train_batch_size} if train_batch_size else {})},
             "reward": {
                 "num_workers": 2,
                 "custom_reward_function": {"path": None, "name": "compute_score"},
@@ -215,6 +216,7 @@ class LocalTransport:
         self.scorer = GroupScorer(self.engine, self.scoring, replica="local-replica")
         self.assembler: GroupAssembler | None = None
         self.group_requests: list[GroupRequest] = []
+        self.announcements: list[DemandAnnouncement] = []
 
     async def _ready(self) -> GroupAssembler:
         if self.assembler is None:
@@ -240,6 +242,10 @@ class LocalTransport:
         self.calls += 1
         self.group_requests.append(group)
         return await self.scorer.score_group(group)
+
+    async def announce(self, announcement: DemandAnnouncement, timeout_s: float) -> DemandAccepted:
+        self.announcements.append(announcement)
+        return DemandAccepted(replica="local-replica", tenant=announcement.tenant, groups=announcement.groups)
 
     async def aclose(self) -> None:
         return None

@@ -34,11 +34,12 @@ from .helpers import (
 MANAGER_FILE = Path(__file__).resolve().parents[2] / "trainer_bridge" / "reward_manager.py"
 
 
-def load_manager(tokenizer, n: int, reward_kwargs: dict | None = None, module_path: str | None = None, transport=None):
+def load_manager(tokenizer, n: int, reward_kwargs: dict | None = None, module_path: str | None = None, transport=None,
+                 train_batch_size: int | None = None):
     """The manager exactly as verl 0.9.1's RewardLoopWorker builds it (load_reward_manager)."""
     from verl.trainer.ppo.reward import load_reward_manager
 
-    config = verl_config(n=n, reward_kwargs=reward_kwargs, module_path=module_path)
+    config = verl_config(n=n, reward_kwargs=reward_kwargs, module_path=module_path, train_batch_size=train_batch_size)
     manager = load_reward_manager(config, tokenizer, reward_router_address=None, reward_model_tokenizer=None)
     if transport is not None:
         manager.client = RewardClient(manager.bridge, transport)
@@ -388,3 +389,36 @@ async def test_each_run_is_a_tenant_of_the_service(tokenizer):
                 for j in range(2)]
         await asyncio.gather(*(manager.run_single(row) for row in rows))
     assert [member.tenant for member in sent] == ["sweep-lr-3e-6"] * 2 + ["ablation-b"] * 2
+
+
+async def test_a_generation_phase_announces_its_steps_groups_once_sized_by_the_phases_before(tokenizer):
+    """The first rollout after a quiet gap opens a generation phase: the bridge announces the step's
+    groups (data.train_batch_size prompts) for the service's autoscaling, over the time earlier phases
+    took; the other rollouts of the phase announce nothing."""
+    transport = LocalTransport()
+    manager = load_manager(tokenizer, n=2, reward_kwargs={"phase_gap_s": 0.3}, transport=transport, train_batch_size=8)
+
+    async def phase(tag: int) -> None:
+        rows = [agent_loop_row(tokenizer, codeblock(quality_text(0, j, j + 1)), session_row_fields(f"phase{tag}", j))
+                for j in range(2)]
+        async def later(row, delay_s: float):
+            await asyncio.sleep(delay_s)
+            return await manager.run_single(row)
+
+        # One after the other, 0.1 s apart: one phase.
+        await asyncio.gather(*(later(row, 0.1 * j) for j, row in enumerate(rows)))
+        await asyncio.gather(*manager._announcing)
+
+    await phase(1)
+    assert [(one.groups, one.lasts_s) for one in transport.announcements] == [(8, 60.0)]  # nothing seen yet: 60 s
+    await asyncio.sleep(0.4)  # the trainer trains
+    await phase(2)
+    assert len(transport.announcements) == 2 and transport.announcements[1].groups == 8
+    assert transport.announcements[1].lasts_s == 1.0  # the first phase took 0.1 s: at least 1 s is announced
+    assert {one.tenant for one in transport.announcements} == {manager.tenant}
+
+    quiet = LocalTransport()
+    unknown = load_manager(tokenizer, n=2, reward_kwargs={"phase_gap_s": 0.3}, transport=quiet)  # no batch size
+    await asyncio.gather(*(unknown.run_single(agent_loop_row(tokenizer, codeblock(quality_text(0, j, j + 1)),
+                                                              session_row_fields("u", j))) for j in range(2)))
+    assert quiet.announcements == [] and quiet.calls == 2

@@ -1,0 +1,139 @@
+"""The pool scales on engine work and announced demand, and its scaling strands no group.
+
+Real Ray Serve with the project's autoscaling policy (replicas.autoscaling, policy engine_work), real
+HTTP through the client every caller uses (RewardClient), scripted engine. Groups assemble member by
+member while the replica set goes 1 -> 4 -> 1: the members of groups whose owner changed meet on
+the new owner within seconds, far inside the assembly timeout, and every group is scored once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from ray import serve
+
+from cluster.engines import EngineConfig, ScriptedEngineOptions
+from cluster.schema import MemberRequest
+from deployments.app import build_app
+from deployments.config import AppConfig, AutoscalingSettings, ReplicaSettings
+from deployments.replica_list import replica_actor_names
+from grrm_client import ClientConfig, RewardClient
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+APP = "scaling"
+GROUPS, SIZE = 24, 4
+# Far longer than any wait below: a member stranded by the scaling would wait this long.
+ASSEMBLY_TIMEOUT_S = 120.0
+# From the last member sent to the last reward, across a change of the replica set.
+LAST_REWARD_WITHIN_S = 5.0
+
+
+@pytest.fixture(scope="module")
+def url(serve_instance):
+    config = AppConfig(
+        engine=EngineConfig(kind="scripted", scripted=ScriptedEngineOptions(per_prompt_s=0.02)),
+        replicas=ReplicaSettings(
+            num_cpus=0.1, gpus_per_rank=0,
+            autoscaling=AutoscalingSettings(min_replicas=1, max_replicas=4, upscale_delay_s=0, downscale_delay_s=1,
+                                            metrics_interval_s=0.5, look_back_period_s=2, cold_start_s=0,
+                                            default_seconds_per_group=1.0, demand_headroom=1.0, demand_grace_s=0)),
+        assembly_timeout_s=ASSEMBLY_TIMEOUT_S,
+    )
+    serve.run(build_app(config), name=APP, route_prefix=f"/{APP}")
+    yield f"{serve_instance}/{APP}"
+    serve.delete(APP)
+
+
+def running_replicas() -> int:
+    deployment = serve.status().applications[APP].deployments["GRRMReplica"]
+    return sum(count for state, count in deployment.replica_states.items() if str(state).endswith("RUNNING"))
+
+
+def assemblers() -> list[dict]:
+    """Every running replica's assembler counters (one being stopped is not routed to: it is skipped)."""
+    handle = serve.get_deployment_handle("GRRMReplica", app_name=APP)
+    calls = [handle.info.remote(target_replica=name) for name in replica_actor_names(APP)]
+    answers = []
+    for call in calls:
+        try:
+            answers.append(call.result(timeout_s=10)["assembler"])
+        except Exception:  # noqa: BLE001 - a replica going away: it holds nothing any more
+            pass
+    return answers
+
+
+def wait_until(condition, what: str, timeout_s: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.25)
+
+
+def members(tag: str, group: int) -> list[MemberRequest]:
+    return [MemberRequest(group_id=f"{tag}{group}", group_size=SIZE, index=index, source=f"Sentence {tag}{group}.",
+                          candidate=f"candidate {index} [q={index + 1}]", src_lang="en", trg_lang="de")
+            for index in range(SIZE)]
+
+
+async def assemble_across(url: str, tag: str, change, replicas_after: int) -> tuple[list, float, dict]:
+    """Send all but the last member of every group, change the replica set while they wait, then
+    send the last members; returns the answers, the seconds from the last member to the last
+    answer, and the client's counters."""
+    client = RewardClient(ClientConfig(transport="http", http_url=url, deadline_s=300))
+    try:
+        first = [asyncio.create_task(client.score_member(one))
+                 for group in range(GROUPS) for one in members(tag, group)[:-1]]
+        await asyncio.to_thread(wait_until, lambda: sum(a["pending_groups"] for a in assemblers()) == GROUPS,
+                                f"{GROUPS} groups assembling")
+        await change(client)
+        await asyncio.to_thread(wait_until, lambda: running_replicas() == replicas_after,
+                                f"{replicas_after} running replicas")
+        last = [asyncio.create_task(client.score_member(members(tag, group)[-1])) for group in range(GROUPS)]
+        sent_last = time.monotonic()
+        answers = await asyncio.gather(*first, *last)
+        return answers, time.monotonic() - sent_last, {"rejoins": client.rejoins, "retries": client.retries}
+    finally:
+        await client.aclose()
+
+
+def check_scored_once(answers: list, tag: str) -> None:
+    assert all(call.result is not None and call.result.valid for call in answers), [
+        (call.failure, call.error) for call in answers if call.result is None or not call.result.valid][:3]
+    by_group: dict[str, set] = {}
+    for call in answers:
+        by_group.setdefault(call.result.group_id, set()).add((call.result.replica, tuple(call.result.group_scores)))
+    assert sorted(by_group) == sorted(f"{tag}{group}" for group in range(GROUPS))
+    # One verdict per group: every member was scored in the same group prompt on the same replica.
+    assert all(len(verdicts) == 1 for verdicts in by_group.values()), by_group
+
+
+def test_groups_assembling_across_a_scale_up_and_a_scale_down_meet_at_once_and_are_scored_once(url):
+    assert running_replicas() == 1
+    handed_off_before = 0
+
+    async def announce_a_burst(client: RewardClient) -> None:
+        # Members that only wait are no load: with 72 waiting, the pool stays at one replica.
+        await asyncio.sleep(3)
+        assert running_replicas() == 1
+        # A trainer announces a step far above one replica's rate: the policy scales to max_replicas.
+        assert await client.announce_demand(groups=100_000, lasts_s=600)
+
+    answers, last_wait_s, counters = asyncio.run(assemble_across(url, "up", announce_a_burst, replicas_after=4))
+    check_scored_once(answers, "up")
+    assert last_wait_s < LAST_REWARD_WITHIN_S, last_wait_s
+    handed_off = sum(a.get("groups_handed_off", 0) for a in assemblers())
+    assert handed_off > handed_off_before  # some groups' owner changed and they moved, not timed out
+    assert sum(a["assembly_timeouts"] for a in assemblers()) == 0
+
+    async def withdraw(client: RewardClient) -> None:
+        assert await client.announce_demand(groups=0, lasts_s=1)
+
+    answers, last_wait_s, _ = asyncio.run(assemble_across(url, "down", withdraw, replicas_after=1))
+    check_scored_once(answers, "down")
+    assert last_wait_s < LAST_REWARD_WITHIN_S, last_wait_s
+    # The one replica left (the router sends an untargeted call to a running replica only).
+    survivor = serve.get_deployment_handle("GRRMReplica", app_name=APP).info.remote().result(timeout_s=30)
+    assert survivor["assembler"]["assembly_timeouts"] == 0
