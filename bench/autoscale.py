@@ -1,149 +1,212 @@
-"""Autoscaling under a step load: 1 -> 4 replicas and back.
+"""Three ways to size the reward pool under GRPO-shaped load, side by side on real Ray Serve.
 
-SIMULATED engine (scripted, realistic latency per request), real Ray Serve autoscaling with
-fractional CPUs per replica. An open-loop load of --rate requests/s for --load-s seconds goes
-through the handle API; afterwards the deployment should scale back down. Reported: time to the
-first new replica serving, in-flight requests (queue depth at the caller) and replica count over
-time (plot), requests dropped (must be 0), and time to scale back down.
+SIMULATED engine (scripted: a cold start, a fixed time per group, one generation at a time per
+replica), real Ray Serve, real HTTP through the client every trainer uses (RewardClient). The load
+is a GRPO run's: each step a generation phase in which rollouts finish at random times (each a
+member of its prompt's group), then a quiet training phase. Three pools, one after the other:
 
-    .venv/bin/python -m bench.autoscale        # bench/results/autoscale.json and .png
+1. ``fixed``: a pool sized for the peak (max_replicas, always on);
+2. ``serve_default``: Serve's policy on ongoing requests, as grrm.yaml configured it before (target
+   64 ongoing requests a replica; delays scaled to this run's time);
+3. ``engine_work``: the project's policy (cluster/autoscaling.py); the client announces its first
+   step while the trainer starts, each step as its generation phase starts, and the next one ahead
+   of it (a trainer knows when its next generation phase begins).
+
+Reported per pool: replica-seconds (running replicas integrated over the run), exposed reward per
+step (last reward minus last member sent, ``docs/exposure.md``), the peak replica count, and
+members lost (must be 0); ratios against the fixed pool; a plot of replicas over time.
+
+    .venv/bin/python -m bench.autoscale            # bench/results/autoscale.json and .png
+    .venv/bin/python -m bench.autoscale --quick    # 2 short steps (CI)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import random
+import statistics
 import time
+from dataclasses import dataclass
 
 from bench.common import local_serve, machine, print_table, results_dir, write_json
 from cluster.engines import EngineConfig, ScriptedEngineOptions
-from cluster.schema import GroupRequest
+from cluster.schema import MemberRequest
+
+POLICIES = ("fixed", "serve_default", "engine_work")
+
+
+@dataclass(frozen=True)
+class Workload:
+    steps: int = 4
+    groups: int = 48  # prompts per step, one group each
+    group_size: int = 4
+    generation_s: float = 8.0  # rollouts finish within this
+    training_s: float = 24.0  # then nothing comes for this long
+    per_group_s: float = 0.4  # engine time per group, one at a time per replica
+    start_s: float = 2.0  # a replica's engine start (its cold start, besides Serve's own)
+    max_replicas: int = 4
+    # The trainer starts (loads its policy, builds its workers) before its first step: the pools are
+    # counted from then on, and a trainer that announces does so here.
+    trainer_start_s: float = 8.0
 
 
 def running_replicas(serve, app: str) -> int:
     status = serve.status().applications.get(app)
-    if status is None:
+    if status is None or "GRRMReplica" not in status.deployments:
         return 0
-    deployment = status.deployments.get("GRRMReplica")
-    return sum(count for state, count in deployment.replica_states.items() if str(state).endswith("RUNNING"))
+    states = status.deployments["GRRMReplica"].replica_states
+    return sum(count for state, count in states.items() if str(state).endswith("RUNNING"))
 
 
-async def step_load(client, serve, app: str, rate: float, load_s: float, settle_s: float):
+def app_config(policy: str, load: Workload):
+    from deployments.config import AppConfig, AutoscalingSettings, ReplicaSettings
+
+    replicas: dict = {"num_cpus": 0.1, "gpus_per_rank": 0}
+    common = dict(min_replicas=1, max_replicas=load.max_replicas, metrics_interval_s=0.5, look_back_period_s=2.0)
+    if policy == "fixed":
+        replicas["num_replicas"] = load.max_replicas
+    elif policy == "serve_default":
+        replicas["autoscaling"] = AutoscalingSettings(policy="serve_default", target_ongoing_requests=64,
+                                                      upscale_delay_s=2.0, downscale_delay_s=4.0, **common)
+    else:
+        replicas["autoscaling"] = AutoscalingSettings(
+            policy="engine_work", upscale_delay_s=0.0, downscale_delay_s=4.0, target_backlog_s=2.0,
+            cold_start_s=load.start_s + 4.0, default_seconds_per_group=load.per_group_s, demand_grace_s=2.0,
+            **common)
+    return AppConfig(
+        engine=EngineConfig(kind="scripted", scripted=ScriptedEngineOptions(
+            per_prompt_s=load.per_group_s, max_concurrent_prompts=1, start_s=load.start_s)),
+        replicas=ReplicaSettings(**replicas),
+        assembly_timeout_s=120,
+    )
+
+
+async def grpo_run(url: str, serve, app: str, policy: str, load: Workload, seed: int) -> dict:
+    """One GRPO-shaped run against the pool; its replica-seconds, exposure per step and timeline."""
+    from grrm_client import ClientConfig, RewardClient
+
+    client = RewardClient(ClientConfig(transport="http", http_url=f"{url}/{app}", deadline_s=600, tenant="run-a"))
+    rng = random.Random(seed)
     timeline: list[dict] = []
-    in_flight = 0
-    sent = answered = dropped = 0
-    replicas_seen: dict[str, float] = {}
     started = time.monotonic()
 
-    async def one(i: int):
-        nonlocal in_flight, answered, dropped
-        in_flight += 1
-        try:
-            group = GroupRequest(group_id=f"a{i}", source=f"Load sentence {i}.", candidates=[f"x{i} [q=3]", f"y{i} [q=7]"],
-                                 src_lang="en", trg_lang="de")
-            result = await client.score_group(group)
-            answered += 1
-            replicas_seen.setdefault(result.replica, time.monotonic() - started)
-        except Exception:  # noqa: BLE001 - counted: a dropped request fails the benchmark
-            dropped += 1
-        finally:
-            in_flight -= 1
-
-    async def sampler():
+    async def sample() -> None:
         while True:
-            timeline.append({"t_s": time.monotonic() - started, "in_flight": in_flight,
-                             "replicas": running_replicas(serve, app)})
+            timeline.append({"t_s": time.monotonic() - started,
+                             "replicas": await asyncio.to_thread(running_replicas, serve, app)})
             await asyncio.sleep(0.5)
 
-    sampling = asyncio.create_task(sampler())
-    tasks = []
-    while time.monotonic() - started < load_s:
-        tasks.append(asyncio.create_task(one(sent)))
-        sent += 1
-        await asyncio.sleep(1 / rate)
-    await asyncio.gather(*tasks)
-    load_end = time.monotonic() - started
-    scaled_down_at = None
-    while time.monotonic() - started < load_end + settle_s:
-        await asyncio.sleep(1)
-        if running_replicas(serve, app) == 1 and scaled_down_at is None:
-            scaled_down_at = time.monotonic() - started
-            break
-    sampling.cancel()
-    first = min(replicas_seen.values())
-    new_replicas = sorted(t for t in replicas_seen.values() if t > first)
+    async def member(step: int, group: int, index: int, delay_s: float, sent: list[float]):
+        await asyncio.sleep(delay_s)
+        sent.append(time.monotonic())
+        return await client.score_member(MemberRequest(
+            group_id=f"s{step}g{group}", group_size=load.group_size, index=index, source=f"Step {step} prompt {group}.",
+            candidate=f"rollout {index} [q={index + 2}]", src_lang="en", trg_lang="de"))
+
+    sampler = asyncio.create_task(sample())
+    steps, lost = [], 0
+    try:
+        if policy == "engine_work":
+            await client.announce_demand(groups=load.groups, lasts_s=load.generation_s,
+                                         starts_in_s=load.trainer_start_s)
+        await asyncio.sleep(load.trainer_start_s)
+        for step in range(load.steps):
+            if policy == "engine_work":
+                await client.announce_demand(groups=load.groups, lasts_s=load.generation_s)
+            sent: list[float] = []
+            calls = [member(step, group, index, rng.uniform(0, load.generation_s), sent)
+                     for group in range(load.groups) for index in range(load.group_size)]
+            answered: list[float] = []
+
+            async def timed(call):
+                outcome = await call
+                answered.append(time.monotonic())
+                return outcome
+
+            outcomes = await asyncio.gather(*(timed(call) for call in calls))
+            lost += sum(1 for outcome in outcomes if outcome.result is None or not outcome.result.valid)
+            steps.append({"step": step, "exposed_s": max(answered) - max(sent)})
+            if policy == "engine_work" and step + 1 < load.steps:
+                # The trainer knows when its next generation phase starts: announced ahead of it.
+                await client.announce_demand(groups=load.groups, lasts_s=load.generation_s,
+                                             starts_in_s=load.training_s)
+            await asyncio.sleep(load.training_s)
+    finally:
+        sampler.cancel()
+        await client.aclose()
+    replica_seconds = sum(0.5 * point["replicas"] for point in timeline)
     return {
-        "sent": sent, "answered": answered, "dropped": dropped,
-        "max_replicas_seen_serving": len(replicas_seen),
-        "first_new_replica_serving_s": new_replicas[0] if new_replicas else None,
-        "load_end_s": load_end,
-        "scaled_back_to_1_after_load_s": (scaled_down_at - load_end) if scaled_down_at else None,
-        "peak_in_flight": max(p["in_flight"] for p in timeline),
-    }, timeline
+        "policy": policy,
+        "replica_seconds": replica_seconds,
+        # What a pool of max_replicas would have cost over the same run.
+        "peak_pool_replica_seconds": 0.5 * len(timeline) * load.max_replicas,
+        "exposed_s_mean": statistics.mean(step["exposed_s"] for step in steps),
+        "exposed_s_max": max(step["exposed_s"] for step in steps),
+        "peak_replicas": max(point["replicas"] for point in timeline),
+        "members_lost": lost,
+        "steps": steps,
+        "timeline": timeline,
+    }
 
 
-def plot(timeline: list[dict], summary: dict, path) -> None:
+def plot(runs: list[dict], path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(7, 3.4))
-    times = [p["t_s"] for p in timeline]
-    axis.plot(times, [p["in_flight"] for p in timeline], label="in-flight requests (caller queue)")
-    axis.set_xlabel("seconds since the load started")
-    axis.set_ylabel("in-flight requests")
-    axis.axvline(summary["load_end_s"], color="grey", linestyle=":", label="load ends")
-    twin = axis.twinx()
-    twin.step(times, [p["replicas"] for p in timeline], color="tab:red", where="post", label="running replicas")
-    twin.set_ylabel("replicas")
-    twin.set_ylim(0, 5)
-    lines = axis.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
-    labels = axis.get_legend_handles_labels()[1] + twin.get_legend_handles_labels()[1]
-    axis.legend(lines, labels, fontsize=7, loc="upper right")
-    axis.set_title("Step load, autoscaling 1 -> 4 (simulated engine, real Serve)")
+    figure, axis = plt.subplots(figsize=(8, 3.6))
+    for run in runs:
+        axis.step([p["t_s"] for p in run["timeline"]], [p["replicas"] for p in run["timeline"]], where="post",
+                  label=f"{run['policy']} ({run['replica_seconds']:.0f} replica-s)")
+    axis.set_xlabel("seconds")
+    axis.set_ylabel("running replicas")
+    axis.set_title("Reward pool under GRPO steps: generation bursts, then training (simulated engine, real Serve)",
+                   fontsize=9)
+    axis.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rate", type=float, default=30.0, help="requests per second during the step")
-    parser.add_argument("--load-s", type=float, default=30.0)
-    parser.add_argument("--settle-s", type=float, default=60.0, help="how long to wait for the scale-down")
-    parser.add_argument("--per-request-s", type=float, default=0.25, help="scripted engine time per request")
-    parser.add_argument("--quick", action="store_true", help="a 12 s step (CI smoke run)")
+    parser.add_argument("--steps", type=int, default=Workload.steps)
+    parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated, of " + ", ".join(POLICIES))
+    parser.add_argument("--quick", action="store_true", help="2 short steps, engine_work only (CI)")
     args = parser.parse_args(argv)
+    load = Workload(steps=args.steps)
+    policies = args.policies.split(",")
     if args.quick:
-        args.load_s, args.settle_s = 12.0, 40.0
+        load = Workload(steps=2, groups=24, generation_s=3.0, training_s=9.0, trainer_start_s=6.0)
+        policies = ["engine_work"]
 
     from ray import serve
 
     from deployments.app import build_app
-    from deployments.client import ScorerClient
-    from deployments.config import AppConfig, AutoscalingSettings, ReplicaSettings
 
-    with local_serve():
-        config = AppConfig(
-            engine=EngineConfig(kind="scripted", scripted=ScriptedEngineOptions(per_prompt_s=args.per_request_s, jitter=0.2)),
-            replicas=ReplicaSettings(
-                num_cpus=0.25, gpus_per_rank=0, max_ongoing_requests=4, max_queued_requests=-1,
-                autoscaling=AutoscalingSettings(min_replicas=1, max_replicas=4, target_ongoing_requests=2,
-                                                upscale_delay_s=2, downscale_delay_s=10, metrics_interval_s=0.5,
-                                                look_back_period_s=2),
-            ),
-        )
-        serve.run(build_app(config), name="autoscale", route_prefix="/autoscale")
-        client = ScorerClient(serve.get_deployment_handle("GRRMReplica", app_name="autoscale"))
-        summary, timeline = asyncio.run(step_load(client, serve, "autoscale", args.rate, args.load_s, args.settle_s))
-    summary.update({"simulated": True, "rate": args.rate, "load_s": args.load_s, "per_request_s": args.per_request_s,
-                    "capacity_per_replica_rps": 4 / args.per_request_s})
-    print_table([summary], list(summary))
-    write_json("autoscale", {**summary, "requests_dropped": summary["dropped"], "timeline": timeline},
+    runs = []
+    with local_serve() as url:
+        for policy in policies:
+            app = f"autoscale-{policy.replace('_', '-')}"
+            serve.run(build_app(app_config(policy, load)), name=app, route_prefix=f"/{app}")
+            runs.append(asyncio.run(grpo_run(url, serve, app, policy, load, seed=7)))
+            serve.delete(app)
+    fixed = next((run for run in runs if run["policy"] == "fixed"), None)
+    rows = []
+    for run in runs:
+        row = {key: run[key] for key in ("policy", "replica_seconds", "exposed_s_mean", "exposed_s_max",
+                                         "peak_replicas", "members_lost")}
+        if fixed is not None:
+            row["replica_seconds_vs_fixed"] = fixed["replica_seconds"] / run["replica_seconds"]
+            row["exposed_vs_fixed"] = run["exposed_s_mean"] / fixed["exposed_s_mean"]
+        rows.append(row)
+    print_table(rows, list(rows[0]))
+    write_json("autoscale", {"simulated": True, "workload": load.__dict__, "rows": rows, "runs": runs},
                {"machine": machine()})
-    plot(timeline, summary, results_dir() / "autoscale.png")
+    plot(runs, results_dir() / "autoscale.png")
     print(f"wrote {results_dir() / 'autoscale.json'} and {results_dir() / 'autoscale.png'}")
-    return 0 if summary["dropped"] == 0 else 1
+    return 0 if all(run["members_lost"] == 0 for run in runs) else 1
 
 
 if __name__ == "__main__":

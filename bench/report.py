@@ -174,14 +174,46 @@ def main() -> int:
         ))
     autoscaling = load("autoscale")
     if autoscaling:
+        workload = autoscaling["workload"]
         sections.append(section(
-            "4. Autoscaling", ".venv/bin/python -m bench.autoscale",
-            table([autoscaling], ["rate", "load_s", "capacity_per_replica_rps", "sent", "answered", "dropped",
-                                             "max_replicas_seen_serving", "first_new_replica_serving_s",
-                                             "scaled_back_to_1_after_load_s", "peak_in_flight"])
-            + "\n\nPlot: `bench/results/autoscale.png`.",
+            "4. Autoscaling under GRPO steps: a fixed pool, Serve's policy, the project's",
+            ".venv/bin/python -m bench.autoscale",
+            table(autoscaling["rows"], ["policy", "replica_seconds", "replica_seconds_vs_fixed", "exposed_s_mean",
+                                        "exposed_vs_fixed", "exposed_s_max", "peak_replicas", "members_lost"])
+            + "\n\nExposed reward per step (last reward minus last member sent):\n\n"
+            + table([{"policy": run["policy"], **{f"step {step['step']}": step["exposed_s"] for step in run["steps"]}}
+                     for run in autoscaling["runs"]],
+                    ["policy", *[f"step {step}" for step in range(workload["steps"])]])
+            + "\n\nReplicas over time: `bench/results/autoscale.png`.",
             "autoscale",
-            "Real Serve autoscaling (1 to 4 replicas, fractional CPUs), scripted engine with a fixed service time.",
+            f"SIMULATED engine (scripted: {workload['per_group_s']} s a group, one at a time per replica, "
+            f"{workload['start_s']} s engine start), real Ray Serve and HTTP. A GRPO run of {workload['steps']} "
+            f"steps: {workload['groups']} groups of {workload['group_size']} members whose rollouts finish at "
+            f"random times within a {workload['generation_s']} s generation phase, then {workload['training_s']} s "
+            f"of training; the trainer starts for {workload['trainer_start_s']} s first. `fixed`: "
+            f"{workload['max_replicas']} replicas (the peak's). `serve_default`: Serve's policy on ongoing "
+            "requests, target 64 as grrm.yaml had it (delays scaled to this run: up 2 s, down 4 s), which counts "
+            "members waiting for group-mates as load. `engine_work`: the project's policy, the client announcing "
+            "its first step while it starts and each next step ahead (down delay 4 s). Ratios within this run.",
+        ))
+    simulation = load("autoscaling_sim")
+    if simulation:
+        inputs = simulation["inputs"]
+        sections.append(section(
+            "4b. SIMULATED: one elastic pool for 1-4 runs against a fixed pool per run, at 64 GPUs",
+            ".venv/bin/python -m bench.autoscaling_sim",
+            table(simulation["rows"], ["demand_headroom", "runs", "fixed_pool_per_run", "replica_seconds_fixed_vs_elastic",
+                                       "fixed_exposed_s_mean", "elastic_exposed_s_mean", "exposed_elastic_vs_fixed"])
+            + "\n\nReplicas over time against the groups waiting, 4 runs: `bench/results/autoscaling_sim.png`.",
+            "autoscaling_sim",
+            f"SIMULATED (no Ray, no engine): the project's decision function itself sizes the shared pool every "
+            f"second. Inputs (assumptions): {inputs['seconds_per_group']} engine seconds a group on one replica, "
+            f"{inputs['cold_start_s']} s cold start, {inputs['steps']} steps of {inputs['groups']} groups of "
+            f"{inputs['group_size']} rollouts, {inputs['generation_s']} s generation then {inputs['training_s']} s "
+            "training, runs at random offsets; each run announces a phase as it starts and the next one ahead. A "
+            "group is complete at its last rollout, so completions crowd a phase's end: the announced rate needs "
+            "`demand_headroom` near the group size to keep exposure at the fixed pools' (rows by headroom). A "
+            "fixed pool per run is the smallest within 5% of the exposure the cluster's share would give it.",
         ))
     cost = load("gqm_vs_sqm")
     if cost:

@@ -132,16 +132,19 @@ def decide_replicas(
     demands: list[Demand],
     settings: ScalingSettings,
     state: dict[str, float] | None = None,
+    queued_at_callers: float = 0.0,
 ) -> ScalingDecision:
     """The replica count for the pool now (see the module docstring).
 
-    ``current`` is the count the deployment targets now; ``state`` what the previous decision
+    ``current`` is the count the deployment targets now; ``queued_at_callers`` requests queued in
+    callers' handles because every replica was at max_ongoing_requests (each counted as a group's
+    work: they have reached no replica to tell); ``state`` what the previous decision
     returned (empty after a controller restart: the policy then waits a full downscale delay
     before it drops replicas, and rebuilds the rest from the replicas' reports).
     """
     state = dict(state or {})
     per_group_s = seconds_per_group(loads, settings.default_seconds_per_group)
-    engine_work_s = sum(engine_work(load, per_group_s) for load in loads)
+    engine_work_s = sum(engine_work(load, per_group_s) for load in loads) + queued_at_callers * per_group_s
     for_work = math.ceil(engine_work_s / settings.target_backlog_s - 1e-9)
     for_demand = replicas_for_demand(demands, now, per_group_s, settings)
     wanted = min(settings.max_replicas, max(settings.min_replicas, for_work, for_demand))

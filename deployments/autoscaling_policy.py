@@ -92,6 +92,7 @@ class EngineWorkPolicy:
             demands=demands_of(reports, now, self.settings.demand_grace_s),
             settings=self.settings,
             state=dict(context.policy_state or {}),
+            queued_at_callers=float(context.total_queued_requests or 0.0),
         )
         if decision.reason != self.last_reason:  # the controller's log says why the pool is the size it is
             logger.info("engine_work autoscaling of %s: %s (engine work %.1f s, for work %d, for demand %d, "

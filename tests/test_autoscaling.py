@@ -21,9 +21,9 @@ SETTINGS = ScalingSettings(min_replicas=1, max_replicas=4, target_backlog_s=10.0
                            downscale_delay_s=30.0, cold_start_s=20.0, default_seconds_per_group=1.0)
 
 
-def decide(now: float, current: int, loads=(), demands=(), state=None, settings=SETTINGS):
+def decide(now: float, current: int, loads=(), demands=(), state=None, settings=SETTINGS, queued_at_callers=0.0):
     return decide_replicas(now=now, current=current, loads=list(loads), demands=list(demands), settings=settings,
-                           state=state)
+                           state=state, queued_at_callers=queued_at_callers)
 
 
 def test_members_that_only_wait_add_no_replica():
@@ -61,6 +61,13 @@ def test_scaling_down_waits_for_the_downscale_delay_and_a_controller_restart_sta
     assert decide(30.0, 4, idle, state=first.state).replicas == 1
     # A restarted controller hands the policy no state: it waits a whole delay again, never drops at once.
     assert decide(31.0, 4, idle, state={}).replicas == 4
+
+
+def test_requests_queued_at_callers_count_as_work():
+    settings = ScalingSettings(max_replicas=8, upscale_delay_s=0, target_backlog_s=10.0)
+    saturated = [ReplicaLoad(groups_running=4, queued_work_s=2.0, seconds_per_group=0.5)]
+    assert decide(0.0, 1, saturated, settings=settings).replicas == 1
+    assert decide(0.0, 1, saturated, settings=settings, queued_at_callers=60).replicas == 4  # 2 + 30 s
 
 
 def test_a_fresh_replica_counts_its_groups_at_the_default_cost():
@@ -144,7 +151,8 @@ def test_the_serve_policy_reads_the_latest_reports_and_decides():
             raw.setdefault(key, {})[replica] = _series(value)
     policy = EngineWorkPolicy(min_replicas=1, max_replicas=8, target_backlog_s=10.0, upscale_delay_s=0.0,
                               default_seconds_per_group=1.0, demand_headroom=1.0, cold_start_s=30.0)
-    context = SimpleNamespace(current_time=1000.0, target_num_replicas=1, raw_metrics=raw, policy_state={})
+    context = SimpleNamespace(current_time=1000.0, target_num_replicas=1, raw_metrics=raw, policy_state={},
+                              total_queued_requests=0.0)
     replicas, state = policy(context)
     # 30 s of queued work at target 10 s: 3; the announced 1 group/s at 1.5 s each: 2. Waiting members: none.
     assert replicas == 3 and "queued engine work" in policy.last_reason
@@ -159,3 +167,24 @@ def test_of_a_tenants_announcements_the_latest_counts_wherever_kept_and_a_withdr
     withdrawn = Demand("run-a", 0, 96.0, 96.0, announced_at=96.0)
     reports["c"] = autoscaling_stats(ReplicaLoad(), [withdrawn])
     assert demands_of(reports, now=150.0, grace_s=0.0) == []
+
+
+def test_the_simulated_shared_pool_costs_less_than_a_pool_per_run_at_the_same_exposure():
+    """bench/autoscaling_sim.py's model, small: two runs on the policy's elastic pool against one
+    fixed pool each sized for its own end-of-phase burst."""
+    import argparse
+    import random
+
+    from bench.autoscaling_sim import Run, peak_sized, simulate
+
+    args = argparse.Namespace(gpus=32, seconds_per_group=1.5, cold_start_s=90.0)
+    rng = random.Random(2)
+    runs = [Run(f"run-{k}", offset_s=rng.uniform(0, 360), steps=3, groups=64, group_size=8, generation_s=120.0,
+                training_s=240.0).build(rng) for k in range(2)]
+    settings = ScalingSettings(max_replicas=32, target_backlog_s=10.0, downscale_delay_s=60.0, cold_start_s=90.0,
+                               default_seconds_per_group=1.5, demand_grace_s=30.0, demand_headroom=8.0)
+    fixed = peak_sized(runs, args)
+    elastic = simulate(runs, lambda run: ("shared", 1), 1.5, 90.0, settings)
+    assert fixed["size"] > 1
+    assert elastic["replica_seconds"] < 0.75 * fixed["replica_seconds"]
+    assert elastic["exposed_s_mean"] <= 1.1 * fixed["exposed_s_mean"]

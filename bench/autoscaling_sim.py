@@ -1,0 +1,240 @@
+"""SIMULATED: one elastic reward pool for several GRPO runs against a fixed pool per run, at scale.
+
+A discrete-time simulation (no Ray, no engine) of GRRM replicas scoring the groups of 1 to 4
+concurrent GRPO runs on up to 64 GPUs, with the project's autoscaling decision itself
+(:func:`cluster.autoscaling.decide_replicas`, the function Serve's controller calls) deciding the
+elastic pool's size every second. Each run repeats: a generation phase in which its groups
+complete (a group is complete at its last rollout: the latest of n uniform finish times), then a
+training phase with no rewards. Each run announces a phase as it starts and the next one ahead of
+it, as a trainer knows its schedule. A replica scores one group at a time.
+
+Inputs and where they come from (all assumptions, stated so they can be changed):
+- ``--seconds-per-group`` 1.5: engine seconds of one GRRM-7B group of 8 candidates on one GPU
+  replica with its batch shared (about 1.5k answer tokens at ~1k tokens/s of the replica's share);
+- ``--cold-start-s`` 90: a 7B vLLM replica's start (weights from local disk, CUDA graphs);
+- ``--generation-s`` 120 / ``--training-s`` 240: a step of an MT policy that thinks for up to 8k
+  tokens, trained on 64 prompts x 8 rollouts;
+- the fixed pool of a run is sized for its own peak: the smallest whose exposure is within 5% of
+  what the whole cluster's share (64 / runs replicas) would give that run.
+
+Reported: replica-seconds of the elastic pool against the sum of the fixed pools, exposed reward
+per step (last reward minus the step's last rollout) of both, and a plot of replicas over time
+against the groups waiting.
+
+    .venv/bin/python -m bench.autoscaling_sim      # bench/results/autoscaling_sim.json and .png
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import heapq
+import random
+import statistics
+from dataclasses import dataclass, field
+
+from bench.common import machine, print_table, results_dir, write_json
+from cluster.autoscaling import Demand, ReplicaLoad, ScalingSettings, decide_replicas
+
+TICK_S = 1.0
+
+
+@dataclass
+class Run:
+    """One GRPO run's schedule: when each step's groups complete."""
+
+    name: str
+    offset_s: float
+    steps: int
+    groups: int
+    group_size: int
+    generation_s: float
+    training_s: float
+    completions: list[list[float]] = field(default_factory=list)  # per step, group completion times
+
+    def build(self, rng: random.Random) -> Run:
+        for step in range(self.steps):
+            start = self.phase_start(step)
+            self.completions.append(sorted(
+                start + self.generation_s * max(rng.random() for _ in range(self.group_size))
+                for _ in range(self.groups)))
+        return self
+
+    def phase_start(self, step: int) -> float:
+        return self.offset_s + step * (self.generation_s + self.training_s)
+
+    def end_s(self) -> float:
+        return self.phase_start(self.steps)
+
+
+def simulate(runs: list[Run], replicas_of, seconds_per_group: float, cold_start_s: float,
+             settings: ScalingSettings | None) -> dict:
+    """Score every run's groups on pools: ``replicas_of`` maps a run to its pool's name; a pool with
+    ``settings`` is elastic (decided every tick), else fixed at its starting size."""
+    arrivals = sorted((time, run.name, step) for run in runs for step, times in enumerate(run.completions)
+                      for time in times)
+    pools: dict[str, dict] = {}
+    for run in runs:
+        name, size = replicas_of(run)
+        pool = pools.setdefault(name, {"size": size, "starting": [], "free_at": [], "queue": [], "state": {},
+                                       "replica_seconds": 0.0, "timeline": [], "runs": []})
+        pool["runs"].append(run)
+    for pool in pools.values():
+        pool["free_at"] = [0.0] * pool["size"]  # the first replicas are up from the start
+    last_scored: dict[tuple[str, int], float] = {}
+    horizon = max(run.end_s() for run in runs) + 600
+    index, now = 0, 0.0
+    pool_of = {run.name: replicas_of(run)[0] for run in runs}
+    while now < horizon:
+        while index < len(arrivals) and arrivals[index][0] <= now:
+            _, run_name, step = arrivals[index]
+            heapq.heappush(pools[pool_of[run_name]]["queue"], (arrivals[index][0], run_name, step))
+            index += 1
+        for pool in pools.values():
+            pool["free_at"].extend(ready for ready in pool["starting"] if ready <= now)
+            pool["starting"] = [ready for ready in pool["starting"] if ready > now]
+            # Serve each free replica's next group within this tick.
+            for slot, free in enumerate(pool["free_at"]):
+                free = max(free, now)
+                while pool["queue"] and free < now + TICK_S:
+                    _, run_name, step = heapq.heappop(pool["queue"])
+                    free += seconds_per_group
+                    last_scored[(run_name, step)] = max(last_scored.get((run_name, step), 0.0), free)
+                pool["free_at"][slot] = free
+            running = len(pool["free_at"]) + len(pool["starting"])
+            pool["replica_seconds"] += running * TICK_S
+            pool["timeline"].append((now, running, len(pool["queue"])))
+            if settings is not None:
+                busy = sum(1 for free in pool["free_at"] if free > now)
+                load = ReplicaLoad(groups_waiting=len(pool["queue"]), groups_running=busy,
+                                   queued_work_s=(len(pool["queue"]) + busy) * seconds_per_group,
+                                   seconds_per_group=seconds_per_group)
+                decision = decide_replicas(now=now, current=running, loads=[load], demands=demands(pool["runs"], now),
+                                           settings=settings, state=pool["state"])
+                pool["state"] = decision.state
+                resize(pool, decision.replicas, now, cold_start_s)
+        now += TICK_S
+        if index >= len(arrivals) and all(not pool["queue"] for pool in pools.values()) and now > max(
+                run.end_s() for run in runs):
+            break
+    exposure = [last_scored[(run.name, step)] - max(run.completions[step]) for run in runs for step in range(run.steps)]
+    return {"replica_seconds": sum(pool["replica_seconds"] for pool in pools.values()),
+            "exposed_s_mean": statistics.mean(exposure), "exposed_s_max": max(exposure),
+            "timelines": {name: pool["timeline"] for name, pool in pools.items()}}
+
+
+def demands(runs: list[Run], now: float) -> list[Demand]:
+    """What each run has announced by ``now``: the phase under way, or the next one once the last ended."""
+    announced = []
+    for run in runs:
+        for step in range(run.steps):
+            start = run.phase_start(step)
+            previous_end = run.phase_start(step - 1) + run.generation_s if step else run.offset_s - run.training_s
+            if previous_end <= now < start + run.generation_s:
+                announced.append(Demand(run.name, run.groups, start, start + run.generation_s, announced_at=previous_end))
+                break
+    return announced
+
+
+def peak_sized(runs: list[Run], args: argparse.Namespace) -> dict:
+    """Fixed pools, one per run, each the smallest whose exposure is within 5% of a whole-cluster
+    pool's for that run alone: sized for the run's own peak (its end-of-phase burst)."""
+    def fixed(size: int) -> dict:
+        return simulate(runs, lambda run: (run.name, size), args.seconds_per_group, args.cold_start_s, None)
+
+    best = fixed(args.gpus // len(runs))["exposed_s_mean"]
+    for size in range(1, args.gpus // len(runs) + 1):
+        result = fixed(size)
+        if result["exposed_s_mean"] <= 1.05 * best:
+            return {**result, "size": size}
+    return {**fixed(args.gpus // len(runs)), "size": args.gpus // len(runs)}
+
+
+def resize(pool: dict, target: int, now: float, cold_start_s: float) -> None:
+    """Start replicas (up after a cold start) or stop idle ones, newest first."""
+    running = len(pool["free_at"]) + len(pool["starting"])
+    if target > running:
+        pool["starting"].extend([now + cold_start_s] * (target - running))
+    while target < len(pool["free_at"]) + len(pool["starting"]):
+        if pool["starting"]:
+            pool["starting"].pop()
+        else:
+            idle = [slot for slot, free in enumerate(pool["free_at"]) if free <= now]
+            if not idle:
+                break
+            pool["free_at"].pop(idle[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gpus", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--groups", type=int, default=64)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--generation-s", type=float, default=120.0)
+    parser.add_argument("--training-s", type=float, default=240.0)
+    parser.add_argument("--seconds-per-group", type=float, default=1.5)
+    parser.add_argument("--cold-start-s", type=float, default=90.0)
+    parser.add_argument("--demand-headroom", type=float, default=6.0,
+                        help="capacity over an announced phase's mean rate: a group is complete at its last rollout, "
+                             "so completions crowd the phase's end (n=8: the last quarter holds 90%%)")
+    args = parser.parse_args(argv)
+    settings = ScalingSettings(min_replicas=1, max_replicas=args.gpus, target_backlog_s=10.0, upscale_delay_s=0.0,
+                               downscale_delay_s=60.0, cold_start_s=args.cold_start_s,
+                               default_seconds_per_group=args.seconds_per_group, demand_grace_s=30.0,
+                               demand_headroom=args.demand_headroom)
+    rows, plotted = [], None
+    for headroom in sorted({4.0, args.demand_headroom, 8.0}):
+        for count in range(1, 5):
+            rng = random.Random(count)
+            period = args.generation_s + args.training_s
+            runs = [Run(f"run-{k}", offset_s=rng.uniform(0, period), steps=args.steps, groups=args.groups,
+                        group_size=args.group_size, generation_s=args.generation_s,
+                        training_s=args.training_s).build(rng)
+                    for k in range(count)]
+            fixed = peak_sized(runs, args)
+            elastic = simulate(runs, lambda run: ("shared", 1), args.seconds_per_group, args.cold_start_s,
+                               dataclasses.replace(settings, demand_headroom=headroom))
+            rows.append({"demand_headroom": headroom, "runs": count, "fixed_pool_per_run": fixed["size"],
+                         "fixed_replica_seconds": fixed["replica_seconds"],
+                         "elastic_replica_seconds": elastic["replica_seconds"],
+                         "replica_seconds_fixed_vs_elastic": fixed["replica_seconds"] / elastic["replica_seconds"],
+                         "fixed_exposed_s_mean": fixed["exposed_s_mean"],
+                         "elastic_exposed_s_mean": elastic["exposed_s_mean"],
+                         "exposed_elastic_vs_fixed": elastic["exposed_s_mean"] / fixed["exposed_s_mean"]})
+            if count == 4 and headroom == args.demand_headroom:
+                plotted = elastic["timelines"]["shared"]
+    print_table(rows, list(rows[0]))
+    inputs = {key: value for key, value in vars(args).items()}
+    write_json("autoscaling_sim", {"simulated": True, "inputs": inputs, "rows": rows}, {"machine": machine()})
+    if plotted:
+        plot(plotted, results_dir() / "autoscaling_sim.png")
+    print(f"wrote {results_dir() / 'autoscaling_sim.json'}")
+    return 0
+
+
+def plot(timeline: list[tuple[float, int, int]], path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(8, 3.6))
+    axis.step([t / 60 for t, _, _ in timeline], [replicas for _, replicas, _ in timeline], where="post",
+              color="tab:red", label="replicas (elastic, shared)")
+    axis.set_xlabel("minutes")
+    axis.set_ylabel("replicas")
+    twin = axis.twinx()
+    twin.plot([t / 60 for t, _, _ in timeline], [waiting for _, _, waiting in timeline], color="tab:blue",
+              alpha=0.5, label="groups waiting")
+    twin.set_ylabel("groups waiting")
+    lines = axis.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
+    labels = axis.get_legend_handles_labels()[1] + twin.get_legend_handles_labels()[1]
+    axis.legend(lines, labels, fontsize=7, loc="upper right")
+    axis.set_title("SIMULATED: 4 GRPO runs on one elastic pool (project's policy)", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
