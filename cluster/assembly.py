@@ -98,6 +98,8 @@ class _Assembly:
     complete_at: float | None = None
     timer: asyncio.TimerHandle | None = None
     scoring: asyncio.Task[None] | None = None
+    # The key routers place the group by (None: the caller gave none; the group is never handed off).
+    route_key: str | None = None
 
     @property
     def keyed(self) -> bool:
@@ -262,8 +264,9 @@ class GroupAssembler:
 
     # ----------------------------------------------------------------------------- public
 
-    async def submit(self, member: MemberRequest) -> MemberResult:
+    async def submit(self, member: MemberRequest, route_key: str | None = None) -> MemberResult:
         """Add one member and wait for its group's verdict; the answer carries its own score.
+        ``route_key``: what routers place the group by, for :meth:`hand_off` (the first member's counts).
 
         Raises :class:`EngineDeadError` when the engine died while scoring the member's group.
         """
@@ -302,16 +305,17 @@ class GroupAssembler:
                     received_at,
                 )
             assembly = self._start(member, received_at)
+            assembly.route_key = route_key
         return await self._wait(assembly, member, received_at)
 
     def hand_off(self, new_owner: Callable[[str], str | None]) -> int:
-        """Release every group still collecting members that ``new_owner`` (group id -> the replica that
+        """Release every group still collecting members that ``new_owner`` (route key -> the replica that
         owns it now, None: this one) places elsewhere: its waiting members are answered ``moved`` at
         once, to be sent to the new owner, instead of waiting out the assembly timeout for group-mates
         that now go there. Groups being scored stay. Returns how many groups were released."""
         released = 0
         for assembly in list(self._assembling.values()):
-            owner = new_owner(assembly.group_id)
+            owner = new_owner(assembly.route_key) if assembly.route_key is not None else None
             if owner is None:
                 continue
             self._drop_assembling(assembly)

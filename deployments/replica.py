@@ -135,7 +135,6 @@ class GRRMReplica:
         # The routers' ring as the controller last broadcast it (None: not known yet, or outside
         # Serve): a group it places on another replica is handed there (see _on_replica_set).
         self._ring: HashRing | None = None
-        self._route_keys: dict[str, str] = {}  # scoped id of a group assembling here -> its routing key
         self._peer_client: ScorerClient | None = None  # this deployment's other replicas, for hand-offs
         self._probes: dict[str, asyncio.Future[bool]] = {}  # replica -> whether it answered (this replica set)
         self._gone: set[str] = set()  # replicas on the ring that did not answer
@@ -206,17 +205,13 @@ class GRRMReplica:
             return MemberResult(group_id=member.group_id, index=member.index, member_id=member.member_id,
                                 valid=False, failure="overloaded", error=refusal, replica=self.name)
         self._outstanding_work += 1.0
-        if route_key is not None:
-            self._route_keys[scoped] = route_key
         try:
-            result = await self.assembler.submit(member.model_copy(update={"group_id": scoped}))
+            result = await self.assembler.submit(member.model_copy(update={"group_id": scoped}), route_key)
         except EngineDeadError:
             await self._answer_nothing()
         finally:
             self._outstanding_work -= 1.0
             self._settle(member.tenant, scoped)
-            if scoped not in self._in_flight.get(member.tenant, ()):  # its group's last member here answered
-                self._route_keys.pop(scoped, None)
             self.metrics.members_waiting.set(self.assembler.members_waiting())
         if result.failure == "timeout":
             self.metrics.assembly_timeouts.inc()
@@ -366,9 +361,7 @@ class GRRMReplica:
         self._ring = HashRing(replicas, virtual_nodes=self.config.routing.virtual_nodes)
         self._gone &= set(replicas)  # a dead replica the controller still lists stays passed over
         self._probes.clear()
-        released = self.assembler.hand_off(
-            lambda scoped: self._owner_elsewhere(self._route_keys[scoped]) if scoped in self._route_keys else None
-        )
+        released = self.assembler.hand_off(self._owner_elsewhere)
         for tenant in list(self.demands):
             owner = self._owner_elsewhere(demand_route_key(tenant))
             if owner is not None:  # handed on like a group: one replica reports a tenant's demand

@@ -690,22 +690,26 @@ async def test_a_group_handed_off_answers_its_waiting_members_moved_at_once_and_
     scorer = FakeScorer()
     scorer.release = asyncio.Event()
     assembler = GroupAssembler(scorer, assembly_timeout_s=300.0, replica="old-owner")
-    moving = [asyncio.create_task(assembler.submit(member("moves", index))) for index in (0, 2)]
-    staying = [asyncio.create_task(assembler.submit(member("stays", index))) for index in (0, 1)]
-    scoring = [asyncio.create_task(assembler.submit(member("scoring", index, group_size=2))) for index in (0, 1)]
+    moving = [asyncio.create_task(assembler.submit(member("moves", index), "moves")) for index in (0, 2)]
+    staying = [asyncio.create_task(assembler.submit(member("stays", index), "stays")) for index in (0, 1)]
+    scoring = [asyncio.create_task(assembler.submit(member("scoring", index, group_size=2), "scoring"))
+               for index in (0, 1)]
+    unkeyed = asyncio.create_task(assembler.submit(member("open#1", 0)))  # no route key: never handed off
     await settle()
-    assert assembler.scoring_groups() == 1 and assembler.pending_groups() == 2
+    assert assembler.scoring_groups() == 1 and assembler.pending_groups() == 3
 
-    released = assembler.hand_off(lambda group_id: "new-owner" if group_id in ("moves", "scoring") else None)
+    released = assembler.hand_off(lambda key: "new-owner" if key in ("moves", "scoring") else None)
+    assert assembler.hand_off(lambda key: "new-owner") == 1  # "stays" now; the unkeyed group stays regardless
     assert released == 1  # "scoring" is complete: it stays and is scored here
     for result in await asyncio.gather(*moving):
         assert result.failure == "moved" and not result.valid and result.score is None
         assert "replica new-owner now collects its members (2 of 4 were here)" in result.error
-    assert not assembler.holds("moves") and assembler.holds("stays")
-    assert assembler.stats()["groups_handed_off"] == 1 and assembler.stats()["assembly_timeouts"] == 0
+    assert [result.failure for result in await asyncio.gather(*staying)] == ["moved", "moved"]
+    assert not assembler.holds("moves") and not assembler.holds("stays") and assembler.holds("open#1")
+    assert assembler.stats()["groups_handed_off"] == 2 and assembler.stats()["assembly_timeouts"] == 0
 
     scorer.release.set()
     assert all(result.valid for result in await asyncio.gather(*scoring))
-    rest = await asyncio.gather(*(assembler.submit(member("stays", index)) for index in (2, 3)))
-    assert all(result.valid for result in [*rest, *await asyncio.gather(*staying)])
-    assert [call.group_id for call in scorer.calls] == ["scoring", "stays"]
+    rest = await asyncio.gather(*(assembler.submit(member("open#1", index)) for index in (1, 2, 3)))
+    assert all(result.valid for result in [*rest, await unkeyed])
+    assert [call.group_id for call in scorer.calls] == ["scoring", "open#1"]
