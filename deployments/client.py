@@ -159,16 +159,10 @@ class ScorerClient:
         """Tell a replica what work a tenant expects (for the autoscaling policy; any replica will do)."""
         return await self._call("announce_demand", announcement, 0)
 
-    async def hand_to(self, method: str, member: MemberRequest, replica: str, hand_offs: int) -> MemberResult:
-        """Send a member to one replica by id, with how often it was handed off (a replica passing on a
-        group the replica set moved to another); no retry here: the caller answers ``moved`` if it fails."""
-        return await contextvars.copy_context().run(self._remote, method, member, handed_off=hand_offs,
-                                                    target_replica=replica)
-
-    def ask_replica(self, method: str, replica: str, *args: Any):
+    def ask_replica(self, method: str, replica: str, *args: Any, **kwargs: Any):
         """Call a method of one replica by its id (diagnostics such as ``tenants`` and ``info``, or a
-        hand-off between replicas); a response."""
-        return contextvars.copy_context().run(self._remote, method, *args, target_replica=replica)
+        hand-off between replicas), once, without retries; a response."""
+        return contextvars.copy_context().run(self._remote, method, *args, target_replica=replica, **kwargs)
 
     def _sent(self, method: str, request: GroupRequest | MemberRequest, attempt: int):
         return contextvars.copy_context().run(self._remote, method, request, attempt=attempt)

@@ -428,7 +428,7 @@ class GRRMReplica:
         """Send a member to the replica that now owns its group and pass its answer back; if that
         replica went away meanwhile, answer ``moved`` so the caller sends it again."""
         try:
-            return await self._peers().hand_to("score_member", member, owner, hand_offs)
+            return await self._peers().ask_replica("score_member", owner, member, handed_off=hand_offs)
         except REPLICA_GONE_ERRORS as error:
             return MemberResult(group_id=member.group_id, index=member.index, member_id=member.member_id, valid=False,
                                 failure="moved", replica=self.name,

@@ -68,7 +68,7 @@ def rollouts_in_flight(config: Any) -> InFlight | None:
     """The most rollouts a trainer config can have waiting for rewards at once (None: unknown)."""
     mode = trainer_mode(config)
     n = _integer(lookup(config, "actor_rollout_ref.rollout.n"))
-    batch = max(_integer(lookup(config, "data.train_batch_size")) or 0, _integer(lookup(config, "data.gen_batch_size")) or 0)
+    batch = groups_per_step(config) or 0
     if n is None:
         return None
     if mode == "fully_async":
