@@ -115,10 +115,10 @@ def test_service_settings_become_serve_options():
                                              "runtime_env": {"env_vars": {"GRRM_API_TOKEN": "x"}}}}
 
 
-def test_the_readme_sharing_example_is_a_valid_config():
-    """README "Sharing one pool": its YAML is what a newcomer copies; it must validate as written."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("## Sharing one pool", 1)[1].split("\n## ", 1)[0]
+def test_the_documented_tenants_example_is_a_valid_config():
+    """docs/operations/tenants.md: its YAML is what a newcomer copies; it must validate as written."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "operations" / "tenants.md").read_text()
+    section = page.split("## Configuring tenants", 1)[1].split("\n## ", 1)[0]
     document = yaml.safe_load(section.split("```yaml\n", 1)[1].split("```", 1)[0])
     args = application_args(document)
     config = AppConfig.model_validate({"engine": {"kind": "scripted"}, **args})

@@ -67,7 +67,7 @@ def test_the_guard_recognises_each_form_of_reference():
 
 
 def test_relative_links_in_the_documents_exist():
-    documents = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(ROOT.glob("*/README.md"))]
+    documents = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted(ROOT.glob("*/README.md"))]
     broken = []
     for document in documents:
         for target in re.findall(r"\]\(([^)\s#]+)(?:#[^)]*)?\)", document.read_text()):

