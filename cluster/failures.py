@@ -52,7 +52,7 @@ class FailureKind:
     retryable: bool = False  # another attempt, later, may succeed
     bad_input: bool = False  # the request's own content is at fault: the same request fails again
     rejoin: bool = False  # a member's group is not complete yet: send it again to join it (not a retry)
-    meaning: str = ""  # what happened, for people: the README's and the reference's failure tables
+    meaning: str = ""  # what happened, for people: the failure reference (docs/reference/failures.md)
 
     @property
     def retry_after(self) -> bool:

@@ -3,7 +3,7 @@
 ``python -m cpu_harness [--mode MODE] [--transport handle|http] [--steps N] [--workdir DIR]`` starts
 a Ray head of its own, deploys the reward service (2 vLLM-CPU replicas of the tiny GRRM model), runs
 verl's trainer in ``MODE`` (default ``sync``: ``python -m verl.trainer.main_ppo``; see
-``cpu_harness.trainer.MODES``) with README's ``reward.*`` overrides on a tiny random policy,
+``cpu_harness.trainer.MODES``) with docs/trainers/verl.md's ``reward.*`` overrides on a tiny random policy,
 prints where every reward came from (verl's own step metrics and rollout dumps, the replicas'
 counters), and stops everything it started. Both models are random: the scores are meaningless.
 """

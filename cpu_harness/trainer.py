@@ -1,7 +1,7 @@
 """TEST SUPPORT: verl 0.9.1's unmodified trainer on this CPU, in each of its trainer modes.
 
 :func:`main_ppo_command` is the command: GRPO with the GRRM bridge's documented ``reward.*``
-overrides (:func:`bridge_overrides`, exactly what README tells users), the mode's entry point and
+overrides (:func:`bridge_overrides`, exactly what docs/trainers/verl.md tells users), the mode's entry point and
 overrides (:data:`MODES`: what the mode needs on any hardware, kept apart from what only this CPU
 machine needs), plus the flags and environment that only a CPU machine needs
 (:data:`CPU_OVERRIDES`, :data:`CPU_ENV`; each one is explained in ``cpu_harness/README.md``).
@@ -175,7 +175,7 @@ def bridge_overrides(
     extractor: str = "codeblock",
     extra: dict[str, object] | None = None,
 ) -> list[str]:
-    """The ``reward.*`` overrides README documents for the GRRM bridge."""
+    """The ``reward.*`` overrides docs/trainers/verl.md documents for the GRRM bridge."""
     overrides = [
         "reward.reward_manager.source=importlib",
         "reward.reward_manager.module.path=pkg://trainer_bridge.reward_manager",

@@ -281,7 +281,7 @@ class OpenRLHFSettings(_Strict):
 
 
 class TenantsSettings(_Strict):
-    """Many runs on one pool (README: "Sharing one pool")."""
+    """Many runs on one pool (docs/operations/tenants.md)."""
 
     fair_share: bool = Field(True, description="Complete groups waiting for an engine go by virtual token counters "
                                                "(cluster/fair_share.py); false: first come, first served.")
