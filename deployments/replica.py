@@ -4,10 +4,8 @@ A replica is one Ray Serve actor; with tensor/pipeline-parallel ranks it holds t
 (or a placement group for them), as ``deployments/placement.py`` decides. Callers reach it
 through the group-aware router (``deployments/router.py``).
 
-A replica whose engine dies (its process killed or crashed, a failed health check, a hang) ends
-its own process at once: it answers nothing more, so every call it holds fails exactly as on a
-replica's death, the callers re-send it to a live replica (``deployments/client.py``), and Serve
-starts a new replica. No member is answered ``engine_error`` for a group a live replica can score.
+A replica whose engine dies or hangs ends its own process, so that its callers see a replica's
+death and re-send their calls to a live replica (why and how: docs/operations/faults.md).
 """
 
 from __future__ import annotations

@@ -25,10 +25,8 @@ class EngineUnsupportedError(EngineError):
 class EngineDeadError(EngineError):
     """The engine can serve nothing more: its process died, it failed a health check, or it hung.
 
-    Unlike other engine errors this is not an answer about one group: the group was not scored,
-    and no other group can be scored on this engine. Whoever holds the engine must give it up
-    and let the work be scored on another engine (a replica ends itself: see
-    ``deployments/replica.py``), never answer it with a failure.
+    Not an answer about one group: whoever holds the engine gives it up so that the work is
+    scored on another engine, never answered with a failure (docs/operations/faults.md).
     """
 
 
