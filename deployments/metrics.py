@@ -56,7 +56,7 @@ class ReplicaMetrics:
         self.members_waiting = Gauge("grrm_members_waiting", "Members waiting for the rest of their group.")
         self.stage_latency = Histogram(
             "grrm_stage_latency_s",
-            "Seconds spent per stage (queue, assembly, generation, parse, total).",
+            "Seconds spent per stage (generation, parse, repair, merge, total).",
             boundaries=_LATENCY_BOUNDARIES,
             tag_keys=("stage",),
         )
