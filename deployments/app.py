@@ -50,6 +50,7 @@ def replica_options(config: AppConfig) -> dict[str, Any]:
         "health_check_period_s": replicas.health_check_period_s,
         "health_check_timeout_s": replicas.health_check_timeout_s,
         "graceful_shutdown_timeout_s": replicas.graceful_shutdown_timeout_s,
+        "graceful_shutdown_wait_loop_s": replicas.graceful_shutdown_wait_loop_s,
         "logging_config": {"enable_access_log": replicas.access_log},
     }
     if config.routing.router == "group_aware":
@@ -80,6 +81,7 @@ def build_app(args: AppConfig) -> Application:
         max_ongoing_requests=100_000,
         request_router_config=RequestRouterConfig(request_router_class=LEDGER_ROUTER_CLASS),
         logging_config={"enable_access_log": config.replicas.access_log},
+        graceful_shutdown_wait_loop_s=config.replicas.graceful_shutdown_wait_loop_s,
         **config.ledger.serve_options(),
     ).bind(config.completed_ttl_s, copies=config.ledger.num_replicas)
     replicas = serve.deployment(GRRMReplica).options(**replica_options(config)).bind(config, ledger)
@@ -87,6 +89,7 @@ def build_app(args: AppConfig) -> Application:
         name=config.ingress_deployment_name,
         max_ongoing_requests=100_000,  # backpressure belongs to the replicas (503 from there)
         logging_config={"enable_access_log": config.replicas.access_log},
+        graceful_shutdown_wait_loop_s=config.replicas.graceful_shutdown_wait_loop_s,
         **config.ingress.serve_options(env_vars=config.http.env_vars),
     )
     return ingress.bind(replicas, config)

@@ -123,6 +123,10 @@ class ReplicaSettings(_Strict):
     graceful_shutdown_timeout_s: float = Field(20.0, ge=0, description="How long, in seconds, Serve lets a stopping "
                                                                        "replica shut down gracefully before it is "
                                                                        "killed.")
+    # Serve's default (2 s) is slept before the first look: every scale-down, redeploy and delete waited it.
+    graceful_shutdown_wait_loop_s: float = Field(
+        0.5, gt=0, description="How often, in seconds, a stopping replica (scorer, ingress or ledger) looks whether "
+                               "its ongoing requests are done.")
     # The access log lines cost CPU on every call.
     access_log: bool = Field(False, description="Write Serve's per-request access log lines (errors are logged "
                                                 "regardless).")

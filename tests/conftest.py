@@ -18,6 +18,9 @@ from bench.common import free_port
 
 # Logical CPUs (Ray's bookkeeping; the machine may have 2): enough for every module's replicas.
 SESSION_CPUS = 8
+# How often serve.run and serve.delete look whether the app is up or gone: Serve's 1 s cost about
+# half a second per call, and the suite deploys and deletes apps about a hundred times.
+SERVE_CLIENT_POLL_S = 0.1
 # Applications deployed once for the session, kept between modules.
 SESSION_APPS: set[str] = set()
 LOCAL_APP = "local"
@@ -37,6 +40,9 @@ class SessionCluster:
         if self.stopped:
             raise RuntimeError("the session's Ray cluster was stopped before the own_cluster tests: "
                                "a test that needs it must not run after them (see pytest_collection_modifyitems)")
+        import ray.serve._private.client as serve_client
+
+        serve_client.CLIENT_POLLING_INTERVAL_S = SERVE_CLIENT_POLL_S
         port = free_port()
         ray.init(num_cpus=SESSION_CPUS, include_dashboard=False, configure_logging=False, log_to_driver=False)
         serve.start(http_options={"host": "127.0.0.1", "port": port})
