@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--cases: unknown {sorted(cases - set(CASES))} (choose from {', '.join(CASES)})")
     if args.quick or args.no_verl:
         cases.discard("verl")
-    scale = 6 if args.quick else 1
+    scale = 10 if args.quick else 1
     engine_bound = Load(per_group_s=0.4, engine_slots=1, small_groups=6, flood_groups=120 // scale)
     http_bound = Load(per_group_s=0.1, engine_slots=2, small_groups=12, flood_groups=300 // scale)
     weights_load = Load(per_group_s=0.1, engine_slots=1, small_groups=0, flood_groups=0, replicas=1)

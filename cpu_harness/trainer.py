@@ -208,8 +208,10 @@ class TrainerRun:
     prompts_per_batch: int = 4
     rollout_n: int = 4
     max_response_length: int = 16
+    # Two reward workers, so a group's members reach the service from different processes, as they do
+    # at scale; one agent-loop worker: each is a process importing verl's agent loop (~5 s of CPU).
     reward_workers: int = 2
-    agent_workers: int = 2
+    agent_workers: int = 1
     bridge: list[str] = field(default_factory=bridge_overrides)
     mode: str = "sync"
     # Each actor update lasts at least this long (0: as long as it takes; see verl_platform).
