@@ -28,14 +28,15 @@ from cluster.schema import (
     MemberRequest,
     MemberResult,
 )
-from deployments.availability import Availability
-from deployments.client import UNANSWERED_ERRORS, ScorerClient
+from deployments.client import ScorerClient
 from deployments.config import AppConfig
 from deployments.http.errors import HTTPProblem, answer_of_kind, install_error_handlers, unanswered
 from deployments.http.guard import RequestGuard, check_group_limits, check_text_limits, tenant_of
 from deployments.http.models import ErrorResponse, ScoreRequest, ScoreResponse
 from deployments.http.openrlhf import OpenRLHFRequest, OpenRLHFResponse, openrlhf_rewards
 from deployments.replica_list import replica_actor_names
+from grrm_client.availability import Availability
+from grrm_client.handle_send import UNANSWERED_ERRORS
 
 app = FastAPI(
     title="GRRM Cluster",

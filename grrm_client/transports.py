@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import httpx
 
@@ -27,9 +26,6 @@ from cluster.schema import DemandAccepted, DemandAnnouncement, GroupRequest, Gro
 from grrm_client.config import ClientConfig
 
 __all__ = ["FatalError", "HTTPTransport", "HandleTransport", "RetryableError", "Transport", "make_transport"]
-
-R = TypeVar("R", MemberResult, GroupResult)
-
 
 class RetryableError(Exception):
     """This attempt failed in a way another attempt may not (overload, lost replica, network).
@@ -72,43 +68,43 @@ def make_transport(config: ClientConfig) -> Transport:
 
 
 class HandleTransport:
-    """Calls the replica deployment through a Ray Serve handle (the trainer is on the same Ray cluster)."""
+    """Calls the replica deployment through a Ray Serve handle (the trainer is on the same Ray cluster):
+    one :class:`~grrm_client.handle_send.HandleSender` send per attempt."""
 
     def __init__(self, config: ClientConfig, handle: Any = None):
         self.config = config
         self._handle = handle
-        self._scorer: Any = None
+        self._sender: Any = None
         if handle is not None:
-            self._client()  # its router set up now, not at a first call that may meet a GCS outage
+            self._send_with()  # its router set up now, not at a first call that may meet a GCS outage
 
-    def _client(self) -> Any:
-        if self._scorer is None:
-            from deployments.client import ReplicaCallPolicy, ScorerClient
+    def _send_with(self) -> Any:
+        if self._sender is None:
+            from grrm_client.handle_send import HandleSender  # imports Ray Serve: only when a handle is used
 
             handle = self._handle
             if handle is None:
                 from ray import serve
 
                 handle = serve.get_deployment_handle(self.config.replica_deployment, app_name=self.config.app_name)
-            # One send per attempt: RewardClient is the one layer that retries (and re-joins).
-            self._scorer = ScorerClient(handle, ReplicaCallPolicy(max_attempts=1, resend_on_timeout=False))
-        return self._scorer
+            self._sender = HandleSender(handle)
+        return self._sender
 
     async def member(self, member: MemberRequest, timeout_s: float, attempt: int = 0) -> MemberResult:
-        return await self._guard(self._client().score_member(member, attempt=attempt))
+        return await self._send("score_member", member, attempt)
 
     async def group(self, group: GroupRequest, timeout_s: float, attempt: int = 0) -> GroupResult:
-        return await self._guard(self._client().score_group(group, attempt=attempt))
+        return await self._send("score_group", group, attempt)
 
     async def announce(self, announcement: DemandAnnouncement, timeout_s: float) -> DemandAccepted:
-        return await self._guard(self._client().announce_demand(announcement))
+        return await self._send("announce_demand", announcement, 0)
 
-    @staticmethod
-    async def _guard(call: Awaitable[R]) -> R:
-        from deployments.client import REPLICA_GONE_ERRORS, UNANSWERED_ERRORS, unanswered_code
+    async def _send(self, method: str, request: Any, attempt: int) -> Any:
+        from grrm_client.handle_send import REPLICA_GONE_ERRORS, UNANSWERED_ERRORS, unanswered_code
 
+        sender = self._send_with()
         try:
-            return await call
+            return await sender.send(method, request, attempt)
         except UNANSWERED_ERRORS as error:
             # The same kinds as the HTTP ingress answers for these errors (overloaded / unavailable).
             lost = isinstance(error, REPLICA_GONE_ERRORS)
@@ -116,7 +112,7 @@ class HandleTransport:
             raise RetryableError(unanswered_code(error), message, replica_lost=lost) from None
 
     async def aclose(self) -> None:
-        self._scorer = None
+        self._sender = None
 
 
 class HTTPTransport:

@@ -12,8 +12,8 @@ from ray.serve.exceptions import BackPressureError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cluster.failures import ErrorCode, code_for_status, kind_of
-from deployments.availability import ReplicasUnschedulableError
-from deployments.client import REPLICA_GONE_ERRORS, unanswered_code
+from grrm_client.availability import ReplicasUnschedulableError
+from grrm_client.handle_send import REPLICA_GONE_ERRORS, unanswered_code
 from deployments.http.models import ErrorResponse
 
 
@@ -74,7 +74,7 @@ async def _invalid(_: Request, error: RequestValidationError) -> JSONResponse:
 
 
 def unanswered(error: Exception) -> HTTPProblem:
-    """The problem for a call no replica answered (one of ``deployments.client.UNANSWERED_ERRORS``):
+    """The problem for a call no replica answered (one of ``grrm_client.handle_send.UNANSWERED_ERRORS``):
     503 with Retry-After, never a 500."""
     code = unanswered_code(error)
     if isinstance(error, ReplicasUnschedulableError):  # not load: no replica can run; say what is missing
