@@ -44,12 +44,12 @@ from cluster.schema import (
 )
 from cluster.scorer import GroupScorer
 from deployments.autoscaling_policy import autoscaling_stats
-from grrm_client.handle_send import REPLICA_GONE_ERRORS, HandleSender
 from deployments.config import AppConfig
 from deployments.ledger import ServeLedger
 from deployments.metrics import ReplicaMetrics
 from deployments.replica_set import ReplicaSetWatch
 from deployments.router import OUTSTANDING_WORK
+from grrm_client.handle_send import REPLICA_GONE_ERRORS, HandleSender
 
 logger = logging.getLogger("ray.serve")
 
