@@ -8,6 +8,11 @@ sends whose replica died) is passed to the replicas' router: a whole group re-se
 replica died takes pure ring order and lands where its members do, while a retry after overload
 keeps the load-bounded choice.
 
+Both transports answer alike. Over HTTP every non-2xx answer is one error body whose ``code`` is a
+failure kind; a member's failure that its group answered (``conflict``, ``rejected``, ``timeout``,
+``moved``) comes back as the flagged :class:`MemberResult` a handle call returns, decided by the
+status and the ``code`` alone.
+
 Importing this module imports neither vLLM nor SGLang, nor Ray (the handle transport imports Ray
 Serve when it is given a handle or first used).
 """
@@ -20,7 +25,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from cluster.failures import code_for_status, kind_of
+from cluster.failures import RESULT_FAILURES, FailureKind, code_for_status, kind_of
 from cluster.retry import TRANSPORT_ERROR
 from cluster.schema import DemandAccepted, DemandAnnouncement, GroupRequest, GroupResult, MemberRequest, MemberResult
 from grrm_client.config import ClientConfig
@@ -151,23 +156,27 @@ class HTTPTransport:
 
     async def member(self, member: MemberRequest, timeout_s: float, attempt: int = 0) -> MemberResult:
         response = await self._post("/v1/score/member", member.model_dump(), timeout_s)
-        body = _json(response)
-        if isinstance(body, dict) and "group_id" in body and "code" not in body:
-            # The member's own answer (whatever its status): its `failure` says what happened.
-            return MemberResult.model_validate(body)
-        raise _status_error(response, body)
+        if response.status_code == 200:
+            return MemberResult.model_validate(response.json())
+        kind, message = _error_of(response, _json(response))
+        if kind is not None and kind.code in RESULT_FAILURES and not kind.retryable:
+            # The member's group answered it (a conflict, refused input, not complete yet, moved):
+            # the flagged result a handle call returns, so that both transports read alike.
+            return MemberResult(group_id=member.group_id, index=member.index, member_id=member.member_id,
+                                failure=kind.code, error=message)
+        raise _status_error(response, kind, message)
 
     async def group(self, group: GroupRequest, timeout_s: float, attempt: int = 0) -> GroupResult:
         response = await self._post("/v1/score", {"groups": [group.model_dump()]}, timeout_s)
         if response.status_code == 200:
             return GroupResult.model_validate(response.json()["results"][0])
-        raise _status_error(response, _json(response))
+        raise _status_error(response, *_error_of(response, _json(response)))
 
     async def announce(self, announcement: DemandAnnouncement, timeout_s: float) -> DemandAccepted:
         response = await self._post("/v1/demand", announcement.model_dump(), timeout_s)
         if response.status_code == 200:
             return DemandAccepted.model_validate(response.json())
-        raise _status_error(response, _json(response))
+        raise _status_error(response, *_error_of(response, _json(response)))
 
     async def aclose(self) -> None:
         clients, self._clients = list(self._clients.values()), {}
@@ -185,14 +194,20 @@ def _json(response: httpx.Response) -> Any:
         return None
 
 
-def _status_error(response: httpx.Response, body: Any) -> Exception:
-    """The exception for an error answer, by its ``code`` (else by its status, for answers of
-    something in between, such as a proxy): retry what its kind says is retryable (and other 5xx),
-    refuse the rest."""
+def _error_of(response: httpx.Response, body: Any) -> tuple[FailureKind | None, str]:
+    """The failure kind of a non-2xx answer and its message: by the error body's ``code`` (every
+    error answer of the service carries one), else by its status (an answer of something in
+    between, such as a proxy); None when neither names a kind of ours."""
     status = response.status_code
     body = body if isinstance(body, dict) else {}
     message = f"HTTP {status}: {str(body.get('error') or response.text)[:500]}"
-    kind = kind_of(body.get("code")) or kind_of(code_for_status(status))
+    return kind_of(body.get("code")) or kind_of(code_for_status(status)), message
+
+
+def _status_error(response: httpx.Response, kind: FailureKind | None, message: str) -> Exception:
+    """The exception for an error answer of failure kind ``kind``: retry what the kind says is
+    retryable (and a 5xx of no kind of ours), refuse the rest."""
+    status = response.status_code
     if kind is not None and kind.retryable:
         return RetryableError(kind.code, message, retry_after=_retry_after(response))
     if kind is None and status >= 500:

@@ -70,7 +70,7 @@ def test_http_callers_get_503_naming_the_missing_gpu(gpu_app_url):
 def test_health_and_info_say_no_replica_runs(gpu_app_url):
     post_until_answered(f"{gpu_app_url}/v1/score", {"groups": [GROUP]})  # the route is up
     health = httpx.get(f"{gpu_app_url}/healthz", timeout=30)
-    assert health.status_code == 503 and health.json()["status"] == "unavailable"
+    assert health.status_code == 503 and health.json()["code"] == "unavailable"
     assert '"GPU": 1.0' in health.json()["error"]
     info = httpx.get(f"{gpu_app_url}/v1/info", timeout=30).json()
     assert info["replicas_running"] == 0 and info["replicas"].get("RUNNING", 0) == 0
