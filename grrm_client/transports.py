@@ -32,6 +32,7 @@ from grrm_client.config import ClientConfig
 
 __all__ = ["FatalError", "HTTPTransport", "HandleTransport", "RetryableError", "Transport", "make_transport"]
 
+
 class RetryableError(Exception):
     """This attempt failed in a way another attempt may not (overload, lost replica, network).
 
