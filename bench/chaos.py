@@ -189,6 +189,8 @@ class MemberSender:
                 response = await self.http.post(f"{self.url}/v1/score/member", json=member)
                 record["status"] = response.status_code
                 body = response.json()
+                if response.status_code != 200:  # the one error body: its code is the member's failure
+                    body = {"valid": False, "failure": body["code"], "error": body["error"]}
             else:
                 body = (await self.client.score_member(MemberRequest(**member))).model_dump()
                 record["status"] = None

@@ -1,9 +1,13 @@
 """The failure contract: every way a call can fail, with what it means to a caller, in one place.
 
 Each kind has a stable machine-readable ``code``: a result's ``failure`` field (a group or a
-member answered with a flagged failure) or an HTTP error body's ``code`` (a request refused
-before any scoring). With it: whether another attempt may succeed (``retryable``), whether the
-caller's own input is at fault (``bad_input``), and the HTTP status the ingress answers with.
+member answered with a flagged failure) or an HTTP error body's ``code``. Every non-2xx HTTP
+answer is one error body (``ErrorResponse``: ``code``, ``error``, ``detail``): a request refused
+before any scoring, or a member whose failure's kind has a status other than 200 (its group
+conflicts, is refused, timed out, moved, or its replica is overloaded or stopping); a member's
+answer is either its result (200) or that error body, never both. With the code: whether another
+attempt may succeed (``retryable``), whether the caller's own input is at fault (``bad_input``),
+and the HTTP status the ingress answers with.
 Callers decide from these fields, never from a message text; messages are for people and may
 be reworded freely.
 
@@ -38,6 +42,7 @@ RequestErrorCode = Literal[
     "not_found",  # no such route
     "method_not_allowed",
     "unavailable",  # no scorer replica can answer now (none placed, all went away): retry later
+    "internal_error",  # the service failed unexpectedly (a bug: its log has the traceback)
 ]
 
 ErrorCode = Literal[FailureReason, RequestErrorCode]
@@ -97,8 +102,14 @@ KINDS: dict[str, FailureKind] = {
         FailureKind("unavailable", 503, retryable=True,
                     meaning="no scorer replica can answer now (none placed: the missing resources are named; "
                             "all went away)"),
+        FailureKind("internal_error", 500,
+                    meaning="the service failed unexpectedly (a bug: the ingress's log has the traceback)"),
     )
 }
+
+# The codes a member's (or group's) result can carry as its ``failure``; over HTTP, a member's
+# failure whose kind is not a 200 comes as an error body with this code (the client rebuilds it).
+RESULT_FAILURES: frozenset[str] = frozenset(get_args(FailureReason))
 
 # What an HTTP status means when an answer carries no code of ours (a proxy's 502, say).
 _BY_STATUS: dict[int, str] = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",

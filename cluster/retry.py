@@ -3,7 +3,7 @@ how long to wait between attempts, and which failures are worth another attempt.
 
 One object, one backoff formula, read by the one layer that retries (the client's
 :class:`~grrm_client.RewardClient`) and by the Serve-side re-routing of calls whose replica died
-(``deployments/client.py``). Pure: no I/O, no clock.
+(``deployments/client.py``'s ``ReplicaCallPolicy``). Pure: no I/O, no clock.
 """
 
 from __future__ import annotations

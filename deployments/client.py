@@ -1,68 +1,41 @@
 """Calling scorer replicas through a Ray Serve handle, surviving replica death.
 
-Used by the HTTP ingress and by the trainer bridge (which sits on the same Ray cluster and
-skips the HTTP hop). A call whose replica dies is sent again with ``attempt + 1``: the router
-then uses pure ring order, so every member of the group lands together on the same live replica
-and the group is re-assembled there. A replica whose engine dies ends itself
-(``deployments/replica.py``), so engine death reaches callers as replica death and is survived
-the same way.
-
-A call to a deployment none of whose replicas runs or can be placed (``deployments/availability.py``)
-fails with :class:`~deployments.availability.ReplicasUnschedulableError` (a Serve
-``DeploymentUnavailableError``) that names the missing resources, instead of waiting for ever; so
-does a call already waiting when that becomes known.
+Used by the HTTP ingress and by the Serve-side callers of the replicas. Each send is
+:class:`~grrm_client.handle_send.HandleSender`'s (the core the client's handle transport shares);
+this module adds the Serve side's own re-send policy, for callers that may not retry themselves.
+A call whose replica dies is sent again with ``attempt + 1``: the router then uses pure ring
+order, so every member of the group lands together on the same live replica and the group is
+re-assembled there. A replica whose engine dies ends itself (``deployments/replica.py``), so engine
+death reaches callers as replica death and is survived the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import dataclasses
-import uuid
 from dataclasses import dataclass
-from typing import Any, Literal
 
-from ray.exceptions import RayActorError
-from ray.serve import context as serve_context
-from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle
 
 from cluster.retry import RetryPolicy
 from cluster.schema import DemandAccepted, DemandAnnouncement, GroupRequest, GroupResult, MemberRequest, MemberResult
-from deployments.availability import DeploymentAvailability, wait_for_refresh
-from deployments.handles import ready_handle
-
-# Errors that mean "the replica went away", not "the request is bad": safe to send again.
-REPLICA_GONE_ERRORS: tuple[type[BaseException], ...] = (RayActorError, ReplicaUnavailableError)
-# Errors that leave a call unanswered but worth sending again: its replica went away, none can
-# answer now, or Serve's queue is full.
-UNANSWERED_ERRORS: tuple[type[BaseException], ...] = (
-    BackPressureError, DeploymentUnavailableError, *REPLICA_GONE_ERRORS,
-)
-
-
-def unanswered_code(error: BaseException) -> Literal["overloaded", "unavailable"]:
-    """The failure kind (``cluster/failures.py``) of a call that met one of :data:`UNANSWERED_ERRORS`:
-    Serve's back pressure is overload; no replica to answer (none placed, all gone) is unavailable."""
-    return "overloaded" if isinstance(error, BackPressureError) else "unavailable"
+from grrm_client.availability import DeploymentAvailability
+from grrm_client.handle_send import REPLICA_GONE_ERRORS, HandleSender
 
 
 @dataclass(frozen=True, slots=True)
 class ReplicaCallPolicy(RetryPolicy):
     """How often a call is re-routed after its replica died (``max_attempts`` sends in all, the
     backoff of :class:`~cluster.retry.RetryPolicy` between them). Serves the HTTP ingress, whose
-    callers may not retry; a client with a retry layer of its own (``grrm_client``) sends with
-    ``max_attempts=1`` and retries itself."""
+    callers may not retry; the client (``grrm_client``) sends once per attempt and retries itself."""
 
     max_attempts: int = 4
     max_backoff_s: float = 5.0
-    # Re-send a member once after its group timed out (see _call). Off for callers that re-join
-    # incomplete groups themselves (grrm_client's RewardClient).
+    # Re-send a member once after its group timed out, or at once when its group moved (see _call).
     resend_on_timeout: bool = True
 
 
-class ScorerClient:
-    """Group and member scoring through a handle to the replica deployment."""
+class ScorerClient(HandleSender):
+    """Group and member scoring through a handle to the replica deployment, re-sent on ``policy``."""
 
     def __init__(
         self,
@@ -70,10 +43,8 @@ class ScorerClient:
         policy: ReplicaCallPolicy | None = None,
         availability: DeploymentAvailability | None = None,
     ):
-        self.handle = ready_handle(handle)  # a GCS outage must not find its router unmade
+        super().__init__(handle, availability)
         self.policy = policy or ReplicaCallPolicy()
-        # Whether the deployment can serve at all (None for what is not a Serve handle).
-        self.availability = availability or DeploymentAvailability.for_handle(handle)
         self.replica_failures = 0  # calls re-sent because their replica died
         self.timeout_retries = 0  # members re-sent once after an assembly timeout
 
@@ -97,7 +68,7 @@ class ScorerClient:
             attempt = first_attempt + sent
             last = sent + 1 == self.policy.max_attempts
             try:
-                result = await self._send_and_wait(method, request, attempt)
+                result = await self.send(method, request, attempt)
             except REPLICA_GONE_ERRORS:
                 self.replica_failures += 1
                 if last:
@@ -124,56 +95,6 @@ class ScorerClient:
             return result
         raise AssertionError("unreachable")
 
-    async def _send_and_wait(self, method: str, request: GroupRequest | MemberRequest, attempt: int):
-        availability = self.availability
-        if availability is None:
-            return await self._sent(method, request, attempt)
-        # The verdict known now, never a wait for a fresh one: fetching it needs the GCS, and a call
-        # must go on while the GCS is down (the replicas, proxies and handles serve without it).
-        verdict, refreshing = availability.check(self.handle.deployment_id)
-        response = self._sent(method, request, attempt)
-        if verdict is not None and verdict.ready:
-            return await response
-        # Unknown yet, or no replica runs: the call waits in the handle's queue. Give up once a
-        # verdict says none can start (the first refresh's, as soon as it comes).
-        waiting = asyncio.ensure_future(response)
-        try:
-            while True:
-                if refreshing is None:
-                    await asyncio.wait({waiting}, timeout=availability.refresh_s)
-                else:
-                    await wait_for_refresh(refreshing, availability.refresh_s, also=waiting)
-                if waiting.done():
-                    return waiting.result()
-                verdict, refreshing = availability.check(self.handle.deployment_id)
-                if verdict is not None and verdict.ready:
-                    return await waiting
-        finally:
-            if not waiting.done():
-                response.cancel()
-                waiting.cancel()
-                # Its end (RequestCancelledError) is expected: read it so asyncio does not report it.
-                waiting.add_done_callback(lambda task: task.cancelled() or task.exception())
-
     async def announce_demand(self, announcement: DemandAnnouncement) -> DemandAccepted:
         """Tell a replica what work a tenant expects (for the autoscaling policy; any replica will do)."""
         return await self._call("announce_demand", announcement, 0)
-
-    def ask_replica(self, method: str, replica: str, *args: Any, **kwargs: Any):
-        """Call a method of one replica by its id (diagnostics such as ``tenants`` and ``info``, or a
-        hand-off between replicas), once, without retries; a response."""
-        return contextvars.copy_context().run(self._remote, method, *args, target_replica=replica, **kwargs)
-
-    def _sent(self, method: str, request: GroupRequest | MemberRequest, attempt: int):
-        return contextvars.copy_context().run(self._remote, method, request, attempt=attempt)
-
-    def _remote(self, method: str, *args: Any, **kwargs: Any):
-        # Calls made while serving one HTTP request inherit its internal request id, and Serve's
-        # routing loop matches routed requests by that id: a fan-out of several calls would be
-        # fulfilled as one (the others never). Each call gets its own id, set in a copied context
-        # (ours is untouched). This uses Serve's private request context (Ray 2.60, pinned).
-        current = serve_context._get_serve_request_context()
-        serve_context._serve_request_context.set(
-            dataclasses.replace(current, _internal_request_id=uuid.uuid4().hex)
-        )
-        return getattr(self.handle, method).remote(*args, **kwargs)

@@ -3,10 +3,11 @@
 Routes only: it fans a batch out into one replica call per group (so groups spread over replicas
 and fail independently) and answers a member with its result. What comes before a route
 (token, body size, limits) is ``deployments/http/guard.py``; the bodies are
-``deployments/http/models.py``; every error answer is ``deployments/http/errors.py``'s, its status
-that of its failure kind (``cluster/failures.py``): 422 invalid, 413 over a limit, 401
-unauthenticated, 409 conflicting member, 503 overloaded, shutting down or unavailable
-(Retry-After), 504 assembly timeout. Bad input never yields a 500.
+``deployments/http/models.py``; every non-2xx answer of every route is one ``ErrorResponse``
+(``deployments/http/errors.py``) whose ``code`` is a failure kind (``cluster/failures.py``) and whose
+status is that kind's: 422 invalid or refused input, 413 over a limit, 401 unauthenticated, 403
+forbidden, 409 conflicting member, 503 overloaded, shutting down, unavailable or moved
+(Retry-After), 504 assembly timeout, 500 a bug. Bad input never yields a 500.
 """
 
 from __future__ import annotations
@@ -15,11 +16,10 @@ import asyncio
 from typing import Any
 
 from fastapi import FastAPI, Query, Request
-from fastapi.encoders import jsonable_encoder
-from fastapi.responses import JSONResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from cluster.failures import kind_of
 from cluster.schema import (
     DEFAULT_TENANT,
     TENANT_PATTERN,
@@ -28,19 +28,22 @@ from cluster.schema import (
     MemberRequest,
     MemberResult,
 )
-from deployments.availability import Availability
-from deployments.client import UNANSWERED_ERRORS, ScorerClient
+from deployments.client import ScorerClient
 from deployments.config import AppConfig
-from deployments.http.errors import HTTPProblem, answer_of_kind, install_error_handlers, unanswered
+from deployments.http.errors import HTTPProblem, error_response, install_error_handlers, unanswered
 from deployments.http.guard import RequestGuard, check_group_limits, check_text_limits, tenant_of
 from deployments.http.models import ErrorResponse, ScoreRequest, ScoreResponse
 from deployments.http.openrlhf import OpenRLHFRequest, OpenRLHFResponse, openrlhf_rewards
 from deployments.replica_list import replica_actor_names
+from grrm_client.availability import Availability
+from grrm_client.handle_send import UNANSWERED_ERRORS
 
 app = FastAPI(
     title="GRRM Cluster",
     version="0.1.0",
     description="Group reward scoring with GRRM (GQM prompts) for GRPO training of translation models.",
+    # Every route: a bug's answer keeps the one error shape (deployments/http/errors.py).
+    responses={500: {"model": ErrorResponse, "description": "`internal_error`: the service failed unexpectedly"}},
 )
 install_error_handlers(app)
 # How long /healthz waits for the first look at the scorer deployment (Kubernetes probes time out at 2 s).
@@ -84,22 +87,26 @@ class GRRMIngress:
         "/v1/score/member",
         response_model=MemberResult,
         responses={
-            409: {"model": MemberResult, "description": "`failure: conflict`: the member disagrees with its group"},
-            413: {"model": ErrorResponse},
-            422: {"model": ErrorResponse | MemberResult,
-                  "description": "invalid request (`code`), or the group's input refused (`failure: rejected`)"},
-            503: {"model": ErrorResponse | MemberResult,
-                  "description": "retry later (Retry-After): no replica can answer (`code`), or the replica is "
-                                 "overloaded or shutting down (`failure`); or send the member again at once: its "
-                                 "group moved to another replica (`failure: moved`)"},
-            504: {"model": MemberResult, "description": "`failure: timeout`: the group did not complete in time"},
+            409: {"model": ErrorResponse, "description": "`conflict`: the member disagrees with its group"},
+            413: {"model": ErrorResponse, "description": "`too_large`: over a limit"},
+            422: {"model": ErrorResponse,
+                  "description": "`invalid_request`: the body does not validate; `rejected`: the group's input "
+                                 "is refused"},
+            503: {"model": ErrorResponse,
+                  "description": "retry later (Retry-After): `unavailable` (no replica can answer), `overloaded`, "
+                                 "`shutting_down`; or send the member again at once: `moved` (its group moved to "
+                                 "another replica)"},
+            504: {"model": ErrorResponse,
+                  "description": "`timeout`: the group did not complete in time (send the member again to keep "
+                                 "waiting)"},
         },
     )
-    async def score_member(self, member: MemberRequest, request: Request):
+    async def score_member(self, member: MemberRequest, request: Request) -> MemberResult:
         """Score one member of a group; answers once the whole group has been scored.
 
-        The answer is the member's result whatever happened to its group; its status is that of
-        its ``failure`` kind (``cluster/failures.py``)."""
+        A 200 is the member's result (with a ``failure`` whose kind answers 200, such as
+        ``parse_failed``, it has no score); any other failure is an error body whose ``code`` is the
+        member's ``failure`` and whose status is its kind's (``cluster/failures.py``)."""
         member = member.model_copy(update={"tenant": tenant_of(request.state, member.tenant, self.config)})
         check_text_limits({"source": member.source, "candidate": member.candidate}, self.config)
         if member.group_size > self.config.limits.max_candidates_per_group:
@@ -112,8 +119,12 @@ class GRRMIngress:
             result = await self.client.score_member(member)
         except UNANSWERED_ERRORS as error:
             raise unanswered(error) from None
-        # A member's answer is its MemberResult whatever happened; the status is its failure kind's.
-        return answer_of_kind(result.failure, jsonable_encoder(result), self.config.http.retry_after_s)
+        kind = kind_of(result.failure)
+        if kind is not None and kind.http_status != 200:
+            # One error shape for every non-2xx answer: the member's failure is the body's code.
+            raise HTTPProblem(result.failure, result.error or result.failure,
+                              detail={"replica": result.replica} if result.replica else None)
+        return result
 
     @app.post(
         "/openrlhf/get_reward",
@@ -184,9 +195,7 @@ class GRRMIngress:
         The latest verdict, never a wait for a fresh one beyond the first (a probe answers while the GCS is down)."""
         verdict = await self._scorer_verdict(fresh=False)
         if verdict is not None and not verdict.ready:
-            body = {"status": "unavailable", "code": "unavailable", "error": verdict.describe(),
-                    "detail": verdict.as_dict()}
-            return JSONResponse(status_code=503, content=body)
+            return error_response("unavailable", verdict.describe(), verdict.as_dict(), self.config.http.retry_after_s)
         return {"status": "ok"}
 
     @app.get("/v1/info")

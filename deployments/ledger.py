@@ -26,7 +26,7 @@ from ray.serve.request_router import PendingRequest, RunningReplica
 from cluster.assembly import CompletedGroup
 from cluster.ledger import GroupLedger
 from cluster.routing import copy_holders
-from deployments.handles import ready_handle
+from grrm_client.handles import ready_handle
 
 logger = logging.getLogger("ray.serve")
 

@@ -42,12 +42,12 @@ from cluster.schema import (
 )
 from cluster.scorer import GroupScorer
 from deployments.autoscaling_policy import autoscaling_stats
-from deployments.client import REPLICA_GONE_ERRORS, ScorerClient
 from deployments.config import AppConfig
 from deployments.ledger import ServeLedger
 from deployments.metrics import ReplicaMetrics
 from deployments.replica_set import ReplicaSetWatch
 from deployments.router import OUTSTANDING_WORK
+from grrm_client.handle_send import REPLICA_GONE_ERRORS, HandleSender
 
 logger = logging.getLogger("ray.serve")
 
@@ -133,7 +133,7 @@ class GRRMReplica:
         # The routers' ring as the controller last broadcast it (None: not known yet, or outside
         # Serve): a group it places on another replica is handed there (see _on_replica_set).
         self._ring: HashRing | None = None
-        self._peer_client: ScorerClient | None = None  # this deployment's other replicas, for hand-offs
+        self._peer_client: HandleSender | None = None  # this deployment's other replicas, for hand-offs
         self._probes: dict[str, asyncio.Future[bool]] = {}  # replica -> whether it answered (this replica set)
         self._gone: set[str] = set()  # replicas on the ring that did not answer
         self._background: set[asyncio.Task[None]] = set()
@@ -403,11 +403,11 @@ class GRRMReplica:
             self._gone.add(replica)
             return False
 
-    def _peers(self) -> ScorerClient:
+    def _peers(self) -> HandleSender:
         """This deployment's replicas, through the group-aware router (made at the first hand-off)."""
         if self._peer_client is None:
             context = serve.get_replica_context()
-            self._peer_client = ScorerClient(serve.get_deployment_handle(context.deployment, context.app_name))
+            self._peer_client = HandleSender(serve.get_deployment_handle(context.deployment, context.app_name))
         return self._peer_client
 
     def _in_background(self, call: Any) -> None:

@@ -8,6 +8,11 @@ sends whose replica died) is passed to the replicas' router: a whole group re-se
 replica died takes pure ring order and lands where its members do, while a retry after overload
 keeps the load-bounded choice.
 
+Both transports answer alike. Over HTTP every non-2xx answer is one error body whose ``code`` is a
+failure kind; a member's failure that its group answered (``conflict``, ``rejected``, ``timeout``,
+``moved``) comes back as the flagged :class:`MemberResult` a handle call returns, decided by the
+status and the ``code`` alone.
+
 Importing this module imports neither vLLM nor SGLang, nor Ray (the handle transport imports Ray
 Serve when it is given a handle or first used).
 """
@@ -16,19 +21,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import httpx
 
-from cluster.failures import code_for_status, kind_of
+from cluster.failures import RESULT_FAILURES, FailureKind, code_for_status, kind_of
 from cluster.retry import TRANSPORT_ERROR
 from cluster.schema import DemandAccepted, DemandAnnouncement, GroupRequest, GroupResult, MemberRequest, MemberResult
 from grrm_client.config import ClientConfig
 
 __all__ = ["FatalError", "HTTPTransport", "HandleTransport", "RetryableError", "Transport", "make_transport"]
-
-R = TypeVar("R", MemberResult, GroupResult)
 
 
 class RetryableError(Exception):
@@ -72,43 +74,43 @@ def make_transport(config: ClientConfig) -> Transport:
 
 
 class HandleTransport:
-    """Calls the replica deployment through a Ray Serve handle (the trainer is on the same Ray cluster)."""
+    """Calls the replica deployment through a Ray Serve handle (the trainer is on the same Ray cluster):
+    one :class:`~grrm_client.handle_send.HandleSender` send per attempt."""
 
     def __init__(self, config: ClientConfig, handle: Any = None):
         self.config = config
         self._handle = handle
-        self._scorer: Any = None
+        self._sender: Any = None
         if handle is not None:
-            self._client()  # its router set up now, not at a first call that may meet a GCS outage
+            self._send_with()  # its router set up now, not at a first call that may meet a GCS outage
 
-    def _client(self) -> Any:
-        if self._scorer is None:
-            from deployments.client import ReplicaCallPolicy, ScorerClient
+    def _send_with(self) -> Any:
+        if self._sender is None:
+            from grrm_client.handle_send import HandleSender  # imports Ray Serve: only when a handle is used
 
             handle = self._handle
             if handle is None:
                 from ray import serve
 
                 handle = serve.get_deployment_handle(self.config.replica_deployment, app_name=self.config.app_name)
-            # One send per attempt: RewardClient is the one layer that retries (and re-joins).
-            self._scorer = ScorerClient(handle, ReplicaCallPolicy(max_attempts=1, resend_on_timeout=False))
-        return self._scorer
+            self._sender = HandleSender(handle)
+        return self._sender
 
     async def member(self, member: MemberRequest, timeout_s: float, attempt: int = 0) -> MemberResult:
-        return await self._guard(self._client().score_member(member, attempt=attempt))
+        return await self._send("score_member", member, attempt)
 
     async def group(self, group: GroupRequest, timeout_s: float, attempt: int = 0) -> GroupResult:
-        return await self._guard(self._client().score_group(group, attempt=attempt))
+        return await self._send("score_group", group, attempt)
 
     async def announce(self, announcement: DemandAnnouncement, timeout_s: float) -> DemandAccepted:
-        return await self._guard(self._client().announce_demand(announcement))
+        return await self._send("announce_demand", announcement, 0)
 
-    @staticmethod
-    async def _guard(call: Awaitable[R]) -> R:
-        from deployments.client import REPLICA_GONE_ERRORS, UNANSWERED_ERRORS, unanswered_code
+    async def _send(self, method: str, request: Any, attempt: int) -> Any:
+        from grrm_client.handle_send import REPLICA_GONE_ERRORS, UNANSWERED_ERRORS, unanswered_code
 
+        sender = self._send_with()
         try:
-            return await call
+            return await sender.send(method, request, attempt)
         except UNANSWERED_ERRORS as error:
             # The same kinds as the HTTP ingress answers for these errors (overloaded / unavailable).
             lost = isinstance(error, REPLICA_GONE_ERRORS)
@@ -116,7 +118,7 @@ class HandleTransport:
             raise RetryableError(unanswered_code(error), message, replica_lost=lost) from None
 
     async def aclose(self) -> None:
-        self._scorer = None
+        self._sender = None
 
 
 class HTTPTransport:
@@ -155,23 +157,27 @@ class HTTPTransport:
 
     async def member(self, member: MemberRequest, timeout_s: float, attempt: int = 0) -> MemberResult:
         response = await self._post("/v1/score/member", member.model_dump(), timeout_s)
-        body = _json(response)
-        if isinstance(body, dict) and "group_id" in body and "code" not in body:
-            # The member's own answer (whatever its status): its `failure` says what happened.
-            return MemberResult.model_validate(body)
-        raise _status_error(response, body)
+        if response.status_code == 200:
+            return MemberResult.model_validate(response.json())
+        kind, message = _error_of(response, _json(response))
+        if kind is not None and kind.code in RESULT_FAILURES and not kind.retryable:
+            # The member's group answered it (a conflict, refused input, not complete yet, moved):
+            # the flagged result a handle call returns, so that both transports read alike.
+            return MemberResult(group_id=member.group_id, index=member.index, member_id=member.member_id,
+                                failure=kind.code, error=message)
+        raise _status_error(response, kind, message)
 
     async def group(self, group: GroupRequest, timeout_s: float, attempt: int = 0) -> GroupResult:
         response = await self._post("/v1/score", {"groups": [group.model_dump()]}, timeout_s)
         if response.status_code == 200:
             return GroupResult.model_validate(response.json()["results"][0])
-        raise _status_error(response, _json(response))
+        raise _status_error(response, *_error_of(response, _json(response)))
 
     async def announce(self, announcement: DemandAnnouncement, timeout_s: float) -> DemandAccepted:
         response = await self._post("/v1/demand", announcement.model_dump(), timeout_s)
         if response.status_code == 200:
             return DemandAccepted.model_validate(response.json())
-        raise _status_error(response, _json(response))
+        raise _status_error(response, *_error_of(response, _json(response)))
 
     async def aclose(self) -> None:
         clients, self._clients = list(self._clients.values()), {}
@@ -189,14 +195,20 @@ def _json(response: httpx.Response) -> Any:
         return None
 
 
-def _status_error(response: httpx.Response, body: Any) -> Exception:
-    """The exception for an error answer, by its ``code`` (else by its status, for answers of
-    something in between, such as a proxy): retry what its kind says is retryable (and other 5xx),
-    refuse the rest."""
+def _error_of(response: httpx.Response, body: Any) -> tuple[FailureKind | None, str]:
+    """The failure kind of a non-2xx answer and its message: by the error body's ``code`` (every
+    error answer of the service carries one), else by its status (an answer of something in
+    between, such as a proxy); None when neither names a kind of ours."""
     status = response.status_code
     body = body if isinstance(body, dict) else {}
     message = f"HTTP {status}: {str(body.get('error') or response.text)[:500]}"
-    kind = kind_of(body.get("code")) or kind_of(code_for_status(status))
+    return kind_of(body.get("code")) or kind_of(code_for_status(status)), message
+
+
+def _status_error(response: httpx.Response, kind: FailureKind | None, message: str) -> Exception:
+    """The exception for an error answer of failure kind ``kind``: retry what the kind says is
+    retryable (and a 5xx of no kind of ours), refuse the rest."""
+    status = response.status_code
     if kind is not None and kind.retryable:
         return RetryableError(kind.code, message, retry_after=_retry_after(response))
     if kind is None and status >= 500:

@@ -183,8 +183,14 @@ def http_api() -> str:
                          .get("schema", {}).get("$ref"))
             if reference and reference not in bodies:
                 bodies.append(reference)
+    lines += ["", "Every answer other than a 2xx, of every route, is one `ErrorResponse` (below): decide on its status "
+              "and its `code` (the [failure kinds](failures.md)), never on the `error` text or on which keys a body "
+              "has. A member's answer is its `MemberResult` (200, its `failure` one whose status is 200) or that "
+              "error body (the member's `failure` as its `code`), never both."]
+    seen: set[str] = set()
     for reference in bodies:
-        lines += body_tables(reference.rsplit("/", 1)[-1], components, set())
+        lines += body_tables(reference.rsplit("/", 1)[-1], components, seen)
+    lines += body_tables("ErrorResponse", components, seen)
     return HEADER + "\n".join(lines) + "\n"
 
 

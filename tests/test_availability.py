@@ -9,7 +9,7 @@ import pytest
 from ray.serve.exceptions import DeploymentUnavailableError
 
 from cluster.schema import GroupRequest
-from deployments.availability import (
+from grrm_client.availability import (
     DeploymentAvailability,
     ReplicasUnschedulableError,
     assess,

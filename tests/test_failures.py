@@ -37,3 +37,39 @@ def test_statuses_without_a_code_are_read_conservatively():
     assert kind_of(code_for_status(502)).retryable and kind_of(code_for_status(503)).retryable
     assert code_for_status(500) is None and kind_of(None) is None and kind_of("from_a_newer_version") is None
     assert set(get_args(RequestErrorCode)) <= set(KINDS)
+
+
+def test_every_error_answer_of_every_route_is_documented_as_the_one_error_body():
+    error_body = {"$ref": "#/components/schemas/ErrorResponse"}
+    routes = app.openapi()["paths"]
+    assert "/v1/score/member" in routes
+    for path, methods in routes.items():
+        for method, operation in methods.items():
+            for status, response in operation["responses"].items():
+                if status.startswith("2"):
+                    continue
+                schema = response["content"]["application/json"]["schema"]
+                if status == "422" and schema == {"$ref": "#/components/schemas/HTTPValidationError"}:
+                    continue  # FastAPI's default entry; the handler answers it as an ErrorResponse
+                assert schema == error_body, (method, path, status, schema)
+
+
+def test_errors_outside_the_routes_answer_the_one_error_body():
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from deployments.http.errors import install_error_handlers
+
+    bare = FastAPI()
+    install_error_handlers(bare)
+
+    @bare.get("/broken")
+    async def broken():
+        raise RuntimeError("a bug")
+
+    client = TestClient(bare, raise_server_exceptions=False)
+    answer = client.get("/broken")
+    assert answer.status_code == 500 and answer.json()["code"] == "internal_error"
+    assert "RuntimeError" in answer.json()["error"] and "a bug" not in answer.text  # no internals leak
+    missing = client.get("/nowhere")
+    assert missing.status_code == 404 and missing.json()["code"] == "not_found"

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from cluster.engines.config import EngineConfig
 from deployments.app import replica_options
-from deployments.availability import missing_resources
+from grrm_client.availability import missing_resources
 from deployments.config import AppConfig
 from deployments.placement import PlacementError, plan_placement
 

@@ -1,8 +1,11 @@
-"""Error answers of the HTTP API: every one an ``ErrorResponse`` whose ``code`` is a failure kind
-(``cluster/failures.py``), whose status is that kind's, with ``Retry-After`` where it is retryable."""
+"""Error answers of the HTTP API: every non-2xx answer of every route is an ``ErrorResponse`` whose
+``code`` is a failure kind (``cluster/failures.py``), whose status is that kind's, with
+``Retry-After`` where it is retryable (a bug's exception too: ``internal_error``, 500), so that a
+caller decides on the status and the ``code`` alone, like vLLM's one ``ErrorResponse``."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -11,10 +14,12 @@ from fastapi.responses import JSONResponse
 from ray.serve.exceptions import BackPressureError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from cluster.failures import ErrorCode, code_for_status, kind_of
-from deployments.availability import ReplicasUnschedulableError
-from deployments.client import REPLICA_GONE_ERRORS, unanswered_code
+from cluster.failures import KINDS, ErrorCode, code_for_status
 from deployments.http.models import ErrorResponse
+from grrm_client.availability import ReplicasUnschedulableError
+from grrm_client.handle_send import REPLICA_GONE_ERRORS, unanswered_code
+
+logger = logging.getLogger("ray.serve")
 
 
 class HTTPProblem(Exception):
@@ -27,19 +32,12 @@ class HTTPProblem(Exception):
         self.detail = detail
 
 
-def answer_of_kind(code: str | None, content: Any, retry_after_s: int = 1) -> JSONResponse:
-    """A JSON answer with the status of failure kind ``code`` (200 for none) and Retry-After where
-    the kind is retryable: an error body, or a member's result that carries its ``failure``."""
-    kind = kind_of(code)
-    if kind is None:
-        return JSONResponse(status_code=200, content=content)
-    headers = {"Retry-After": str(retry_after_s)} if kind.retry_after else None
-    return JSONResponse(status_code=kind.http_status, content=content, headers=headers)
-
-
 def error_response(code: ErrorCode, error: str, detail: Any = None, retry_after_s: int = 1) -> JSONResponse:
     """The HTTP answer for a failure kind: its status, an ErrorResponse, Retry-After where it is retryable."""
-    return answer_of_kind(code, ErrorResponse(code=code, error=error, detail=detail).model_dump(), retry_after_s)
+    kind = KINDS[code]
+    headers = {"Retry-After": str(retry_after_s)} if kind.retry_after else None
+    body = ErrorResponse(code=code, error=error, detail=detail).model_dump(mode="json")
+    return JSONResponse(status_code=kind.http_status, content=body, headers=headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -47,6 +45,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(HTTPProblem, _problem)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(Exception, _internal)
 
 
 async def _problem(request: Request, problem: HTTPProblem) -> JSONResponse:
@@ -63,6 +62,14 @@ async def _http_error(_: Request, error: StarletteHTTPException) -> JSONResponse
     return JSONResponse(status_code=error.status_code, content=body, headers=getattr(error, "headers", None))
 
 
+async def _internal(request: Request, error: Exception) -> JSONResponse:
+    # A bug, not the caller's doing: the answer keeps the API's error shape (Starlette logs the
+    # traceback after it), and says no more than the exception's type.
+    logger.error("%s %s: %s", request.method, request.url.path, type(error).__name__)
+    return error_response("internal_error", f"internal error ({type(error).__name__}); the service's log has the "
+                                            "traceback")
+
+
 async def _invalid(_: Request, error: RequestValidationError) -> JSONResponse:
     # Echoing inputs back would return huge or invalid texts: report location and message only.
     problems = [
@@ -74,7 +81,7 @@ async def _invalid(_: Request, error: RequestValidationError) -> JSONResponse:
 
 
 def unanswered(error: Exception) -> HTTPProblem:
-    """The problem for a call no replica answered (one of ``deployments.client.UNANSWERED_ERRORS``):
+    """The problem for a call no replica answered (one of ``grrm_client.handle_send.UNANSWERED_ERRORS``):
     503 with Retry-After, never a 500."""
     code = unanswered_code(error)
     if isinstance(error, ReplicasUnschedulableError):  # not load: no replica can run; say what is missing

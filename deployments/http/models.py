@@ -25,11 +25,14 @@ class ScoreResponse(BaseModel):
 
 
 class ErrorResponse(BaseModel):
-    """Every non-2xx answer that is not a member's result: a stable ``code`` to decide on
+    """Every non-2xx answer of every route, and nothing else: a stable ``code`` to decide on
     (``cluster/failures.py``: retryable or not, bad input or not) and a readable ``error`` that
-    names the field or limit (for people: its wording may change)."""
+    names the field or limit (for people: its wording may change). A member whose failure has a
+    non-200 status (``conflict``, ``rejected``, ``timeout``, ``moved``, ``overloaded``,
+    ``shutting_down``) is answered with this, its ``code`` the member's ``failure``."""
 
-    code: ErrorCode
-    error: str
-    detail: Any = None
+    code: ErrorCode = Field(description="The failure kind (cluster/failures.py): decide on this and the status.")
+    error: str = Field(description="What went wrong, for people (names the field, limit or missing resource).")
+    detail: Any = Field(None, description="More for people and tools, by code: invalid_request's problems "
+                                          "(field, message), unavailable's replica states, a member's replica.")
 

@@ -34,9 +34,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, m
 
 from cluster.rewards import Completion, member_outcome, read_completion
 from cluster.schema import DEFAULT_TENANT, MemberRequest
-from deployments.client import UNANSWERED_ERRORS, ScorerClient, unanswered_code
+from deployments.client import ScorerClient
 from deployments.config import AppConfig
 from deployments.http.errors import HTTPProblem
+from grrm_client.handle_send import UNANSWERED_ERRORS, unanswered_code
 
 __all__ = ["END_OF_TURN", "OpenRLHFRequest", "OpenRLHFResponse", "openrlhf_rewards", "read_sample", "response_of"]
 

@@ -46,6 +46,11 @@ def member_answer(index=0, score=7, **extra) -> dict:
     return body
 
 
+def error_body(code: str, error: str) -> dict:
+    """The service's one error answer (deployments/http/models.py's ErrorResponse)."""
+    return {"code": code, "error": error, "detail": None}
+
+
 def http_client(statuses, config: BridgeConfig | None = None, seen: list | None = None):
     """A RewardClient over HTTP whose server answers with ``statuses`` in turn."""
     responses = list(statuses)
@@ -67,7 +72,7 @@ def http_client(statuses, config: BridgeConfig | None = None, seen: list | None 
 async def test_http_member_retries_503_honouring_retry_after(monkeypatch):
     monkeypatch.setenv("GRRM_TEST_TOKEN", "s3cret")
     seen = []
-    overloaded = (503, {"error": "overloaded: BackPressureError; retry later"}, {"Retry-After": "3"})
+    overloaded = (503, error_body("overloaded", "overloaded: BackPressureError; retry later"), {"Retry-After": "3"})
     client, time = http_client([overloaded, overloaded, (200, member_answer(), None)], seen=seen)
     outcome = await client.score_member(MEMBER)
     assert outcome.result is not None and outcome.result.score == 7 and outcome.failure is None
@@ -79,7 +84,7 @@ async def test_http_member_retries_503_honouring_retry_after(monkeypatch):
 
 
 async def test_http_504_incomplete_group_is_rejoined_until_the_deadline_not_counted_as_an_attempt():
-    timeout = (504, member_answer(score=None, valid=False, failure="timeout", error="assembly timed out", group_scores=None), None)
+    timeout = (504, error_body("timeout", "assembly timed out: 1 of 2 members"), None)
     client, time = http_client([timeout, timeout, (200, member_answer(score=4), None)])
     outcome = await client.score_member(MEMBER)
     assert outcome.result.score == 4 and outcome.failure is None
@@ -97,11 +102,12 @@ async def test_http_504_incomplete_group_is_rejoined_until_the_deadline_not_coun
 async def test_http_refusals_are_not_retried_whatever_their_wording():
     # The failure kind decides (cluster/failures.py), never the message: "retry later" in a
     # conflict's text changes nothing.
-    conflict = member_answer(score=None, valid=False, failure="conflict", error="index 0 differs; retry later",
-                             group_scores=None)
+    conflict = error_body("conflict", "index 0 differs; retry later")
     client, time = http_client([(409, conflict, None)])
     outcome = await client.score_member(MEMBER)
     assert outcome.attempts == 1 and outcome.result.failure == "conflict" and time.sleeps == []
+    assert (outcome.result.group_id, outcome.result.index, outcome.result.valid) == ("g", 0, False)
+    assert "index 0 differs" in outcome.result.error
 
     invalid = {"code": "invalid_request", "error": "src_lang: unknown language code"}
     client, _ = http_client([(422, invalid, None)])
@@ -115,10 +121,27 @@ async def test_http_refusals_are_not_retried_whatever_their_wording():
     assert (await client.score_group(GROUP)).failure == "too_large"
 
 
+async def test_http_member_answers_are_read_by_status_and_code_never_by_their_keys():
+    # A moved group is re-joined at once, like a timeout: not an attempt.
+    client, _ = http_client([(503, error_body("moved", "another replica collects it"), {"Retry-After": "1"}),
+                             (200, member_answer(score=6), None)])
+    outcome = await client.score_member(MEMBER)
+    assert outcome.result.score == 6 and (outcome.attempts, outcome.rejoins) == (1, 1)
+    # A 200 is the member's result, even a flagged one (no score, no retry).
+    flagged = member_answer(score=None, valid=False, failure="parse_failed", error="no verdict", group_scores=None)
+    client, time = http_client([(200, flagged, None)])
+    outcome = await client.score_member(MEMBER)
+    assert outcome.result.failure == "parse_failed" and outcome.failure is None and time.sleeps == []
+    # A non-2xx body shaped like a result but with no code of ours is not taken for one: its status decides.
+    lookalike = member_answer(score=None, valid=False, failure="conflict", error="?", group_scores=None)
+    client, _ = http_client([(409, lookalike, None)])
+    outcome = await client.score_member(MEMBER)
+    assert outcome.result is None and outcome.failure == "http_409"
+
+
 async def test_http_transient_refusals_and_connection_errors_are_retried():
-    shutting_down = member_answer(score=None, valid=False, failure="shutting_down", error="the replica is stopping",
-                                  group_scores=None)
-    overloaded = member_answer(score=None, valid=False, failure="overloaded", error="too many groups", group_scores=None)
+    shutting_down = error_body("shutting_down", "the replica is stopping")
+    overloaded = error_body("overloaded", "too many groups")
     client, _ = http_client([
         (503, shutting_down, None),
         (503, overloaded, None),
@@ -220,7 +243,7 @@ async def test_sends_per_logical_request_are_bounded_by_max_attempts_alone():
     outcome = await client.score_member(MEMBER)
     assert outcome.result.score == 4 and outcome.attempts == 3
     assert handle.score_member.attempts_seen == [0, 1, 1]  # overload does not count as a lost replica
-    # The same kind as the HTTP ingress answers for Serve's back pressure (deployments.client.unanswered_code).
+    # The same kind as the HTTP ingress answers for Serve's back pressure (grrm_client.handle_send.unanswered_code).
     handle = FakeHandle([BackPressureError(num_queued_requests=3, max_queued_requests=2)] * 3)
     client = RewardClient(config, HandleTransport(config, handle=handle), sleep=time.sleep, clock=time.clock)
     assert (await client.score_member(MEMBER)).failure == "overloaded"

@@ -11,7 +11,7 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError
 
 from cluster.failures import kind_of
-from deployments.client import UNANSWERED_ERRORS
+from grrm_client.handle_send import UNANSWERED_ERRORS
 from deployments.http.errors import error_response, unanswered
 
 

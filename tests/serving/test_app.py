@@ -163,7 +163,7 @@ def test_bad_and_conflicting_members(app_url):
 
     first, conflicting, completing = asyncio.run(run())
     assert conflicting.status_code == 409 and "source" in conflicting.json()["error"]
-    assert conflicting.json()["failure"] == "conflict"
+    assert conflicting.json()["code"] == "conflict" and set(conflicting.json()) == {"code", "error", "detail"}
     assert first.status_code == 200 and completing.status_code == 200
     assert first.json()["replica"] == completing.json()["replica"]
 
@@ -173,7 +173,8 @@ def test_incomplete_group_times_out_with_504(app_url):
     response = httpx.post(f"{app_url}/v1/score/member", json=member, timeout=30)
     assert response.status_code == 504
     body = response.json()
-    assert body["failure"] == "timeout" and body["score"] is None and "1 of 3" in body["error"]
+    assert body["code"] == "timeout" and "1 of 3" in body["error"] and body["detail"]["replica"]
+    assert set(body) == {"code", "error", "detail"}  # the one error body, never a result as well
 
 
 def test_info_and_health(app_url):
@@ -229,7 +230,7 @@ def test_an_overloaded_assembler_answers_503_with_retry_after_and_the_group_comp
     finally:
         serve.delete("assembling")
     assert refused.status_code == 503 and refused.headers.get("retry-after") == "1", refused.text
-    assert refused.json()["failure"] == "overloaded" and not refused.json()["valid"]
+    assert refused.json()["code"] == "overloaded"
     assert waiting.status_code == completing.status_code == 200
     assert [answer.status_code for answer in later] == [200, 200] and all(a.json()["valid"] for a in later)
 

@@ -247,7 +247,7 @@ def test_a_tenant_over_its_limit_gets_503_and_the_others_do_not(url):
             assert answer.json()["code"] == "overloaded" and "capped" in answer.json()["error"]
             assert "retry-after" in answer.headers
     assert [answer.status_code for answer in others] == [200] * 6
-    assert member_answer.status_code == 503 and member_answer.json()["failure"] == "overloaded"
+    assert member_answer.status_code == 503 and member_answer.json()["code"] == "overloaded"
 
     # The client retries the refusals: every one of the capped tenant's groups is scored in the end.
     async def through_the_client():

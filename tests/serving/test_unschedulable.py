@@ -16,7 +16,7 @@ from ray.serve.exceptions import DeploymentUnavailableError
 from cluster.engines import EngineConfig
 from cluster.schema import GroupRequest
 from deployments.app import build_app
-from deployments.availability import DeploymentAvailability, ReplicasUnschedulableError
+from grrm_client.availability import DeploymentAvailability, ReplicasUnschedulableError
 from deployments.client import ScorerClient
 from deployments.config import AppConfig, ReplicaSettings
 from grrm_client import HandleTransport, RewardClient
@@ -70,7 +70,7 @@ def test_http_callers_get_503_naming_the_missing_gpu(gpu_app_url):
 def test_health_and_info_say_no_replica_runs(gpu_app_url):
     post_until_answered(f"{gpu_app_url}/v1/score", {"groups": [GROUP]})  # the route is up
     health = httpx.get(f"{gpu_app_url}/healthz", timeout=30)
-    assert health.status_code == 503 and health.json()["status"] == "unavailable"
+    assert health.status_code == 503 and health.json()["code"] == "unavailable"
     assert '"GPU": 1.0' in health.json()["error"]
     info = httpx.get(f"{gpu_app_url}/v1/info", timeout=30).json()
     assert info["replicas_running"] == 0 and info["replicas"].get("RUNNING", 0) == 0
@@ -95,7 +95,7 @@ async def test_handle_callers_get_an_error_not_a_wait(gpu_app_url):
 async def test_a_call_already_waiting_fails_once_no_replica_can_start(gpu_app_url):
     """A call sent while the verdict was still "starting" (e.g. before Serve's own 30 s report on
     resources that exist but are taken) is given up as soon as the verdict changes."""
-    from deployments.availability import fetch_facts
+    from grrm_client.availability import fetch_facts
 
     looks = []
 
