@@ -18,53 +18,24 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol, TypeAlias
 
 from cluster import gqm
 from cluster.engines.base import EngineDeadError
+from cluster.group_records import CompletedGroup, MemberKey, Verdict, candidate_digest, text_digest
+from cluster.ledger import CompletedGroupLedger
 from cluster.schema import FailureReason, GroupRequest, GroupResult, MemberRequest, MemberResult, MemberTiming
 
 # How many missing indices a timeout message lists before it only counts the rest.
 _MISSING_INDICES_SHOWN = 20
-# The cached "digest" of an invalid member: never equal to a real 16-byte digest.
-_INVALID_DIGEST = b""
 # Scored groups kept for recent_groups() (timestamps for diagnostics and tests).
 RECENT_GROUPS = 10_000
 # How long a ledger write may go on after its members were answered (a ledger replica being
 # replaced, a starved CPU) before it is given up and counted as a ledger error.
 LEDGER_WRITE_BUDGET_S = 60.0
-
-# A member's identity within its group: its index, or its member_id (MemberRequest.key).
-MemberKey: TypeAlias = int | str
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """What every member of one group is told; the per-member score is picked from it."""
-
-    scores: tuple[int | None, ...] | None  # in position order; None at invalid members' positions
-    valid: bool
-    error: str | None
-    failure: FailureReason | None
-    replica: str
-    attempts: int
-    # A group of members sent with member_ids: each member's position (None: members have indices).
-    positions: dict[str, int] | None = None
-    # Wall-clock times of the group (MemberTiming); None when it was not scored.
-    complete_at: float | None = None
-    scoring_started_at: float | None = None
-    scoring_ended_at: float | None = None
-
-    def position_of(self, member: MemberRequest) -> int | None:
-        """The member's position in ``scores`` (None: not part of a scored group of ids)."""
-        if member.index is not None:
-            return member.index
-        return None if self.positions is None else self.positions.get(member.member_id or "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,59 +78,9 @@ class _Assembly:
         return self.first.index is None
 
 
-@dataclass(slots=True)
-class CompletedGroup:
-    """A scored group, kept so a retried member gets the same answer without re-scoring.
-
-    Texts are kept as digests: the entry only has to recognise a retry, and many thousand
-    cached groups of full texts would cost real memory.
-    """
-
-    group_size: int
-    src_lang: str
-    trg_lang: str
-    source_digest: bytes
-    candidate_digests: tuple[bytes, ...]  # in position order
-    verdict: Verdict
-    expires_at: float
-    # The members' ids in position order, for a group of members sent with member_ids.
-    member_ids: tuple[str, ...] | None = None
-
-    def digest_at(self, member: MemberRequest) -> bytes | None:
-        """The digest this record holds for the member's index or id (None: no such member)."""
-        if (member.index is None) != (self.member_ids is not None):
-            return None  # an index against a group of ids, or the reverse
-        if member.index is not None:
-            return self.candidate_digests[member.index] if member.index < len(self.candidate_digests) else None
-        position = self.verdict.position_of(member)
-        return None if position is None else self.candidate_digests[position]
-
-
-class CompletedGroupLedger(Protocol):
-    """Somewhere outside this replica where scored groups outlive it (injected; may be absent).
-
-    A replica publishes each scored group before answering its members; a replica that starts
-    collecting a group it does not know looks it up. So a member whose answer died with its
-    replica (the group was scored, the answer lost) gets the group's answer when it is re-sent,
-    although its group-mates, already answered, will never be sent again.
-    """
-
-    async def put(self, group_id: str, record: CompletedGroup) -> None: ...
-
-    async def get(self, group_id: str) -> CompletedGroup | None: ...
-
-
-def _digest(text: str) -> bytes:
-    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
-
-
 def _candidate_of(member: MemberRequest) -> str | None:
     """What a member contributes to its group: its text, or None when it is invalid."""
     return None if member.invalid else member.candidate
-
-
-def _candidate_digest(candidate: str | None) -> bytes:
-    return _INVALID_DIGEST if candidate is None else _digest(candidate)
 
 
 def prompt_order(candidates: dict[MemberKey, str | None]) -> list[MemberKey]:
@@ -173,7 +94,7 @@ def prompt_order(candidates: dict[MemberKey, str | None]) -> list[MemberKey]:
         return sorted(candidates)  # type: ignore[type-var]
     return sorted(
         candidates,
-        key=lambda key: (candidates[key] is None, _candidate_digest(candidates[key]), str(key)),
+        key=lambda key: (candidates[key] is None, candidate_digest(candidates[key]), str(key)),
     )
 
 
@@ -435,9 +356,9 @@ class GroupAssembler:
             group_size=record.group_size,
             src_lang=record.src_lang,
             trg_lang=record.trg_lang,
-            same_source=_digest(first.source) == record.source_digest,
+            same_source=text_digest(first.source) == record.source_digest,
         ) and all(
-            record_digest_of(record, key) == _candidate_digest(text) for key, text in assembly.candidates.items()
+            record.digest_of(key) == candidate_digest(text) for key, text in assembly.candidates.items()
         )
         if not agrees:
             return  # the same id for a different group: assemble it afresh
@@ -710,8 +631,8 @@ class GroupAssembler:
             group_size=first.group_size,
             src_lang=first.src_lang,
             trg_lang=first.trg_lang,
-            source_digest=_digest(first.source),
-            candidate_digests=tuple(_candidate_digest(assembly.candidates[key]) for key in order),
+            source_digest=text_digest(first.source),
+            candidate_digests=tuple(candidate_digest(assembly.candidates[key]) for key in order),
             verdict=verdict,
             expires_at=self._clock() + self.completed_ttl_s,
             member_ids=tuple(str(key) for key in order) if assembly.keyed else None,
@@ -745,7 +666,7 @@ class GroupAssembler:
             group_size=completed.group_size,
             src_lang=completed.src_lang,
             trg_lang=completed.trg_lang,
-            same_source=_digest(member.source) == completed.source_digest,
+            same_source=text_digest(member.source) == completed.source_digest,
         )
         if (member.index is None) != (completed.member_ids is not None):
             disagreements.append(
@@ -753,7 +674,7 @@ class GroupAssembler:
             )
         if disagreements:
             return self._conflict(member, disagreements, received_at)
-        digest = completed.digest_at(member)
+        digest = completed.digest_of(member.key)
         if digest is None:
             self._counters["conflicts"] += 1
             return self._refuse(
@@ -762,7 +683,7 @@ class GroupAssembler:
                 f"group {member.group_id} was scored without member_id {member.member_id!r}",
                 received_at,
             )
-        if _candidate_digest(_candidate_of(member)) != digest:
+        if candidate_digest(_candidate_of(member)) != digest:
             return self._conflict_on_key(member, received_at)
         self._counters["cached_answers"] += 1
         return self._member_result(member, completed.verdict, received_at)
@@ -822,18 +743,6 @@ class GroupAssembler:
     def _resolve(assembly: _Assembly, verdict: Verdict) -> None:
         if not assembly.outcome.done():
             assembly.outcome.set_result(verdict)
-
-
-def record_digest_of(record: CompletedGroup, key: MemberKey) -> bytes | None:
-    """The digest a scored group's record holds for a member key (None: no such member)."""
-    if isinstance(key, int):
-        if record.member_ids is not None or key >= len(record.candidate_digests):
-            return None
-        return record.candidate_digests[key]
-    positions = record.verdict.positions
-    if record.member_ids is None or positions is None or key not in positions:
-        return None
-    return record.candidate_digests[positions[key]]
 
 
 def _disagreements(

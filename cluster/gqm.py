@@ -3,8 +3,9 @@
 This module implements ``docs/gqm.md`` byte for byte. It is pure Python (no I/O, no
 Ray, no torch) so every other layer can rely on it and tests run in milliseconds.
 
-Public functions: :func:`build_group_prompt`, :func:`build_single_prompt`,
-:func:`parse_group_answer`, :func:`extract_translation`, :func:`ranking_accuracy`, plus the
+Public functions: :func:`build_group_prompt`, :func:`build_single_prompt` and their inverses
+:func:`parse_group_prompt`, :func:`parse_single_prompt`, :func:`parse_prompt` (for scripted
+engines that read prompts back), :func:`parse_group_answer`, :func:`extract_translation`, :func:`ranking_accuracy`, plus the
 helpers :func:`render_answer` (an answer in GRRM's format, for scripted engines and tests),
 :func:`verdict_regex` (a constraint that only admits parseable verdict lines) and
 :func:`language_name`.
@@ -20,22 +21,26 @@ from typing import Literal
 
 __all__ = [
     "EXTRACTORS",
-    "PROMPT_PIECES",
-    "PromptPieces",
     "GQMInputError",
+    "GroupPrompt",
     "LANGUAGE_NAMES",
     "MAX_CANDIDATES",
     "MIN_CANDIDATES",
     "PROMPT_TYPES",
     "PromptType",
+    "SinglePrompt",
     "build_group_prompt",
     "build_single_prompt",
     "candidate_letter",
+    "embedded_prompt",
     "extract_translation",
     "language_name",
     "last_line",
     "mean_ranking_accuracy",
     "parse_group_answer",
+    "parse_group_prompt",
+    "parse_prompt",
+    "parse_single_prompt",
     "ranking_accuracy",
     "render_answer",
     "verdict_regex",
@@ -96,23 +101,36 @@ _EXAMPLES: dict[str, str] = {
 }
 PROMPT_TYPES: tuple[str, ...] = tuple(_TASKS)
 
+# The fixed text around each template's variable parts, for reading a prompt back apart.
+_GROUP_PIECES = _GROUP_TEMPLATE.split("{}")  # around: source language, target language, task, source, blocks
+_CANDIDATE_PIECES = _CANDIDATE_BLOCK.split("{}")  # around: letter, candidate
+_SINGLE_PIECES = _SINGLE_TEMPLATE.split("{}")  # around: source language, target language, source, candidate
+
+
 @dataclass(frozen=True)
-class PromptPieces:
-    """The fixed text between the variable parts of the prompts, cut from the templates above (not
-    written again): for code that reads a prompt back apart, such as the scripted test engine."""
+class GroupPrompt:
+    """What a GQM group prompt says: the arguments of :func:`build_group_prompt` that built it.
 
-    group: tuple[str, ...]  # around: source language, target language, task, source, candidate blocks
-    candidate: tuple[str, ...]  # around: letter, candidate
-    single: tuple[str, ...]  # around: source language, target language, source, candidate
-    tasks: dict[str, str]  # prompt type -> its task sentence (an example may follow it)
+    Languages are the names the prompt shows (a code given to the builder reads back as its name).
+    """
+
+    source: str
+    candidates: tuple[str, ...]
+    src_lang: str
+    trg_lang: str
+    prompt_type: PromptType
+    add_example: bool
 
 
-PROMPT_PIECES = PromptPieces(
-    group=tuple(_GROUP_TEMPLATE.split("{}")),
-    candidate=tuple(_CANDIDATE_BLOCK.split("{}")),
-    single=tuple(_SINGLE_TEMPLATE.split("{}")),
-    tasks=dict(_TASKS),
-)
+@dataclass(frozen=True)
+class SinglePrompt:
+    """What an SQM single prompt says: the arguments of :func:`build_single_prompt` that built it."""
+
+    source: str
+    candidate: str
+    src_lang: str
+    trg_lang: str
+
 
 EXTRACTORS: tuple[str, ...] = ("codeblock", "line", "oneline", "none")
 
@@ -202,11 +220,13 @@ def build_group_prompt(
         _require_str(f"candidates[{index}]", candidate)
     src_name = language_name(src_lang, "src_lang")
     trg_name = language_name(trg_lang, "trg_lang")
-    task = _TASKS[_require_prompt_type(prompt_type)]
-    if add_example:
-        task = task + " " + _EXAMPLES[prompt_type]
+    task = _task_text(_require_prompt_type(prompt_type), add_example)
     blocks = "".join(_CANDIDATE_BLOCK.format(candidate_letter(i), c) for i, c in enumerate(candidates))
     return _GROUP_TEMPLATE.format(src_name, trg_name, task, source, blocks)
+
+
+def _task_text(prompt_type: str, add_example: bool) -> str:
+    return _TASKS[prompt_type] + " " + _EXAMPLES[prompt_type] if add_example else _TASKS[prompt_type]
 
 
 def build_single_prompt(source: str, candidate: str, src_lang: str, trg_lang: str) -> str:
@@ -219,6 +239,110 @@ def build_single_prompt(source: str, candidate: str, src_lang: str, trg_lang: st
     return _SINGLE_TEMPLATE.format(
         language_name(src_lang, "src_lang"), language_name(trg_lang, "trg_lang"), source, candidate
     )
+
+
+def _not_a_prompt(prompt: str, kind: str, problem: str) -> GQMInputError:
+    return GQMInputError("prompt", prompt, f"not {kind}: {problem}")
+
+
+def _cut(prompt: str, text: str, separator: str, kind: str, what: str) -> tuple[str, str]:
+    """``text`` before and after the first ``separator``, which must be there."""
+    before, found, after = text.partition(separator)
+    if not found:
+        raise _not_a_prompt(prompt, kind, f"{what} ({separator!r}) not found")
+    return before, after
+
+
+def _candidate_head(index: int) -> str:
+    return _CANDIDATE_PIECES[0] + candidate_letter(index) + _CANDIDATE_PIECES[1]
+
+
+def _read_task(prompt: str, task: str) -> tuple[PromptType, bool]:
+    for prompt_type in _TASKS:
+        for add_example in (False, True):
+            if task == _task_text(prompt_type, add_example):
+                return prompt_type, add_example  # type: ignore[return-value]
+    raise _not_a_prompt(prompt, "a GQM group prompt", f"unknown task sentence {_preview(task)}")
+
+
+def parse_group_prompt(prompt: str) -> GroupPrompt:
+    """Read a prompt of :func:`build_group_prompt` back into the arguments that built it.
+
+    Texts may hold anything (newlines, fences, any Unicode) except what the format cannot tell
+    apart from its own structure: a closing fence line followed by a ``Translation X:`` heading
+    line (the builder pastes texts as given). Where a text holds one, the first such place is
+    taken as the boundary. Raises :class:`GQMInputError` for a text that is not a group prompt.
+    """
+    _require_str("prompt", prompt)
+    head, langs, task_intro, source_intro, source_end, _ = _GROUP_PIECES
+    kind = "a GQM group prompt"
+    if not prompt.startswith(head):
+        raise _not_a_prompt(prompt, kind, f"it does not start with {_preview(head)}")
+    src_lang, rest = _cut(prompt, prompt[len(head) :], langs, kind, "the text after the source language")
+    trg_lang, rest = _cut(prompt, rest, task_intro, kind, "the text after the target language")
+    task, rest = _cut(prompt, rest, source_intro, kind, "the source heading")
+    prompt_type, add_example = _read_task(prompt, task)
+    source, rest = _cut(prompt, rest, source_end + _candidate_head(0), kind, "the end of the source and candidate A")
+    candidate_end = _CANDIDATE_PIECES[2]
+    if not rest.endswith(candidate_end):
+        raise _not_a_prompt(prompt, kind, f"it does not end with the closing fence {candidate_end!r}")
+    rest = rest[: len(rest) - len(candidate_end)]
+    candidates: list[str] = []
+    # A candidate ends only where the heading of the *next* letter follows its closing fence.
+    for index in range(1, MAX_CANDIDATES):
+        candidate, found, after = rest.partition(candidate_end + _candidate_head(index))
+        if not found:
+            break
+        candidates.append(candidate)
+        rest = after
+    candidates.append(rest)
+    if len(candidates) < MIN_CANDIDATES:
+        raise _not_a_prompt(prompt, kind, f"it has {len(candidates)} candidate, a group needs {MIN_CANDIDATES}")
+    return GroupPrompt(source, tuple(candidates), src_lang, trg_lang, prompt_type, add_example)
+
+
+def parse_single_prompt(prompt: str) -> SinglePrompt:
+    """Read a prompt of :func:`build_single_prompt` back into the arguments that built it.
+
+    The source may not hold the format's own ``Translation text:`` block opening (see
+    :func:`parse_group_prompt`); the candidate may hold anything. Raises :class:`GQMInputError`
+    for a text that is not a single prompt.
+    """
+    _require_str("prompt", prompt)
+    head, langs, intro, middle, end = _SINGLE_PIECES
+    kind = "an SQM single prompt"
+    if not prompt.startswith(head):
+        raise _not_a_prompt(prompt, kind, f"it does not start with {_preview(head)}")
+    src_lang, rest = _cut(prompt, prompt[len(head) :], langs, kind, "the text after the source language")
+    trg_lang, rest = _cut(prompt, rest, intro, kind, "the text after the target language")
+    if not rest.endswith(end):
+        raise _not_a_prompt(prompt, kind, f"it does not end with the closing fence {end!r}")
+    source, candidate = _cut(prompt, rest[: len(rest) - len(end)], middle, kind, "the translation heading")
+    return SinglePrompt(source, candidate, src_lang, trg_lang)
+
+
+def parse_prompt(prompt: str) -> GroupPrompt | SinglePrompt:
+    """Read a GQM group prompt or an SQM single prompt back (:func:`parse_group_prompt`,
+    :func:`parse_single_prompt`); :class:`GQMInputError` when it is neither."""
+    try:
+        return parse_group_prompt(prompt)
+    except GQMInputError as not_group:
+        try:
+            return parse_single_prompt(prompt)
+        except GQMInputError as not_single:
+            raise GQMInputError("prompt", prompt, f"{not_group.problem}; {not_single.problem}") from None
+
+
+def embedded_prompt(text: str) -> str | None:
+    """The GQM or SQM prompt inside ``text`` (wrapped in a chat template, say): from the first
+    prompt opening to the last closing fence; ``None`` when there is none."""
+    _require_str("text", text)
+    start = text.find(_GROUP_PIECES[0])  # the single prompt opens with the same words
+    end_fence = _CANDIDATE_PIECES[2]
+    end = text.rfind(end_fence)
+    if start < 0 or end < start:
+        return None
+    return text[start : end + len(end_fence)]
 
 
 def last_line(text: str) -> str:

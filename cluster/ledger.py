@@ -1,4 +1,5 @@
-"""The store behind the ledger of scored groups (``deployments/ledger.py`` serves it): a bounded,
+"""The ledger of scored groups: what a group assembler asks of one (:class:`CompletedGroupLedger`),
+and the store behind the ledger deployment (``deployments/ledger.py`` serves it): a bounded,
 expiring map whose writes are numbered, so replicas of it can catch up with each other.
 
 Pure logic: no Ray, no I/O; the clock is injected.
@@ -9,8 +10,23 @@ from __future__ import annotations
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from typing import Protocol
 
-from cluster.assembly import CompletedGroup
+from cluster.group_records import CompletedGroup
+
+
+class CompletedGroupLedger(Protocol):
+    """Somewhere outside this replica where scored groups outlive it (injected; may be absent).
+
+    A replica publishes each scored group before answering its members; a replica that starts
+    collecting a group it does not know looks it up. So a member whose answer died with its
+    replica (the group was scored, the answer lost) gets the group's answer when it is re-sent,
+    although its group-mates, already answered, will never be sent again.
+    """
+
+    async def put(self, group_id: str, record: CompletedGroup) -> None: ...
+
+    async def get(self, group_id: str) -> CompletedGroup | None: ...
 
 
 class GroupLedger:

@@ -382,8 +382,12 @@ def load_app_config(path: str | Path, app_name: str | None = None) -> AppConfig:
 
 def application_args(document: dict[str, Any], app_name: str | None = None) -> dict[str, Any]:
     """The ``args`` of the named (or only) application in a Serve config document."""
-    applications = document.get("applications") or []
-    for application in applications:
+    return find_application(document, app_name).get("args") or {}
+
+
+def find_application(document: dict[str, Any], app_name: str | None = None) -> dict[str, Any]:
+    """The named (or first) application entry of a Serve config document, as written there."""
+    for application in document.get("applications") or []:
         if app_name is None or application.get("name") == app_name:
-            return application.get("args") or {}
+            return application
     raise ValueError(f"applications: no application named {app_name!r}")

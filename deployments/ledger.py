@@ -2,7 +2,7 @@
 
 A replica publishes each scored group here before answering its members, so the answer
 outlives the replica: a member whose answer was lost when its replica died is re-sent to
-another replica, which finds the group here (see ``cluster.assembly.CompletedGroupLedger``).
+another replica, which finds the group here (see ``cluster.ledger.CompletedGroupLedger``).
 Entries hold digests and scores only, expire after ``ttl_s``, and are bounded in number.
 
 The ledger itself must outlive any one of its replicas (or their node): every record is written
@@ -23,7 +23,7 @@ from ray.serve.experimental.consistent_hash_router import ConsistentHashRouter
 from ray.serve.handle import DeploymentHandle
 from ray.serve.request_router import PendingRequest, RunningReplica
 
-from cluster.assembly import CompletedGroup
+from cluster.group_records import CompletedGroup
 from cluster.ledger import GroupLedger
 from cluster.routing import copy_holders
 from grrm_client.handles import ready_handle

@@ -41,6 +41,10 @@ if [ ! -f "$stamp" ]; then
   "$UV" pip install "${flags[@]}" --require-hashes --no-deps -r requirements/no-deps.lock.txt
   # 3. The project itself, editable, so tests and `serve run` import the checkout.
   "$UV" pip install "${flags[@]}" --no-deps -e .
+  # The wheel leaves out the test support (simulated/, cpu_harness/), tests/ and bench/: the checkout
+  # on the path makes them importable in every process of this environment (Ray workers included,
+  # whatever their working directory).
+  pwd > "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/grrm_checkout.pth"
   "$VENV/bin/python" -c "import torch, vllm, ray.serve, transformers, verl, hydra, transfer_queue" \
     || { echo "[setup] FAILED: the environment does not import" >&2; exit 1; }
   touch "$stamp"

@@ -99,15 +99,6 @@ _ANALYSIS_WORDS: tuple[str, ...] = (
     "better", "worse",
 )
 
-# Fixed pieces of the GQM prompts, used to walk a prompt back apart: cut from cluster/gqm.py's own
-# templates (gqm.PROMPT_PIECES), so the spec is written down once.
-_PIECES = gqm.PROMPT_PIECES
-_GROUP_HEAD, _GROUP_LANGS, _GROUP_TASK_INTRO, _GROUP_SOURCE, _GROUP_SOURCE_END, _ = _PIECES.group
-_CANDIDATE_HEAD = _PIECES.candidate[0] + "{}" + _PIECES.candidate[1]
-_CANDIDATE_END = _PIECES.candidate[2]
-_SINGLE_HEAD, _SINGLE_LANGS, _SINGLE_INTRO, _SINGLE_MIDDLE, _SINGLE_END = _PIECES.single
-
-
 # --------------------------------------------------------------------------- tokenizer
 
 
@@ -189,79 +180,22 @@ def extract_user_message(prompt: str) -> str:
     start = prompt.find(CHATML_USER_START)
     if start >= 0 and prompt.endswith(suffix):
         return prompt[start + len(CHATML_USER_START) : len(prompt) - len(suffix)]
-    head = prompt.find(_GROUP_HEAD)
-    fence = prompt.rfind(_CANDIDATE_END)
-    if head >= 0 and fence > head:
-        return prompt[head : fence + len(_CANDIDATE_END)]
-    return prompt
-
-
-def _detect_prompt_type(task: str) -> gqm.PromptType | None:
-    for prompt_type, sentence in _PIECES.tasks.items():
-        if task == sentence or task.startswith(sentence + " "):  # an example may follow the sentence
-            return prompt_type
-    return None
-
-
-def _split_candidates(blocks: str) -> list[str] | None:
-    """Walk ``Translation A:\\n```\\n{a}\\n```\\nTranslation B:\\n```\\n{b}\\n```\\n...``.
-
-    Candidates may contain newlines and backticks: a candidate ends only where the exact
-    separator naming the *next* letter follows (the first such place).
-    """
-    first = _CANDIDATE_HEAD.format("A")
-    if not blocks.startswith(first) or not blocks.endswith(_CANDIDATE_END):
-        return None
-    rest = blocks[len(first) : len(blocks) - len(_CANDIDATE_END)]
-    candidates: list[str] = []
-    for letter in gqm.LETTERS[1:]:
-        cut = rest.find(_CANDIDATE_END + _CANDIDATE_HEAD.format(letter))
-        if cut < 0:
-            break
-        candidates.append(rest[:cut])
-        rest = rest[cut + len(_CANDIDATE_END) + len(_CANDIDATE_HEAD.format(letter)) :]
-    candidates.append(rest)
-    return candidates
-
-
-def _parse_group(message: str) -> ParsedPrompt | None:
-    if not message.startswith(_GROUP_HEAD) or _GROUP_LANGS not in message:
-        return None
-    src_lang, _, rest = message[len(_GROUP_HEAD) :].partition(_GROUP_LANGS)
-    trg_lang, found, rest = rest.partition(_GROUP_TASK_INTRO)
-    if not found:
-        return None
-    task, found, rest = rest.partition(_GROUP_SOURCE)
-    prompt_type = _detect_prompt_type(task)
-    if not found or prompt_type is None:
-        return None
-    cut = rest.find(_GROUP_SOURCE_END + _CANDIDATE_HEAD.format("A"))
-    if cut < 0:
-        return None
-    source = rest[:cut]
-    candidates = _split_candidates(rest[cut + len(_GROUP_SOURCE_END) :])
-    if candidates is None or not gqm.MIN_CANDIDATES <= len(candidates) <= gqm.MAX_CANDIDATES:
-        return None
-    return ParsedPrompt("group", prompt_type, source, tuple(candidates), src_lang, trg_lang)
-
-
-def _parse_single(message: str) -> ParsedPrompt | None:
-    if not message.startswith(_SINGLE_HEAD) or _SINGLE_LANGS not in message:
-        return None
-    src_lang, _, rest = message[len(_SINGLE_HEAD) :].partition(_SINGLE_LANGS)
-    trg_lang, found, rest = rest.partition(_SINGLE_INTRO)
-    if not found or not rest.endswith(_SINGLE_END):
-        return None
-    source, found, candidate = rest[: len(rest) - len(_SINGLE_END)].partition(_SINGLE_MIDDLE)
-    if not found:
-        return None
-    return ParsedPrompt("single", None, source, (candidate,), src_lang, trg_lang)
+    embedded = gqm.embedded_prompt(prompt)
+    return prompt if embedded is None else embedded
 
 
 def parse_prompt(prompt: str) -> ParsedPrompt:
-    """Recognise a (chat-templated or bare) GQM group prompt or SQM single prompt."""
-    message = extract_user_message(prompt)
-    return _parse_group(message) or _parse_single(message) or ParsedPrompt("unknown")
+    """Recognise a (chat-templated or bare) GQM group prompt or SQM single prompt, read back
+    by :func:`cluster.gqm.parse_prompt`."""
+    try:
+        parsed = gqm.parse_prompt(extract_user_message(prompt))
+    except gqm.GQMInputError:
+        return ParsedPrompt("unknown")
+    if isinstance(parsed, gqm.GroupPrompt):
+        return ParsedPrompt(
+            "group", parsed.prompt_type, parsed.source, parsed.candidates, parsed.src_lang, parsed.trg_lang
+        )
+    return ParsedPrompt("single", None, parsed.source, (parsed.candidate,), parsed.src_lang, parsed.trg_lang)
 
 
 # --------------------------------------------------------------------------- quality and answers

@@ -18,13 +18,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cluster.gqm import (
-    PROMPT_PIECES,
     GQMInputError,
+    GroupPrompt,
+    SinglePrompt,
     build_group_prompt,
     build_single_prompt,
+    embedded_prompt,
     extract_translation,
     mean_ranking_accuracy,
     parse_group_answer,
+    parse_group_prompt,
+    parse_prompt,
+    parse_single_prompt,
     ranking_accuracy,
     render_answer,
     verdict_regex,
@@ -461,6 +466,80 @@ def test_single_prompt_matches_reference_concatenation(source, candidate, src, t
     prompt = build_single_prompt(source, candidate, src, trg)
     assert prompt == reference_single_prompt(source, candidate, lang_name(src), lang_name(trg))
     assert prompt.endswith("Translation text:\n```\n" + candidate + "\n```\n")
+
+
+# Reading prompts back (the inverse of the builders, for scripted engines). Texts may hold
+# anything but a closing fence line followed by a heading line: the one place the format cannot
+# tell a text from its own structure, as the builders paste texts as given.
+STRUCTURE_TEXTS = ["Translation A:", "Translation B:\n```\n", "Translation text:", "Source text:\n```\n", "\n```\n"]
+prompt_texts = st.one_of(
+    texts,
+    st.lists(st.one_of(texts, st.sampled_from(STRUCTURE_TEXTS)), max_size=5).map("".join),
+).filter(lambda text: "\n```\nTranslation " not in text and "\n```\n\nTranslation " not in text)
+# A language name may not hold the words that follow it in the prompt.
+prompt_lang_values = lang_values.filter(lambda name: " and " not in name and ". Perform" not in name)
+
+
+@FAST
+@given(
+    source=prompt_texts,
+    candidates=st.lists(prompt_texts, min_size=2, max_size=26),
+    src=prompt_lang_values,
+    trg=prompt_lang_values,
+    prompt_type=st.sampled_from(PROMPT_TYPES),
+    add_example=st.booleans(),
+)
+def test_group_prompt_reads_back_as_what_built_it(source, candidates, src, trg, prompt_type, add_example):
+    prompt = build_group_prompt(source, candidates, src, trg, prompt_type, add_example)
+    expected = GroupPrompt(source, tuple(candidates), lang_name(src), lang_name(trg), prompt_type, add_example)
+    assert parse_group_prompt(prompt) == expected
+    assert parse_prompt(prompt) == expected
+    assert embedded_prompt("<s>[INST] " + prompt + " [/INST]") == prompt
+
+
+@FAST
+@given(source=prompt_texts, candidate=texts, src=prompt_lang_values, trg=prompt_lang_values)
+def test_single_prompt_reads_back_as_what_built_it(source, candidate, src, trg):
+    prompt = build_single_prompt(source, candidate, src, trg)
+    expected = SinglePrompt(source, candidate, lang_name(src), lang_name(trg))
+    assert parse_single_prompt(prompt) == expected
+    assert parse_prompt(prompt) == expected
+
+
+def test_prompt_read_back_rebuilds_the_same_bytes():
+    group = parse_group_prompt(GOLDEN_GROUP[("score", True)])
+    assert group.prompt_type == "score" and group.add_example
+    assert build_group_prompt(**vars(group)) == GOLDEN_GROUP[("score", True)]
+    assert group.candidates == tuple(G_CANDIDATES)
+
+
+NOT_PROMPTS = [
+    "",
+    "Translate this.",
+    "Given a source text in English",
+    # A group prompt with a task sentence the spec does not have.
+    reference_group_prompt("s", ["a", "b"], "English", "French", "ranking", False).replace("best to worst", "worst"),
+    # One candidate only.
+    reference_group_prompt("s", ["a", "b"], "English", "French", "score", False).split("Translation B:")[0],
+    # Cut short: no closing fence.
+    reference_group_prompt("s", ["a", "b"], "English", "French", "score", False)[:-5],
+    reference_single_prompt("s", "a", "English", "French")[:-1],
+]
+
+
+@pytest.mark.parametrize("text", NOT_PROMPTS)
+def test_reading_back_a_text_that_is_no_prompt_is_an_input_error(text):
+    message = assert_input_error(lambda: parse_prompt(text), "prompt", repr(text)[:20])
+    assert "not a GQM group prompt" in message and "not an SQM single prompt" in message
+
+
+def test_reading_back_names_the_prompt_kind_it_wanted():
+    single = reference_single_prompt("s", "a", "English", "French")
+    assert "not a GQM group prompt" in assert_input_error(lambda: parse_group_prompt(single), "prompt", "Given")
+    group = reference_group_prompt("s", ["a", "b"], "English", "French", "score", False)
+    assert "not an SQM single prompt" in assert_input_error(lambda: parse_single_prompt(group), "prompt", "Given")
+    assert_input_error(lambda: parse_prompt(None), "prompt", "None")
+    assert embedded_prompt("no prompt here\n```\n") is None
 
 
 def test_group_prompt_accepts_tuple_of_candidates():
@@ -1034,16 +1113,3 @@ def test_parse_bad_group_size(n, prompt_type):
 def test_render_answer_bad_group_size(count):
     with pytest.raises(GQMInputError):
         render_answer([1] * count, "ranking_score")
-
-
-def test_prompt_pieces_are_the_templates_cut_at_their_variable_parts():
-    """Code that reads prompts back (the scripted test engine) uses these pieces: joined with the
-    variable parts they give the exact prompt, so the spec is written down once."""
-    pieces = PROMPT_PIECES
-    blocks = "".join(f"{pieces.candidate[0]}{letter}{pieces.candidate[1]}{text}{pieces.candidate[2]}"
-                     for letter, text in zip("AB", ("x", "y")))
-    values = ("German", "English", pieces.tasks["ranking_score"], "Der Hund.", blocks)
-    rebuilt = "".join(piece + value for piece, value in zip(pieces.group, (*values, "")))
-    assert rebuilt == build_group_prompt("Der Hund.", ["x", "y"], "de", "en", "ranking_score")
-    single = ("German", "English", "Der Hund.", "x", "")
-    assert "".join(p + v for p, v in zip(pieces.single, single)) == build_single_prompt("Der Hund.", "x", "de", "en")

@@ -8,7 +8,7 @@
   Kubernetes' schemas shipped in ``kubernetes-validate`` (offline);
 * the embedded ``serveConfigV2`` application is deployments/grrm.yaml's, and validates as
   ``deployments.config.AppConfig``; other sizes render valid manifests with the right GPUs;
-* ``python k8s/render.py --check`` passes on the committed files and catches drift.
+* ``python -m k8s.render --check`` passes on the committed files and catches drift.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ import yaml
 
 from deployments.config import AppConfig
 from k8s import render as k8s_render
+from k8s.render import app as k8s_app
+from k8s.render import ray_cluster, verl_job
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 K8S_DIR = PROJECT_ROOT / "k8s"
@@ -286,7 +288,7 @@ def test_committed_files_are_exactly_the_render(committed: dict[str, str]) -> No
 
 def test_check_mode_passes_on_the_committed_files() -> None:
     result = subprocess.run(
-        [sys.executable, str(K8S_DIR / "render.py"), "--check"], capture_output=True, text=True, cwd=PROJECT_ROOT
+        [sys.executable, "-m", "k8s.render", "--check"], capture_output=True, text=True, cwd=PROJECT_ROOT
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -356,15 +358,15 @@ def test_ingress_and_ledger_run_one_replica_each_on_pods_of_their_own(committed:
     pods = services["replicas"]
     assert pods >= 2 and services["minReplicas"] == services["maxReplicas"] == pods
     assert services["rayStartParams"]["num-cpus"] == "0"  # no trainer actor lands there
-    assert ray_custom_resources(services["rayStartParams"]) == {k8s_render.SERVICE_RESOURCE: 2}
+    assert ray_custom_resources(services["rayStartParams"]) == {k8s_app.SERVICE_RESOURCE: 2}
     for service in ("ingress", "ledger"):
         settings = application["args"][service]
         # >= 2 replicas, at most one per pod, and only the services pods advertise the resource.
-        assert settings == {"num_replicas": pods, "num_cpus": 0, "resources": {k8s_render.SERVICE_RESOURCE: 1},
+        assert settings == {"num_replicas": pods, "num_cpus": 0, "resources": {k8s_app.SERVICE_RESOURCE: 1},
                             "max_replicas_per_node": 1}
     for name, group in groups.items():
         if name != "grrm-services":
-            assert k8s_render.SERVICE_RESOURCE not in ray_custom_resources(group["rayStartParams"])
+            assert k8s_app.SERVICE_RESOURCE not in ray_custom_resources(group["rayStartParams"])
 
 
 def test_gcs_fault_tolerance_keeps_the_head_state_in_redis(committed: dict[str, str]) -> None:
@@ -431,7 +433,7 @@ def test_other_sizes_render_valid_manifests(tp, low, high, per_worker, crd_valid
     assert group["rayStartParams"]["num-gpus"] == str(gpus)
     assert group["minReplicas"] == math.ceil(low / per_worker) == group["replicas"]
     assert group["maxReplicas"] == math.ceil(high / per_worker)
-    assert ray_custom_resources(group["rayStartParams"]) == {k8s_render.GRRM_RESOURCE: per_worker}
+    assert ray_custom_resources(group["rayStartParams"]) == {ray_cluster.GRRM_RESOURCE: per_worker}
 
     # The replica (deployments/placement.py) fits a worker exactly: GPUs and CPUs. Its TP ranks
     # are processes of the replica, which holds their GPUs (a pod is one node).
@@ -481,21 +483,21 @@ def test_render_refuses_bad_sizes(overrides: dict[str, Any]) -> None:
 
 
 def test_fractional_gpus_per_pod_are_refused() -> None:
-    application = k8s_render.find_application(k8s_render.load_serve_config())
+    application = k8s_app.grrm_application(k8s_app.load_serve_config())
     application = copy.deepcopy(application)
     application["args"]["replicas"]["gpus_per_rank"] = 0.5
     application["args"]["engine"]["tensor_parallel_size"] = 1
     with pytest.raises(ValueError, match="whole number"):
-        k8s_render.sizing_for(k8s_render.RenderOptions(), application)
+        k8s_app.sizing_for(k8s_render.RenderOptions(), application)
     options = k8s_render.RenderOptions(replicas_per_worker=2)
-    assert k8s_render.sizing_for(options, application).gpus_per_worker == 1
+    assert k8s_app.sizing_for(options, application).gpus_per_worker == 1
 
 
 def test_ray_executor_replicas_spanning_pods_are_refused() -> None:
-    application = copy.deepcopy(k8s_render.find_application(k8s_render.load_serve_config()))
+    application = copy.deepcopy(k8s_app.grrm_application(k8s_app.load_serve_config()))
     application["args"]["engine"]["distributed_executor_backend"] = "ray"
     with pytest.raises(ValueError, match=r"engine\.distributed_executor_backend: 'ray'"):
-        k8s_render.sizing_for(k8s_render.RenderOptions(), application)
+        k8s_app.sizing_for(k8s_render.RenderOptions(), application)
 
 
 # ------------------------------------------------------------------------------------------
@@ -623,10 +625,10 @@ def test_verl_overrides_exist_in_verls_config() -> None:
     config = _verl_config()
     if config is None:
         pytest.skip("verl is not installed")
-    sizing = k8s_render.sizing_for(
-        k8s_render.RenderOptions(), k8s_render.find_application(k8s_render.load_serve_config())
+    sizing = k8s_app.sizing_for(
+        k8s_render.RenderOptions(), k8s_app.grrm_application(k8s_app.load_serve_config())
     )
-    for override in k8s_render.verl_overrides(k8s_render.RenderOptions(), sizing):
+    for override in verl_job.verl_overrides(k8s_render.RenderOptions(), sizing):
         key = override.split("=", 1)[0]
         node: Any = config
         exists = True
@@ -642,11 +644,24 @@ def test_verl_overrides_exist_in_verls_config() -> None:
 
 
 def test_reward_manager_module_is_the_bridge() -> None:
-    module = k8s_render.REWARD_MANAGER_MODULE.removeprefix("pkg://")
+    sizing = k8s_app.sizing_for(k8s_render.RenderOptions(), k8s_app.grrm_application(k8s_app.load_serve_config()))
+    overrides = dict(override.split("=", 1) for override in verl_job.verl_overrides(k8s_render.RenderOptions(), sizing))
+    module = overrides["reward.reward_manager.module.path"].removeprefix("pkg://")
     path = PROJECT_ROOT / (module.replace(".", "/") + ".py")
     if not path.is_file():
         pytest.skip("trainer_bridge/reward_manager.py is not there yet")
-    assert re.search(rf"^class {k8s_render.REWARD_MANAGER_CLASS}\b", path.read_text(), re.M)
+    assert re.search(rf"^class {overrides['reward.reward_manager.name']}\b", path.read_text(), re.M)
+    assert overrides["+reward.reward_kwargs.app_name"] == sizing.app_name
+
+
+def test_verl_job_values_name_render_options(tmp_path: Path) -> None:
+    sizing = k8s_app.sizing_for(k8s_render.RenderOptions(), k8s_app.grrm_application(k8s_app.load_serve_config()))
+    path = tmp_path / "verl_job.yaml"
+    path.write_text("a.b: '{rollout_n}'\nc: [x, true]\nd: 1e-6\ne: '{no_such_option}'\n")
+    with pytest.raises(ValueError, match="no_such_option"):
+        verl_job.verl_overrides(k8s_render.RenderOptions(rollout_n=4), sizing, path)
+    path.write_text("a.b: '{rollout_n}'\nc: [x, true]\nd: 1e-6\n")
+    assert verl_job.verl_overrides(k8s_render.RenderOptions(rollout_n=4), sizing, path) == ["a.b=4", "c=[x,true]", "d=1e-6"]
 
 
 def test_submit_script_runs_the_same_job(committed: dict[str, str]) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cluster.assembly import CompletedGroup, Verdict
+from cluster.group_records import CompletedGroup, Verdict
 from cluster.ledger import GroupLedger
 from cluster.routing import copy_holders
 

@@ -8,7 +8,8 @@ Modules, one job each:
 * :mod:`trainer_bridge.rollout` -- reading a verl row (group, index, source, translation);
 * :mod:`trainer_bridge.reward_manager` -- ``GRRMRewardManager``, verl's per-rollout manager;
 * :mod:`trainer_bridge.batch` -- rewards for a complete ``DataProto``;
-* :mod:`trainer_bridge.metrics` -- counts of rewards by outcome.
+* :mod:`trainer_bridge.metrics` -- a step's reward metrics (counts by outcome, exposed reward time);
+* :mod:`trainer_bridge.verl_metrics` -- those metrics in verl's own step metrics.
 
 The service is reached through ``grrm_client``'s :class:`RewardClient` (re-exported here).
 Importing the package is light (no verl, torch, Ray, vLLM or SGLang); the manager and the batch

@@ -23,7 +23,7 @@ from cluster.rewards import Completion
 from grrm_client import CallOutcome, RewardClient
 from grrm_client.groups import reward_group
 from trainer_bridge.config import BridgeConfig
-from trainer_bridge.metrics import RewardCounters
+from trainer_bridge.metrics import step_metrics
 from trainer_bridge.rewards import EXTRA_INFO_KEYS, RewardOutcome, RewardSettings, extra_info
 from trainer_bridge.rollout import Rollout, read_rollout
 
@@ -181,14 +181,11 @@ async def compute_batch_rewards(
     finally:
         if own_client:
             await client.aclose()
-    counters = RewardCounters()
-    for outcome, info in zip(outcomes, infos, strict=True):
-        counters.record(outcome, masked=info["masked"], request_attempts=max(1, info["request_attempts"]))
     rewards = [outcome.reward for outcome in outcomes]
     return BatchRewards(
         reward_tensor=place_rewards(data, rewards),
         rewards=rewards,
         outcomes=outcomes,
         extra_info={key: [info[key] for info in infos] for key in EXTRA_INFO_KEYS},
-        metrics=counters.as_metrics(),
+        metrics=step_metrics(infos),
     )

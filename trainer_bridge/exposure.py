@@ -21,18 +21,16 @@ From one step's ``reward_extra_info`` (every rollout's times, :mod:`trainer_brid
 * queueing (``scoring_started_at - complete_at``), scoring, and the wait for group-mates
   (``complete_at - sent_at``), mean and max.
 
-Pure Python: the same numbers in verl's step metrics (:mod:`trainer_bridge.verl_metrics`) and in
-the benchmarks.
+Pure Python: the step's figures are computed by :func:`trainer_bridge.metrics.exposure_metrics`
+(part of every step's metrics); the benchmarks use the bound directly.
 """
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-__all__ = ["ScoredGroup", "exposure_metrics", "peak_concurrency", "schedule_finish_bound"]
+__all__ = ["ScoredGroup", "peak_concurrency", "schedule_finish_bound"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,43 +69,3 @@ def schedule_finish_bound(groups: Sequence[ScoredGroup], capacity: int) -> float
         bound = max(bound, group.release + remaining / capacity)
         remaining -= group.duration
     return bound
-
-
-def exposure_metrics(infos: Iterable[Mapping[str, Any]], prefix: str = "grrm") -> dict[str, float]:
-    """The exposure figures of one step from its rollouts' ``reward_extra_info`` ({} if none was timed).
-
-    Rows without a scored group (defaults, invalid groups) count for the last rollout and the last
-    answer, not for the limit.
-    """
-    rows = [info for info in infos if float(info.get("sent_at") or 0) > 0 and float(info.get("answered_at") or 0) > 0]
-    if not rows:
-        return {}
-    last_rollout = max(float(info["sent_at"]) for info in rows)
-    last_answer = max(float(info["answered_at"]) for info in rows)
-    groups: dict[str, ScoredGroup] = {}
-    waits = []
-    for info in rows:
-        start, end, release = (float(info.get(key) or 0) for key in ("scoring_started_at", "scoring_ended_at", "complete_at"))
-        if start > 0 and end >= start and release > 0:
-            groups.setdefault(str(info.get("group_id", "")), ScoredGroup(release=release, start=start, end=end))
-            waits.append(max(0.0, release - float(info["sent_at"])))
-    exposed = max(0.0, last_answer - last_rollout)
-    metrics = {f"{prefix}/exposed_reward_s": exposed}
-    if groups:
-        scored = list(groups.values())
-        capacity = peak_concurrency(scored)
-        limit = max(0.0, schedule_finish_bound(scored, capacity) - last_rollout)
-        queue = [max(0.0, group.start - group.release) for group in scored]
-        scoring = [group.duration for group in scored]
-        metrics.update({
-            f"{prefix}/limit_s": limit,
-            f"{prefix}/exposed_vs_limit": exposed / limit if limit > 0 else 0.0,
-            f"{prefix}/scoring_concurrency": float(capacity),
-            f"{prefix}/queue_s_mean": statistics.fmean(queue),
-            f"{prefix}/queue_s_max": max(queue),
-            f"{prefix}/scoring_s_mean": statistics.fmean(scoring),
-            f"{prefix}/scoring_s_max": max(scoring),
-            f"{prefix}/group_wait_s_mean": statistics.fmean(waits),
-            f"{prefix}/group_wait_s_max": max(waits),
-        })
-    return metrics

@@ -1,20 +1,40 @@
-"""Counting rewards by outcome, so a default reward is never a silent number.
+"""A training step's reward metrics (``grrm/...``), so a default reward is never a silent number.
 
-:class:`RewardCounters` is what a reward manager or the whole-batch path keeps as it goes;
-:func:`metrics_from_extra_info` computes the same numbers from the ``reward_extra_info`` columns
-verl puts into ``batch.non_tensor_batch`` (any process can log them). Pure Python.
+:func:`step_metrics` computes them from the rows' ``reward_extra_info`` (verl puts it into every
+step; any process can log them): counts of rewards by outcome (:class:`RewardCounters`) and how
+much reward time the step exposed against the physical limit (:func:`exposure_metrics`, with the
+bound of :mod:`trainer_bridge.exposure`). The verl trainers' step metrics
+(:mod:`trainer_bridge.verl_metrics`) and the whole-batch path call it; a reward manager keeps a
+:class:`RewardCounters` over its lifetime. Pure Python.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer_bridge.rewards import RewardOutcome
+from trainer_bridge.exposure import ScoredGroup, peak_concurrency, schedule_finish_bound
+from trainer_bridge.rewards import EXTRA_INFO_KEYS
+
+__all__ = ["PREFIX", "RewardCounters", "exposure_metrics", "step_metrics"]
 
 PREFIX = "grrm"
+
+
+def step_metrics(infos: Iterable[Mapping[str, Any] | None], prefix: str = PREFIX) -> dict[str, float]:
+    """The bridge's metrics over one step's ``reward_extra_info`` rows; {} when none is the bridge's
+    (rows of other reward managers, and ``None``, are skipped): the counts by outcome and the
+    exposure figures."""
+    ours = [info for info in infos if isinstance(info, Mapping) and all(key in info for key in EXTRA_INFO_KEYS)]
+    if not ours:
+        return {}
+    counters = RewardCounters()
+    for info in ours:
+        counters.record(info)
+    return {**counters.as_metrics(prefix), **exposure_metrics(ours, prefix)}
 
 
 @dataclass
@@ -31,65 +51,78 @@ class RewardCounters:
     worker_in_flight_max: int = 0  # most reward calls running at once in the reward worker
     defaults: Counter[str] = field(default_factory=Counter)  # default rewards by reason
 
-    def record(
-        self,
-        outcome: RewardOutcome,
-        *,
-        masked: bool = False,
-        request_attempts: int = 1,
-        rejoins: int = 0,
-        worker_in_flight: int = 0,
-    ) -> None:
-        """Count one rollout's outcome."""
+    def record(self, info: Mapping[str, Any]) -> None:
+        """Count one rollout's reward from its ``reward_extra_info`` row
+        (:func:`trainer_bridge.rewards.extra_info`)."""
+        attempts = int(info["request_attempts"])
         self.total += 1
-        self.valid += outcome.valid
-        self.failed += outcome.failed
-        self.masked += masked
-        self.retried += request_attempts > 1
-        self.retries += max(0, request_attempts - 1)
-        self.rejoins += rejoins
-        self.worker_in_flight_max = max(self.worker_in_flight_max, worker_in_flight)
-        if outcome.failure:
-            self.defaults[outcome.failure] += 1
+        self.valid += bool(info["valid"])
+        self.failed += bool(info["failed"])
+        self.masked += bool(info["masked"])
+        self.retried += attempts > 1
+        self.retries += max(0, attempts - 1)
+        self.rejoins += int(info["rejoins"])
+        self.worker_in_flight_max = max(self.worker_in_flight_max, int(info["worker_in_flight"]))
+        if info["failure"]:
+            self.defaults[str(info["failure"])] += 1
 
     def as_metrics(self, prefix: str = PREFIX) -> dict[str, float]:
         """Flat metrics for a logger: counts, rates, retries, re-joins, and defaults per reason."""
-        return _metrics(self, prefix)
+        total = self.total
+        metrics = {
+            f"{prefix}/rewards": float(total),
+            f"{prefix}/valid": float(self.valid),
+            f"{prefix}/failed": float(self.failed),
+            f"{prefix}/masked": float(self.masked),
+            f"{prefix}/retried": float(self.retried),
+            f"{prefix}/retries": float(self.retries),
+            f"{prefix}/rejoins": float(self.rejoins),
+            f"{prefix}/worker_in_flight_max": float(self.worker_in_flight_max),
+            f"{prefix}/valid_rate": self.valid / total if total else 0.0,
+            f"{prefix}/failed_rate": self.failed / total if total else 0.0,
+        }
+        for reason, count in sorted(self.defaults.items()):
+            metrics[f"{prefix}/default/{reason}"] = float(count)
+        return metrics
 
 
-def metrics_from_extra_info(extra: Mapping[str, Sequence[Any]], prefix: str = PREFIX) -> dict[str, float]:
-    """The :class:`RewardCounters` metrics from per-row extra-info columns (lists or arrays)."""
-    valid = list(extra.get("valid", ()))
-    failures = [str(reason) for reason in extra.get("failure", ()) if reason]
-    attempts = [int(value) for value in extra.get("request_attempts", ())]
-    counters = RewardCounters(
-        total=len(valid),
-        valid=sum(bool(v) for v in valid),
-        failed=sum(bool(v) for v in extra.get("failed", ())),
-        masked=sum(bool(v) for v in extra.get("masked", ())),
-        retried=sum(value > 1 for value in attempts),
-        retries=sum(max(0, value - 1) for value in attempts),
-        rejoins=sum(int(value) for value in extra.get("rejoins", ())),
-        worker_in_flight_max=max((int(value) for value in extra.get("worker_in_flight", ())), default=0),
-        defaults=Counter(failures),
-    )
-    return _metrics(counters, prefix)
+def exposure_metrics(infos: Iterable[Mapping[str, Any]], prefix: str = PREFIX) -> dict[str, float]:
+    """The exposure figures of one step from its rollouts' ``reward_extra_info`` ({} if none was
+    timed): the exposed reward time, the limit (:mod:`trainer_bridge.exposure`), queueing,
+    scoring and the wait for group-mates.
 
-
-def _metrics(counters: RewardCounters, prefix: str) -> dict[str, float]:
-    total, valid, failed = counters.total, counters.valid, counters.failed
-    metrics = {
-        f"{prefix}/rewards": float(total),
-        f"{prefix}/valid": float(valid),
-        f"{prefix}/failed": float(failed),
-        f"{prefix}/masked": float(counters.masked),
-        f"{prefix}/retried": float(counters.retried),
-        f"{prefix}/retries": float(counters.retries),
-        f"{prefix}/rejoins": float(counters.rejoins),
-        f"{prefix}/worker_in_flight_max": float(counters.worker_in_flight_max),
-        f"{prefix}/valid_rate": valid / total if total else 0.0,
-        f"{prefix}/failed_rate": failed / total if total else 0.0,
-    }
-    for reason, count in sorted(counters.defaults.items()):
-        metrics[f"{prefix}/default/{reason}"] = float(count)
+    Rows without a scored group (defaults, invalid groups) count for the last rollout and the last
+    answer, not for the limit.
+    """
+    rows = [info for info in infos if float(info.get("sent_at") or 0) > 0 and float(info.get("answered_at") or 0) > 0]
+    if not rows:
+        return {}
+    last_rollout = max(float(info["sent_at"]) for info in rows)
+    last_answer = max(float(info["answered_at"]) for info in rows)
+    groups: dict[str, ScoredGroup] = {}
+    waits = []
+    for info in rows:
+        start, end, release = (float(info.get(key) or 0) for key in ("scoring_started_at", "scoring_ended_at", "complete_at"))
+        if start > 0 and end >= start and release > 0:
+            groups.setdefault(str(info.get("group_id", "")), ScoredGroup(release=release, start=start, end=end))
+            waits.append(max(0.0, release - float(info["sent_at"])))
+    exposed = max(0.0, last_answer - last_rollout)
+    metrics = {f"{prefix}/exposed_reward_s": exposed}
+    if groups:
+        scored = list(groups.values())
+        capacity = peak_concurrency(scored)
+        limit = max(0.0, schedule_finish_bound(scored, capacity) - last_rollout)
+        queue = [max(0.0, group.start - group.release) for group in scored]
+        scoring = [group.duration for group in scored]
+        metrics.update({
+            f"{prefix}/limit_s": limit,
+            f"{prefix}/exposed_vs_limit": exposed / limit if limit > 0 else 0.0,
+            f"{prefix}/scoring_concurrency": float(capacity),
+            f"{prefix}/queue_s_mean": statistics.fmean(queue),
+            f"{prefix}/queue_s_max": max(queue),
+            f"{prefix}/scoring_s_mean": statistics.fmean(scoring),
+            f"{prefix}/scoring_s_max": max(scoring),
+            f"{prefix}/group_wait_s_mean": statistics.fmean(waits),
+            f"{prefix}/group_wait_s_max": max(waits),
+        })
     return metrics

@@ -238,13 +238,7 @@ class GRRMRewardManager(RewardManagerBase):
         return self._record(outcome, info, detail)
 
     def _record(self, outcome: RewardOutcome, info: dict[str, Any], detail: str) -> dict[str, Any]:
-        self.counters.record(
-            outcome,
-            masked=info["masked"],
-            request_attempts=info["request_attempts"],
-            rejoins=info["rejoins"],
-            worker_in_flight=info["worker_in_flight"],
-        )
+        self.counters.record(info)
         if outcome.failed and outcome.failure not in self._reported:
             # Once per reason and process: a dead service must not flood the trainer's log. Every
             # occurrence is counted (grrm/default/<reason> in verl's step metrics).

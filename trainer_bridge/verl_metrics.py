@@ -8,7 +8,7 @@ and of the two experimental recipes, ``one_step_off_policy`` and ``fully_async_p
 non-tensor columns). :func:`install_step_metrics` wraps the one place each trainer computes a step's metrics
 so that, for steps whose rows carry the bridge's keys (:data:`~trainer_bridge.rewards.EXTRA_INFO_KEYS`),
 the step also logs ``grrm/rewards``, ``grrm/valid``, ``grrm/failed``, ``grrm/retried``,
-``grrm/retries``, ``grrm/default/<reason>`` ... (:func:`trainer_bridge.metrics.metrics_from_extra_info`)
+``grrm/retries``, ``grrm/default/<reason>`` ... (:func:`trainer_bridge.metrics.step_metrics`)
 for exactly that step's rollouts. Steps without them are untouched.
 
 The recipes' shared trainer base (``experimental/separation/ray_trainer.py``) imports
@@ -24,14 +24,13 @@ from __future__ import annotations
 import functools
 import logging
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from trainer_bridge.exposure import exposure_metrics
-from trainer_bridge.metrics import metrics_from_extra_info
+from trainer_bridge.metrics import step_metrics
 from trainer_bridge.rewards import EXTRA_INFO_KEYS
 
-__all__ = ["install_step_metrics", "step_metrics"]
+__all__ = ["install_step_metrics", "wrap_trainer_module"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,17 +41,6 @@ LEGACY_TRAINER = "verl.trainer.ppo.ray_trainer"  # fit() calls compute_data_metr
 SEPARATION_TRAINER = "verl.experimental.separation.ray_trainer"
 TRAINER_MODULES = (V1_TRAINER, LEGACY_TRAINER, SEPARATION_TRAINER)
 _WRAPPED = "_grrm_step_metrics"
-
-
-def step_metrics(infos: Iterable[Mapping[str, Any] | None]) -> dict[str, float]:
-    """The bridge's metrics over one step's ``reward_extra_info`` dicts; {} when none is the bridge's:
-    the counters (:mod:`trainer_bridge.metrics`) and the exposed reward time against its limit
-    (:mod:`trainer_bridge.exposure`)."""
-    ours = [info for info in infos if isinstance(info, Mapping) and all(key in info for key in EXTRA_INFO_KEYS)]
-    if not ours:
-        return {}
-    counters = metrics_from_extra_info({key: [info[key] for info in ours] for key in EXTRA_INFO_KEYS})
-    return {**counters, **exposure_metrics(ours)}
 
 
 def install_step_metrics() -> list[str]:

@@ -33,8 +33,17 @@ ENGINE_CLASSES: dict[str, str] = {
 def make_engine(config: EngineConfig) -> Engine:
     """Build (not start) the engine ``config.kind`` names."""
     module_name, class_name = ENGINE_CLASSES[config.kind].split(":")
-    engine_class = getattr(importlib.import_module(module_name), class_name)
-    return engine_class(config)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if config.kind == "scripted" and error.name in ("simulated", module_name):
+            # Test support is not in the wheel: the scripted engine runs from a checkout only.
+            raise EngineError(
+                "engine kind 'scripted' is the project's test support (simulated/), which an installed "
+                "package does not include: run from a checkout of the project (scripts/setup_env.sh)"
+            ) from error
+        raise
+    return getattr(module, class_name)(config)
 
 
 __all__ = [

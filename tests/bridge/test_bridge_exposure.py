@@ -1,5 +1,5 @@
-"""Exposed reward time against the physical limit (trainer_bridge/exposure.py): the schedule bound
-checked against brute force, and the step figures from reward_extra_info rows."""
+"""Exposed reward time against the physical limit: the schedule bound (trainer_bridge/exposure.py)
+checked against brute force, and the step figures from reward_extra_info rows (trainer_bridge/metrics.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from trainer_bridge.exposure import ScoredGroup, exposure_metrics, peak_concurrency, schedule_finish_bound
+from trainer_bridge.exposure import ScoredGroup, peak_concurrency, schedule_finish_bound
+from trainer_bridge.metrics import exposure_metrics
 
 
 def optimal_finish(groups: list[ScoredGroup], capacity: int) -> float:

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from trainer_bridge.metrics import RewardCounters, metrics_from_extra_info
+from trainer_bridge.metrics import RewardCounters, step_metrics
 from trainer_bridge.rewards import (
     EXTRA_INFO_KEYS,
     RewardSettings,
@@ -174,18 +174,17 @@ def test_extra_info_has_the_same_keys_and_types_for_every_outcome():
     assert unmasked["failed"] and not unmasked["masked"]
 
 
-def test_counters_and_metrics_from_extra_info_agree():
+def test_counters_and_step_metrics_agree():
     settings = RewardSettings()
     outcomes = [scored_outcome(5, 1, settings), default_outcome("timeout", settings), default_outcome("too_few_distinct", settings)]
     counters = RewardCounters()
     infos = []
     for outcome in outcomes:
         info = extra_info(outcome, extracted=True, request_attempts=2, mask_failed=True)
-        counters.record(outcome, masked=info["masked"], request_attempts=2)
+        counters.record(info)
         infos.append(info)
-    columns = {key: [info[key] for info in infos] for key in EXTRA_INFO_KEYS}
     metrics = counters.as_metrics()
-    assert metrics == metrics_from_extra_info(columns)
+    assert metrics == step_metrics(infos)  # untimed rows: no exposure figures
     assert metrics["grrm/failed"] == 1 and metrics["grrm/masked"] == 1 and metrics["grrm/valid"] == 1
     assert metrics["grrm/default/timeout"] == 1 and metrics["grrm/default/too_few_distinct"] == 1
     assert counters.retried == 3

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from trainer_bridge.rewards import EXTRA_INFO_KEYS, RewardSettings, default_outcome, extra_info, scored_outcome
-from trainer_bridge.verl_metrics import install_step_metrics, step_metrics
+from trainer_bridge.metrics import step_metrics
+from trainer_bridge.verl_metrics import install_step_metrics
 
 from .helpers import codeblock, padded_batch, quality_text, row_fields
 

@@ -1,0 +1,114 @@
+"""The command line: ``python -m k8s.render`` writes the manifests, ``--check`` compares them."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+from k8s.render.manifests import render
+from k8s.render.options import RenderOptions
+
+K8S_DIR = Path(__file__).resolve().parents[1]
+DESCRIPTION = "Render the KubeRay manifests of the reward cluster (and the verl job that shares its Ray cluster)."
+# A command-line flag per option (the others keep their defaults), with its help text.
+FLAGS = {
+    "name": "RayService name",
+    "namespace": "namespace of every object",
+    "model": "engine.model (default: deployments/grrm.yaml's)",
+    "tensor_parallel_size": "engine.tensor_parallel_size (default: grrm.yaml's)",
+    "min_replicas": "Serve autoscaling min_replicas (default: grrm.yaml's)",
+    "max_replicas": "Serve autoscaling max_replicas (default: grrm.yaml's)",
+    "replicas_per_worker": "Serve replicas per reward worker pod",
+    "gpu_label_key": "node label that names the GPU type",
+    "gpu_product": "its value for the reward workers ('' = no nodeSelector)",
+    "image": "image of the head and the reward workers (project + vLLM)",
+    "trainer_image": "image of the policy workers (project + verl)",
+    "ray_version": "Ray version in both images",
+    "hf_token_secret": "Secret (key `token`) with the Hugging Face token",
+    "api_token_secret": "Secret (key `token`) with the HTTP bearer token",
+    "policy_nodes": "trainer nodes (verl trainer.nnodes)",
+    "policy_min_nodes": "trainer nodes kept up (default 0: the job's entrypoint wakes one)",
+    "policy_gpus_per_node": "GPUs per trainer node (verl trainer.n_gpus_per_node)",
+    "policy_gpu_product": "GPU type of the trainer nodes (default: --gpu-product)",
+    "policy_model": "the policy checkpoint verl trains",
+    "rollout_n": "rollouts per prompt (the GRPO group size)",
+    "rollout_tp": "tensor parallel size of the policy's vLLM rollout",
+    "trainer_data_pvc": "PVC mounted at /data on trainer nodes ('' = none)",
+    "train_files": "verl data.train_files",
+    "val_files": "verl data.val_files",
+    "job_name": "RayJob name",
+    "ray_cluster_name": "RayCluster for the RayJob's clusterSelector",
+    "upgrade_strategy": "RayService upgradeStrategy.type",
+    "redis_address": "Redis of GCS fault tolerance ('' = off)",
+    "redis_password_secret": "Secret (key `password`) with that Redis's password",
+    "service_pods": "grrm-services pods (= ingress and ledger replicas, one of each per pod)",
+}
+ALIASES = {"tensor_parallel_size": ["--tp"]}
+
+
+def write(files: dict[str, str], out: Path) -> None:
+    """Write the files into ``out`` (scripts executable)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        path = out / name
+        path.write_text(text)
+        if name.endswith(".sh"):
+            path.chmod(0o755)
+
+
+def check(files: dict[str, str], out: Path) -> list[str]:
+    """File names whose committed text differs from the fresh render (missing counts)."""
+    stale = []
+    for name, text in files.items():
+        path = out / name
+        if not path.is_file() or path.read_text() != text:
+            stale.append(name)
+    return stale
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[RenderOptions, argparse.Namespace]:
+    """The options (a flag per :data:`FLAGS` entry, typed as its :class:`RenderOptions` field) and
+    the output arguments."""
+    parser = argparse.ArgumentParser(prog="python -m k8s.render", description=DESCRIPTION)
+    parser.add_argument("--out", type=Path, default=K8S_DIR, help="output directory (default: k8s/)")
+    parser.add_argument("--check", action="store_true", help="exit 1 if the files in --out differ from a fresh render")
+    types = typing.get_type_hints(RenderOptions)
+    for key, text in FLAGS.items():
+        flag = f"--{key.replace('_', '-')}"
+        parser.add_argument(flag, *ALIASES.get(key, []), dest=key, type=_value_type(types[key]), default=None, help=text)
+    args = parser.parse_args(argv)
+    values = {key: getattr(args, key) for key in FLAGS if getattr(args, key) is not None}
+    if values.get("trainer_data_pvc") == "":
+        values["trainer_data_pvc"] = None  # '' = no PVC
+    return RenderOptions(**values), args
+
+
+def _value_type(hint: Any) -> type:
+    """The type a flag's text converts to: the field's type, ``X`` for ``X | None``."""
+    (kind,) = [arg for arg in typing.get_args(hint) if arg is not type(None)] or [hint]
+    return kind
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Render into ``--out`` (or compare with ``--check``); the exit status."""
+    options, args = parse_args(argv)
+    try:
+        files = render(options)
+    except ValueError as error:
+        print(f"render: {error}", file=sys.stderr)
+        return 2
+    if args.check:
+        stale = check(files, args.out)
+        if stale:
+            print(
+                "k8s manifests are stale (re-render with `python -m k8s.render`): " + ", ".join(stale), file=sys.stderr
+            )
+            return 1
+        print(f"k8s manifests up to date ({len(files)} files in {args.out})")
+        return 0
+    write(files, args.out)
+    print(f"rendered {len(files)} files into {args.out}")
+    return 0

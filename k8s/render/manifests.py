@@ -1,0 +1,62 @@
+"""Every manifest of a render, as {file name: text}."""
+
+from __future__ import annotations
+
+from k8s.render.app import grrm_application, load_serve_config, serve_config_for, sizing_for
+from k8s.render.kube import documents_text, namespace, secret
+from k8s.render.observability import metrics_service, prometheus_config
+from k8s.render.options import RenderOptions, check_options
+from k8s.render.ray_cluster import rayservice
+from k8s.render.verl_job import rayjob, submit_script
+
+
+def render(options: RenderOptions | None = None) -> dict[str, str]:
+    """Every manifest as {file name: text}."""
+    options = options or RenderOptions()
+    base = load_serve_config()
+    serve_config = serve_config_for(options, base)
+    sizing = sizing_for(options, grrm_application(serve_config))
+    check_options(options, sizing)
+    hf_note = (
+        "# A template: put the real token in with\n"
+        f"#   kubectl -n {options.namespace} create secret generic {options.hf_token_secret} "
+        "--from-literal=token=hf_...\n"
+        "# (applying this file as is stores the placeholder).\n"
+    )
+    api_note = (
+        "# A template: the bearer token every /v1 request must carry (an empty value turns auth off).\n"
+        f"#   kubectl -n {options.namespace} create secret generic {options.api_token_secret} "
+        '--from-literal=token="$(openssl rand -hex 32)"\n'
+    )
+    redis_note = (
+        "# A template: the password of the Redis that backs GCS fault tolerance (an HA Redis you run).\n"
+        f"#   kubectl -n {options.namespace} create secret generic {options.redis_password_secret} "
+        "--from-literal=password=...\n"
+    )
+    job_note = (
+        f"# clusterSelector needs the RayService's active RayCluster name (it carries a generated suffix):\n"
+        f"#   export GRRM_RAY_CLUSTER=$(kubectl -n {options.namespace} get rayservice {options.name} "
+        "-o jsonpath='{.status.activeServiceStatus.rayClusterName}')\n"
+        "#   envsubst '$GRRM_RAY_CLUSTER' < k8s/verl-job.yaml | kubectl apply -f -\n"
+    )
+    return {
+        "namespace.yaml": documents_text(namespace(options)),
+        "secret-hf-token.yaml": documents_text(
+            secret(options, options.hf_token_secret, "model-download", "REPLACE_WITH_HF_TOKEN"), note=hf_note
+        ),
+        "secret-api-token.yaml": documents_text(
+            secret(options, options.api_token_secret, "api-auth", "REPLACE_WITH_API_TOKEN"), note=api_note
+        ),
+        **(
+            {"secret-redis-password.yaml": documents_text(
+                secret(options, options.redis_password_secret, "gcs-storage", "REPLACE_WITH_REDIS_PASSWORD",
+                       key="password"),
+                note=redis_note)}
+            if options.redis_address else {}
+        ),
+        "rayservice-grrm.yaml": documents_text(rayservice(options, serve_config, sizing)),
+        "metrics-service.yaml": documents_text(metrics_service(options)),
+        "prometheus-scrape-config.yaml": documents_text(prometheus_config(options)),
+        "verl-job.yaml": documents_text(rayjob(options, sizing), note=job_note),
+        "submit-verl-job.sh": submit_script(options, sizing),
+    }

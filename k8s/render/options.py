@@ -1,0 +1,105 @@
+"""What a render depends on: :class:`RenderOptions` (defaults = the committed manifests), and the
+combinations of options that would deploy but misbehave (:func:`check_options`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from k8s.render.app import Sizing
+
+# verl's default placement-group bundle: {"CPU": max_colocate_count=3, "GPU": 1} per GPU.
+VERL_CPUS_PER_GPU_BUNDLE = 3
+UPGRADE_STRATEGIES = ("NewCluster", "NewClusterWithIncrementalUpgrade", "None")
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """Everything a render depends on. ``None`` for model / TP / replica range: deployments/grrm.yaml's."""
+
+    name: str = "grrm"
+    namespace: str = "grrm"
+    model: str | None = None
+    tensor_parallel_size: int | None = None
+    min_replicas: int | None = None
+    max_replicas: int | None = None
+    # Serve replicas per reward worker pod (the pod gets TP x gpus_per_rank x this many GPUs).
+    replicas_per_worker: int = 1
+    gpu_label_key: str = "nvidia.com/gpu.product"
+    gpu_product: str = "NVIDIA-H100-80GB-HBM3"
+    image: str = "grrm-cluster:0.1.0-vllm"
+    trainer_image: str = "grrm-cluster:0.1.0-verl"
+    ray_version: str = "2.60.0"
+    hf_token_secret: str = "hf-token"
+    api_token_secret: str = "grrm-api-token"
+    # Head pod (CPU only: it runs GCS, the dashboard, the autoscaler, the Serve controller).
+    head_cpus: int = 4
+    head_memory_gi: int = 16
+    # Reward worker pod sizing beyond what Ray accounts for the replicas.
+    worker_extra_cpus_per_gpu: int = 2
+    worker_memory_gi_per_gpu: int = 32
+    worker_base_memory_gi: int = 16
+    model_cache_gi: int = 100
+    worker_idle_timeout_s: int = 300
+    # The policy (trainer) worker group.
+    policy_nodes: int = 1
+    # Trainer nodes kept up. 0 by default: a trainer node has no Serve replica, so it is never
+    # "Ready" (see README), and a RayCluster created with one never reaches the state a RayJob
+    # waits for. The job's entrypoint resource wakes one node; patch more up before a bigger job.
+    policy_min_nodes: int = 0
+    policy_gpus_per_node: int = 8
+    policy_gpu_product: str | None = None  # None: gpu_product
+    policy_cpus_per_gpu: int = 8
+    policy_memory_gi_per_gpu: int = 48
+    policy_idle_timeout_s: int = 600
+    trainer_data_pvc: str | None = "verl-data"
+    # The verl job (its hyperparameters: k8s/render/verl_job.yaml).
+    policy_model: str = "Qwen/Qwen2.5-7B-Instruct"
+    rollout_n: int = 8
+    rollout_tp: int = 2
+    train_files: str = "/data/grrm-mt/train.parquet"
+    val_files: str = "/data/grrm-mt/test.parquet"
+    job_name: str = "verl-grpo-grrm"
+    # The RayService's active RayCluster: its name has a generated suffix, so the default is a
+    # placeholder for `envsubst '$GRRM_RAY_CLUSTER'` (see README).
+    ray_cluster_name: str = "${GRRM_RAY_CLUSTER}"
+    upgrade_strategy: str = "NewCluster"
+    # GCS fault tolerance: the head's GCS keeps its state in this Redis, so a head failure does
+    # not restart the workers (their replicas keep serving while the head comes back). An
+    # operator-provided, highly available Redis; '' turns it off.
+    redis_address: str = "redis://grrm-redis.grrm.svc.cluster.local:6379"
+    redis_password_secret: str = "grrm-redis"
+    # CPU pods of their own for the ingress and the ledger: one replica of each per pod, so losing
+    # a pod (or its node) loses one replica of each, never both.
+    service_pods: int = 2
+    service_cpus: int = 2
+    service_memory_gi: int = 4
+
+
+def check_options(options: RenderOptions, sizing: Sizing) -> None:
+    """Refuse combinations that deploy but misbehave."""
+    if options.policy_nodes < 1 or options.policy_gpus_per_node < 1:
+        raise ValueError("policy_nodes and policy_gpus_per_node must be >= 1 (verl's trainer.nnodes, n_gpus_per_node)")
+    if not 0 <= options.policy_min_nodes <= options.policy_nodes:
+        raise ValueError(f"policy_min_nodes must be in [0, policy_nodes={options.policy_nodes}]")
+    if options.policy_gpus_per_node % options.rollout_tp:
+        raise ValueError(
+            f"policy_gpus_per_node ({options.policy_gpus_per_node}) is not a multiple of "
+            f"rollout_tp ({options.rollout_tp})"
+        )
+    # verl asks for one STRICT_PACK placement group per node of n_gpus_per_node bundles
+    # {"CPU": 3, "GPU": 1}. A reward worker must never be able to hold one (the autoscaler
+    # could pick the reward group for the trainer's demand, or the trainer could take an idle
+    # reward pod): it has too few GPUs or too few Ray CPUs.
+    verl_cpus = VERL_CPUS_PER_GPU_BUNDLE * options.policy_gpus_per_node
+    if sizing.gpus_per_worker >= options.policy_gpus_per_node and sizing.ray_cpus_per_worker >= verl_cpus:
+        raise ValueError(
+            f"a reward worker ({sizing.gpus_per_worker} GPUs, {sizing.ray_cpus_per_worker} Ray CPUs) could hold "
+            f"verl's per-node placement group ({options.policy_gpus_per_node} GPUs, {verl_cpus} CPUs): "
+            "use fewer replicas per worker or more policy GPUs per node"
+        )
+    if options.upgrade_strategy not in UPGRADE_STRATEGIES:
+        raise ValueError(f"upgrade_strategy: {options.upgrade_strategy!r} is not a RayService upgrade type")
+    if len(options.name) > 47:
+        raise ValueError("name: a RayService name is at most 47 characters (KubeRay adds a 6-character suffix)")
