@@ -27,6 +27,10 @@ run; ``call`` counts the calls, which every process makes in the same order. A c
 ``trainer_state`` is the async trainer's rollout worker, which calls once per complete group in a
 child process (this object pickles): its groups get ids of their own.
 
+Each step's call also announces the step's groups to the service's autoscaling, and from the
+second step on the next step ahead of it (``grrm_client/demand.py``; ``announce_demand=False`` turns
+it off).
+
 Every reward that could not be obtained (the service unreachable past the deadline, a group whose
 verdict could not be parsed, ...) is ``None``, never a made-up number; a rollout without a
 translation or a group with nothing to compare gets ``default_reward`` (the spec's semantics).
@@ -40,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -49,6 +54,7 @@ from pydantic import Field, model_validator
 
 from cluster.rewards import RewardOutcome, read_completion
 from grrm_client.adapters import AdapterConfig
+from grrm_client.demand import DemandAnnouncer, DemandSettings
 from grrm_client.groups import reward_group, reward_member
 from grrm_client.reward_client import RewardClient
 
@@ -57,7 +63,7 @@ __all__ = ["GRRMReward", "TRLRewardConfig", "completion_text", "slice_groups"]
 logger = logging.getLogger(__name__)
 
 
-class TRLRewardConfig(AdapterConfig):
+class TRLRewardConfig(AdapterConfig, DemandSettings):
     """The TRL adapter's settings: the client's, how to read a batch, and TRL's layout."""
 
     num_generations: int = Field(ge=1, le=1024, description="TRL's num_generations: completions per prompt.")
@@ -111,6 +117,7 @@ class GRRMReward:
         self.settings = self.config.reward_settings()
         self.__name__ = "grrm"  # TRL logs a reward function's mean under rewards/<its name>/
         self._client: RewardClient | None = None
+        self._demand: DemandAnnouncer | None = None
         self._run_id = self.config.run_id
         self._calls = 0
         self._reported_retries = 0
@@ -122,6 +129,7 @@ class GRRMReward:
         # connections, a Serve handle) belongs to one process and one event loop, and is made anew.
         state = dict(self.__dict__)
         state["_client"] = None
+        state["_demand"] = None
         return state
 
     async def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], completion_ids: Any = None,
@@ -150,6 +158,10 @@ class GRRMReward:
             self._calls += 1
         run_id = self._shared_run_id()
         client = self._client_now()
+        # A step of the GRPO trainer (not the async trainer's per-group calls): a generation phase.
+        demand = self._demand_now(client, count) if trainer_state is not None else None
+        if demand is not None:
+            demand.requested(time.time())
         outcomes: list[RewardOutcome | None] = [None] * count
 
         async def one(group: int, members: list[tuple[int, int]]) -> None:
@@ -175,6 +187,8 @@ class GRRMReward:
                 outcomes[local] = outcome
 
         await asyncio.gather(*(one(group, members) for group, members in slice_groups(offset, count, size).items()))
+        if demand is not None:
+            demand.requested(time.time())  # the phase lasts until its rewards are in
         done = [outcome for outcome in outcomes if outcome is not None]
         self._log(done, log_metric, log_extra)
         return [None if outcome.failed else outcome.reward for outcome in done]
@@ -230,6 +244,15 @@ class GRRMReward:
         if self._client is None:
             self._client = RewardClient(self.config)
         return self._client
+
+    def _demand_now(self, client: RewardClient, count: int) -> DemandAnnouncer | None:
+        """The announcer of this run's steps: the whole step's groups (every process's slice), or None."""
+        if not self.config.announce_demand:
+            return None
+        if self._demand is None:
+            groups = count * self._process()[1] // self.config.num_generations
+            self._demand = DemandAnnouncer(client.announce_demand, max(1, groups), gap_s=self.config.phase_gap_s)
+        return self._demand
 
     def _log(self, outcomes: list[RewardOutcome], log_metric: Callable[[str, float], None] | None,
              log_extra: Callable[[str, list[Any]], None] | None) -> None:

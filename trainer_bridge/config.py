@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from grrm_client.config import ClientConfig
+from grrm_client.demand import DemandSettings
 from trainer_bridge.rewards import RewardSettings
 
 ExtractorName = Literal["codeblock", "line", "oneline", "none"]
@@ -60,7 +61,7 @@ class OverlongSettings(BaseModel):
         return self
 
 
-class BridgeConfig(ClientConfig):
+class BridgeConfig(ClientConfig, DemandSettings):
     """Everything the trainer side needs: how to reach the cluster and retry (:class:`ClientConfig`),
     how to read a rollout, and the reward arithmetic. The keys are flat, as verl passes them."""
 
@@ -126,13 +127,6 @@ class BridgeConfig(ClientConfig):
     mask_failed: bool = Field(
         False, description="Flag rows whose reward could not be obtained (service failures) as masked: the trainer "
                            "can drop them from the loss with trainer_bridge.batch.mask_failed_rows.")
-
-    announce_demand: bool = Field(
-        True, description="At the start of each generation phase (a rollout after a quiet gap), announce the step's "
-                          "groups to the service so that its autoscaling has the replicas for them (advisory: "
-                          "never holds up a reward).")
-    phase_gap_s: float = Field(10.0, gt=0, description="A pause in rollouts at least this long, in seconds, ends a "
-                                                       "generation phase (the next rollout opens one).")
 
     def reward_settings(self) -> RewardSettings:
         """The pure arithmetic's settings."""

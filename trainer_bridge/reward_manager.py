@@ -27,7 +27,6 @@ Select it in verl with::
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -41,8 +40,8 @@ from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
 from cluster.schema import MemberRequest
 from trainer_bridge.capacity import concurrency_problem, groups_per_step
 from grrm_client import CallOutcome, RewardClient
+from grrm_client.demand import DemandAnnouncer
 from trainer_bridge.config import BridgeConfig, validation_group_warning
-from trainer_bridge.demand import PhaseForecaster
 from trainer_bridge.metrics import RewardCounters
 from trainer_bridge.rewards import (
     BAD_ROW,
@@ -101,9 +100,10 @@ class GRRMRewardManager(RewardManagerBase):
         self._crowded = False  # warned that they near the worker's concurrency
         # A step's groups: one per prompt of the generation batch (None: unknown, nothing is announced).
         groups = groups_per_step(config)
-        self.phases = (PhaseForecaster(groups, gap_s=self.bridge.phase_gap_s)
+        # The client is looked up at each announcement: whoever built the manager may swap it.
+        self.demand = (DemandAnnouncer(lambda **announcement: self.client.announce_demand(**announcement), groups,
+                                       gap_s=self.bridge.phase_gap_s, tenant=self.tenant)
                        if self.bridge.announce_demand and groups else None)
-        self._announcing: set[asyncio.Task[bool]] = set()
         warning = validation_group_warning(config, self.bridge)
         if warning:
             logger.warning("grrm: %s", warning)
@@ -148,7 +148,8 @@ class GRRMRewardManager(RewardManagerBase):
             return self._default(BAD_ROW, f"{type(error).__name__}: {error}", timing)
         if group_size < 2:
             return self._answer(rollout, default_outcome(TOO_FEW_DISTINCT, self.settings), timing)
-        self._announce_phase(timing.sent_at)
+        if self.demand is not None:
+            self.demand.requested(timing.sent_at)
         member = self._member(rollout, group_size, index, timing.sent_at)
         if isinstance(member, str):
             return self._answer(rollout, default_outcome("rejected", self.settings), timing, detail=member)
@@ -157,16 +158,6 @@ class GRRMRewardManager(RewardManagerBase):
         return self._answer(
             rollout, self._outcome(rollout, call), timing, call, group_id=member.group_id, detail=self._detail(rollout, call)
         )
-
-    def _announce_phase(self, now: float) -> None:
-        """A rollout that opens a generation phase announces the step's groups, in the background."""
-        lasts_s = self.phases.arrive(now) if self.phases is not None else None
-        if lasts_s is None:
-            return
-        task = asyncio.get_running_loop().create_task(
-            self.client.announce_demand(groups=self.phases.groups_per_phase, lasts_s=lasts_s, tenant=self.tenant))
-        self._announcing.add(task)
-        task.add_done_callback(self._announcing.discard)
 
     def _member(self, rollout: Rollout, group_size: int, index: int | None, sent_at: float) -> MemberRequest | str:
         """The member request, or why the service would refuse it."""

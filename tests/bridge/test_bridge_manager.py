@@ -6,6 +6,7 @@ test_bridge_cluster.py)."""
 from __future__ import annotations
 
 import asyncio
+import time
 import logging
 import re
 from pathlib import Path
@@ -391,34 +392,52 @@ async def test_each_run_is_a_tenant_of_the_service(tokenizer):
     assert [member.tenant for member in sent] == ["sweep-lr-3e-6"] * 2 + ["ablation-b"] * 2
 
 
-async def test_a_generation_phase_announces_its_steps_groups_once_sized_by_the_phases_before(tokenizer):
+async def test_a_generation_phase_announces_its_steps_groups_once_and_the_next_phase_ahead(tokenizer):
     """The first rollout after a quiet gap opens a generation phase: the bridge announces the step's
     groups (data.train_batch_size prompts) for the service's autoscaling, over the time earlier phases
-    took; the other rollouts of the phase announce nothing."""
+    took; the other rollouts of the phase announce nothing. Once two phases were seen, the next phase
+    is announced when this one should end, starting a step's period after this one opened."""
     transport = LocalTransport()
     manager = load_manager(tokenizer, n=2, reward_kwargs={"phase_gap_s": 0.3}, transport=transport, train_batch_size=8)
 
-    async def phase(tag: int) -> None:
+    async def phase(tag: int) -> float:
         rows = [agent_loop_row(tokenizer, codeblock(quality_text(0, j, j + 1)), session_row_fields(f"phase{tag}", j))
                 for j in range(2)]
         async def later(row, delay_s: float):
             await asyncio.sleep(delay_s)
             return await manager.run_single(row)
 
+        opened = time.monotonic()
         # One after the other, 0.1 s apart: one phase.
         await asyncio.gather(*(later(row, 0.1 * j) for j, row in enumerate(rows)))
-        await asyncio.gather(*manager._announcing)
+        await manager.demand.settled()
+        return opened
 
-    await phase(1)
-    assert [(one.groups, one.lasts_s) for one in transport.announcements] == [(8, 60.0)]  # nothing seen yet: 60 s
+    opened = [await phase(1)]
+    assert [(one.groups, one.lasts_s, one.starts_in_s) for one in transport.announcements] == [(8, 60.0, 0.0)]
     await asyncio.sleep(0.4)  # the trainer trains
-    await phase(2)
+    opened.append(await phase(2))
     assert len(transport.announcements) == 2 and transport.announcements[1].groups == 8
     assert transport.announcements[1].lasts_s == 1.0  # the first phase took 0.1 s: at least 1 s is announced
+    # Two phases seen, about 0.6 s apart; this one should last 1 s, longer than that: nothing ahead.
+    await asyncio.sleep(1.2)
+    assert len(transport.announcements) == 2
+    await asyncio.sleep(2.0)  # a long training phase: the period grows past a phase's length
+    opened.append(await phase(3))
+    assert len(transport.announcements) == 3
+    await asyncio.sleep(1.3)  # this phase should end 1 s after it opened: the next one is announced then
+    assert len(transport.announcements) == 4, transport.announcements
+    ahead = transport.announcements[3]
+    assert ahead.groups == 8 and ahead.lasts_s == 1.0
+    # The next phase opens the median period (of two: their mean) after this one did, 1 s after which
+    # it is announced.
+    expected = (opened[2] - opened[0]) / 2 - 1.0
+    assert abs(ahead.starts_in_s - expected) < 0.2, (ahead, expected)
     assert {one.tenant for one in transport.announcements} == {manager.tenant}
+    manager.demand.close()
 
     quiet = LocalTransport()
     unknown = load_manager(tokenizer, n=2, reward_kwargs={"phase_gap_s": 0.3}, transport=quiet)  # no batch size
     await asyncio.gather(*(unknown.run_single(agent_loop_row(tokenizer, codeblock(quality_text(0, j, j + 1)),
                                                               session_row_fields("u", j))) for j in range(2)))
-    assert quiet.announcements == [] and quiet.calls == 2
+    assert quiet.announcements == [] and quiet.calls == 2 and unknown.demand is None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import time
 
 import pytest
 from pydantic import ValidationError
@@ -133,6 +134,39 @@ def test_the_async_trainer_calls_once_per_group_without_trainer_state_and_the_ad
     call(reward, texts(0, [3, 1, 4, 1]), trainer_state=None)
     ids = [group.group_id for group in service.group_requests]
     assert len(ids) == 2 and len(set(ids)) == 2
+    assert service.announcements == []  # calls per group have no steps to announce
+
+
+def test_each_step_announces_its_groups_and_the_next_step_ahead_once_two_were_seen():
+    """Every process announces the whole step's groups (its slice x processes / num_generations) when a
+    step's call opens a phase; from the second step on, the next step is announced when this one's
+    rewards should be in, starting a step's period after this step began."""
+    service = LocalTransport()
+    reward = adapter(service, process_index=0, num_processes=2, run_id="two-ranks", phase_gap_s=0.5)
+
+    async def steps() -> list[float]:
+        began = []
+        for step in range(3):
+            if step:
+                await asyncio.sleep(1.3)  # generation and training between two calls
+            began.append(time.time())
+            await reward(prompts=["p"] * 8, completions=texts(step, [1, 2, 3, 4, 5, 6, 7, 8]), completion_ids=None,
+                         trainer_state=object(), log_metric=None, log_extra=None, **columns(8))
+        await asyncio.sleep(1.2)  # the third step's rewards should be in 1 s after it began
+        reward._demand.close()
+        return began
+
+    began = asyncio.run(steps())
+    announced = service.announcements
+    assert [one.groups for one in announced] == [4] * 5  # 8 completions x 2 processes / 4 per group
+    # Each step when it begins; the first lasts the default 60 s, the next ones as long as the steps seen.
+    assert [(announced[i].starts_in_s, announced[i].lasts_s) for i in (0, 1, 3)] == [(0.0, 60.0), (0.0, 1.0), (0.0, 1.0)]
+    # From the second step on, the next one 1 s after a step began: a period (the median) after its start.
+    assert abs(announced[2].starts_in_s - (began[1] - began[0] - 1.0)) < 0.2, announced
+    assert abs(announced[4].starts_in_s - ((began[2] - began[0]) / 2 - 1.0)) < 0.2, announced
+    quiet = LocalTransport()
+    call(adapter(quiet, announce_demand=False), texts(0, [3, 1, 4, 1]))
+    assert quiet.announcements == [] and quiet.calls == 1
 
 
 def test_a_dataset_without_the_source_column_is_refused_naming_it():
