@@ -131,6 +131,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--ray-workers", type=int, default=2, metavar="N",
         help="Ray Data actors calling the service, each with --concurrency groups in flight (default: %(default)s)",
     )
+    run.add_argument(
+        "--finish-within-s", type=float, metavar="S",
+        help="announce the rows left to the service's autoscaling as work to finish within S seconds, so the pool "
+             "grows for them (withdrawn when the run ends; --url or --app only)",
+    )
     run.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     parser.set_defaults(handler=main)
     return parser
@@ -151,6 +156,7 @@ class ScoreJob:
     part_seconds: float
     overwrite: bool
     progress: bool
+    finish_within_s: float | None = None  # announce the rows left as work due within this (None: announce nothing)
 
     def identity(self) -> dict[str, Any]:
         """What partial output must match to be continued."""
@@ -169,6 +175,11 @@ def job_from_args(args: argparse.Namespace) -> ScoreJob:
     if not re.fullmatch(TENANT_PATTERN, args.tenant):
         raise SetupError(f"--tenant: {args.tenant!r} is not a tenant name (letters, digits, '_', '.', '-', at most 64, "
                          "starting with a letter or digit)")
+    if args.finish_within_s is not None:
+        if not args.finish_within_s > 0:
+            raise SetupError("--finish-within-s: must be above 0 seconds")
+        if args.config is not None or args.ray:
+            raise SetupError("--finish-within-s: needs a service's pool to scale (--url or --app, without --ray)")
     if args.ray and not args.app:
         raise SetupError("--ray: needs --app NAME (Ray Data workers call the application's Serve handle)")
     source = Path(args.input)
@@ -197,6 +208,7 @@ def job_from_args(args: argparse.Namespace) -> ScoreJob:
         part_seconds=args.part_seconds,
         overwrite=args.overwrite,
         progress=not args.no_progress,
+        finish_within_s=args.finish_within_s,
     )
 
 
@@ -261,7 +273,9 @@ async def score_dataset(job: ScoreJob, scoring: GroupScoring) -> Summary:
     progress = Progress(total, done=committed, enabled=show_progress)
     output = OrderedOutput(work, writer, job.output_format, start=committed, part_rows=job.part_rows,
                            part_s=job.part_seconds)
-    run = _Run(job, scoring, output, journaled, progress)
+    # The groups this run still scores (a row is a group), announced once the scorer is up.
+    left = count_rows(job.input, job.input_format) - resumed if job.finish_within_s else 0
+    run = _Run(job, scoring, output, journaled, progress, announce_groups=left)
     try:
         await run.rows(read_rows(job.input, job.input_format, batch_rows=job.batch_rows, start=committed))
     finally:
@@ -280,8 +294,11 @@ async def score_dataset(job: ScoreJob, scoring: GroupScoring) -> Summary:
 class _Run:
     """One pass over the rows: bounded concurrency, a bounded reorder window, the first fatal error stops it."""
 
-    def __init__(self, job: ScoreJob, scoring: GroupScoring, output: OrderedOutput, journaled: dict, progress: Progress):
+    def __init__(self, job: ScoreJob, scoring: GroupScoring, output: OrderedOutput, journaled: dict, progress: Progress,
+                 announce_groups: int = 0):
         self.job = job
+        self.announce_groups = announce_groups
+        self.announced = False
         self.scoring = scoring
         self.output = output
         self.journaled = journaled
@@ -349,6 +366,8 @@ class _Run:
             self.started = True
             self.described = await self.scoring.start()
             self.scorer_ready = time.monotonic()
+            if self.announce_groups > 0 and self.job.finish_within_s:
+                self.announced = await self.scoring.announce(self.announce_groups, self.job.finish_within_s)
         task = asyncio.create_task(self._score(row, group))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -375,6 +394,8 @@ class _Run:
 
     async def close(self) -> None:
         if self.started:
+            if self.announced:  # done or stopped: the pool need not hold replicas for the rest
+                await self.scoring.announce(0, 1.0)
             await self.scoring.close()
 
 

@@ -54,6 +54,10 @@ class GroupScoring(Protocol):
         """The result columns of one group; raises ScoringStopped when there is no answer."""
         ...
 
+    async def announce(self, groups: int, lasts_s: float) -> bool:
+        """Announce ``groups`` coming over ``lasts_s`` to the autoscaling (0: withdraw); whether it was taken."""
+        ...
+
     async def close(self) -> None:
         """Release what start acquired."""
         ...
@@ -110,6 +114,9 @@ class ServiceScoring:
             raise ScoringStopped(f"{outcome.failure} after {outcome.attempts} attempts: {outcome.error}")
         return result_fields(outcome.result, outcome.failure, outcome.error)
 
+    async def announce(self, groups: int, lasts_s: float) -> bool:
+        return await self.client.announce_demand(groups=groups, lasts_s=lasts_s)
+
     async def close(self) -> None:
         await self.client.aclose()
 
@@ -151,6 +158,9 @@ class InProcessScoring:
         except Exception as error:  # noqa: BLE001 - the scorer flags engine trouble; what escapes is fatal
             raise ScoringStopped(f"the engine failed: {type(error).__name__}: {error}") from error
         return result_fields(result)
+
+    async def announce(self, groups: int, lasts_s: float) -> bool:
+        return False  # one engine in this process: no pool to scale
 
     async def close(self) -> None:
         if self.engine is not None:

@@ -13,3 +13,16 @@ def test_a_bad_tenant_name_is_refused_before_anything_is_sent(tmp_path, capsys):
     error = capsys.readouterr().err
     assert "--tenant" in error and "two words" in error
     assert not (tmp_path / "out").exists()
+
+
+def test_finish_within_needs_a_positive_time_and_a_service_pool(tmp_path, capsys):
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"source": "a", "candidates": ["x", "y"], "src_lang": "en", "trg_lang": "de"}\n')
+    config = tmp_path / "app.yaml"
+    config.write_text("applications: []\n")
+    for where, seconds, problem in ((["--url", "http://127.0.0.1:9"], "0", "above 0"),
+                                    (["--config", str(config)], "60", "--url or --app")):
+        assert main(["score", str(source), "-o", str(tmp_path / "out.jsonl"), *where, "--finish-within-s", seconds]) == 2
+        error = capsys.readouterr().err
+        assert "--finish-within-s" in error and problem in error, error
+    assert not (tmp_path / "out.jsonl").exists()

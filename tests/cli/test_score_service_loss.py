@@ -1,6 +1,7 @@
 """``grrm score --url`` when the service goes away mid-run: the run stops (exit 1) without writing
 the groups it could not get answers for, and the rerun, once the service is back, scores exactly
-those. The application runs the scripted engine: this is about the command's reaction to the
+those, announcing them to the autoscaling as work due within ``--finish-within-s`` and withdrawing
+that when it ends. The application runs the scripted engine: this is about the command's reaction to the
 service, not about scores (tests/cli/test_score_vllm.py scores with real vLLM)."""
 
 from __future__ import annotations
@@ -69,10 +70,24 @@ def test_a_lost_service_stops_the_run_and_the_rerun_scores_only_what_is_missing(
     assert all(fields["valid"] for fields in work.journaled(committed).values())
 
     deploy()
+    replica = serve.get_deployment_handle("GRRMReplica", app_name=APP)
+    announced: list[float] = []  # the demand the (one) replica reports to the autoscaling, while the rerun runs
+    rerun: list[int] = []
     try:
-        assert main([*command, "--concurrency", "16"]) == 0  # a rerun may send more at once
+        # A rerun may send more at once.
+        runner = threading.Thread(target=lambda: rerun.append(main([*command, "--concurrency", "16",
+                                                                    "--finish-within-s", "600"])))
+        runner.start()
+        while runner.is_alive():
+            announced.append(replica.record_autoscaling_stats.remote().result().get("demand/default/groups", -1.0))
+            time.sleep(0.05)
+        runner.join()
+        after = replica.record_autoscaling_stats.remote().result()
     finally:
         serve.delete(APP)
+    assert rerun == [0]
+    assert float(len(rows) - written) in announced, announced  # the rows left, announced once the scorer was up
+    assert after["demand/default/groups"] == 0.0  # withdrawn at the end
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["resumed"] == written and summary["scored_now"] == len(rows) - written
     scored = [row.values for batch in read_rows(output, "parquet") for row in batch]
