@@ -35,6 +35,14 @@ def resolve_model_path(config: AppConfig) -> AppConfig:
     return config  # a hub id such as double7/GRRM-Qwen2.5-7B
 
 
+def shared_options(config: AppConfig) -> dict[str, Any]:
+    """Serve deployment options the scorer, ledger and ingress deployments all take from the config."""
+    return {
+        "graceful_shutdown_wait_loop_s": config.replicas.graceful_shutdown_wait_loop_s,
+        "logging_config": {"enable_access_log": config.replicas.access_log},
+    }
+
+
 def replica_options(config: AppConfig) -> dict[str, Any]:
     """Serve deployment options of the scorer replica deployment.
 
@@ -50,8 +58,7 @@ def replica_options(config: AppConfig) -> dict[str, Any]:
         "health_check_period_s": replicas.health_check_period_s,
         "health_check_timeout_s": replicas.health_check_timeout_s,
         "graceful_shutdown_timeout_s": replicas.graceful_shutdown_timeout_s,
-        "graceful_shutdown_wait_loop_s": replicas.graceful_shutdown_wait_loop_s,
-        "logging_config": {"enable_access_log": replicas.access_log},
+        **shared_options(config),
     }
     if config.routing.router == "group_aware":
         options["request_router_config"] = RequestRouterConfig(
@@ -80,16 +87,14 @@ def build_app(args: AppConfig) -> Application:
         name=config.ledger_deployment_name,
         max_ongoing_requests=100_000,
         request_router_config=RequestRouterConfig(request_router_class=LEDGER_ROUTER_CLASS),
-        logging_config={"enable_access_log": config.replicas.access_log},
-        graceful_shutdown_wait_loop_s=config.replicas.graceful_shutdown_wait_loop_s,
+        **shared_options(config),
         **config.ledger.serve_options(),
     ).bind(config.completed_ttl_s, copies=config.ledger.num_replicas)
     replicas = serve.deployment(GRRMReplica).options(**replica_options(config)).bind(config, ledger)
     ingress = GRRMIngress.options(
         name=config.ingress_deployment_name,
         max_ongoing_requests=100_000,  # backpressure belongs to the replicas (503 from there)
-        logging_config={"enable_access_log": config.replicas.access_log},
-        graceful_shutdown_wait_loop_s=config.replicas.graceful_shutdown_wait_loop_s,
+        **shared_options(config),
         **config.ingress.serve_options(env_vars=config.http.env_vars),
     )
     return ingress.bind(replicas, config)
