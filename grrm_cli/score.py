@@ -269,12 +269,14 @@ async def score_dataset(job: ScoreJob, scoring: GroupScoring) -> Summary:
     writer = part_writer(job, input_schema)
     empty = writer.schema or pa.schema([pa.field(n, t) for n, t in RESULT_TYPES.items()])
     show_progress = job.progress and sys.stderr.isatty()
-    total = count_rows(job.input, job.input_format) if show_progress else None
+    # Read once, for the progress bar and the announcement alike (a large input takes a while to count).
+    rows_in_input = count_rows(job.input, job.input_format) if show_progress or job.finish_within_s else None
+    total = rows_in_input if show_progress else None
     progress = Progress(total, done=committed, enabled=show_progress)
     output = OrderedOutput(work, writer, job.output_format, start=committed, part_rows=job.part_rows,
                            part_s=job.part_seconds)
     # The groups this run still scores (a row is a group), announced once the scorer is up.
-    left = count_rows(job.input, job.input_format) - resumed if job.finish_within_s else 0
+    left = rows_in_input - resumed if job.finish_within_s and rows_in_input is not None else 0
     run = _Run(job, scoring, output, journaled, progress, announce_groups=left)
     try:
         await run.rows(read_rows(job.input, job.input_format, batch_rows=job.batch_rows, start=committed))
