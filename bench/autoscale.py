@@ -10,7 +10,8 @@ member of its prompt's group), then a quiet training phase. Three pools, one aft
    64 ongoing requests a replica; delays scaled to this run's time);
 3. ``engine_work``: the project's policy (cluster/autoscaling.py); the client announces its first
    step while the trainer starts, each step as its generation phase starts, and the next one ahead
-   of it (a trainer knows when its next generation phase begins).
+   of it (a trainer knows when its next generation phase begins), each with the profile of when in
+   the phase its groups complete (learned from the step before).
 
 Reported per pool: replica-seconds (running replicas integrated over the run), exposed reward per
 step (last reward minus last member sent, ``docs/exposure.md``), the peak replica count, and
@@ -30,6 +31,7 @@ import time
 from dataclasses import dataclass
 
 from bench.common import local_serve, machine, print_table, results_dir, write_json
+from cluster.demand_forecast import PhaseForecaster, group_completion_profile
 from cluster.engines import EngineConfig, ScriptedEngineOptions
 from cluster.schema import MemberRequest
 
@@ -106,14 +108,18 @@ async def grpo_run(url: str, serve, app: str, policy: str, load: Workload, seed:
 
     sampler = asyncio.create_task(sample())
     steps, lost = [], 0
+    # When in a phase its groups come: as if rollouts finished evenly until a step was seen, then as in
+    # the last step (grrm_client/demand.py's forecast does the same from the requests it sees).
+    profile = PhaseForecaster(load.groups, group_size=load.group_size).profile()
     try:
         if policy == "engine_work":
             await client.announce_demand(groups=load.groups, lasts_s=load.generation_s,
-                                         starts_in_s=load.trainer_start_s)
+                                         starts_in_s=load.trainer_start_s, profile=profile)
         await asyncio.sleep(load.trainer_start_s)
         for step in range(load.steps):
             if policy == "engine_work":
-                await client.announce_demand(groups=load.groups, lasts_s=load.generation_s)
+                await client.announce_demand(groups=load.groups, lasts_s=load.generation_s, profile=profile)
+            opened = time.monotonic()
             sent: list[float] = []
             calls = [member(step, group, index, rng.uniform(0, load.generation_s), sent)
                      for group in range(load.groups) for index in range(load.group_size)]
@@ -127,10 +133,11 @@ async def grpo_run(url: str, serve, app: str, policy: str, load: Workload, seed:
             outcomes = await asyncio.gather(*(timed(call) for call in calls))
             lost += sum(1 for outcome in outcomes if outcome.result is None or not outcome.result.valid)
             steps.append({"step": step, "exposed_s": max(answered) - max(sent)})
+            profile = group_completion_profile([at - opened for at in sent], load.generation_s, load.group_size)
             if policy == "engine_work" and step + 1 < load.steps:
                 # The trainer knows when its next generation phase starts: announced ahead of it.
                 await client.announce_demand(groups=load.groups, lasts_s=load.generation_s,
-                                             starts_in_s=load.training_s)
+                                             starts_in_s=load.training_s, profile=profile)
             await asyncio.sleep(load.training_s)
     finally:
         sampler.cancel()

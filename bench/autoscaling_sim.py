@@ -5,8 +5,10 @@ concurrent GRPO runs on up to 64 GPUs, with the project's autoscaling decision i
 (:func:`cluster.autoscaling.decide_replicas`, the function Serve's controller calls) deciding the
 elastic pool's size every second. Each run repeats: a generation phase in which its groups
 complete (a group is complete at its last rollout: the latest of n uniform finish times), then a
-training phase with no rewards. Each run announces a phase as it starts and the next one ahead of
-it, as a trainer knows its schedule. A replica scores one group at a time.
+training phase with no rewards. Each run announces as its trainer's client does
+(``grrm_client/demand.py``'s forecast, fed the run's rollout times): its first step while the trainer
+starts, then each phase as it opens and the next one ahead, with the profile of when in the phase
+its groups complete, learned from the phases before. A replica scores one group at a time.
 
 Inputs and where they come from (all assumptions, stated so they can be changed):
 - ``--seconds-per-group`` 1.5: engine seconds of one GRRM-7B group of 8 candidates on one GPU
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field
 
 from bench.common import machine, print_table, results_dir, write_json
 from cluster.autoscaling import Demand, ReplicaLoad, ScalingSettings, decide_replicas
+from cluster.demand_forecast import PhaseForecaster
 
 TICK_S = 1.0
 
@@ -51,14 +54,42 @@ class Run:
     generation_s: float
     training_s: float
     completions: list[list[float]] = field(default_factory=list)  # per step, group completion times
+    rollouts: list[float] = field(default_factory=list)  # every rollout's finish time, in order
+    # (announced at, what): the run's demand announcements, as its trainer's client makes them.
+    announcements: list[tuple[float, Demand]] = field(default_factory=list)
 
     def build(self, rng: random.Random) -> Run:
         for step in range(self.steps):
             start = self.phase_start(step)
-            self.completions.append(sorted(
-                start + self.generation_s * max(rng.random() for _ in range(self.group_size))
-                for _ in range(self.groups)))
+            finishes = [[start + self.generation_s * rng.random() for _ in range(self.group_size)]
+                        for _ in range(self.groups)]
+            self.completions.append(sorted(max(group) for group in finishes))
+            self.rollouts.extend(finish for group in finishes for finish in group)
+        self.rollouts.sort()
+        self.announcements = self.announce()
         return self
+
+    def announce(self) -> list[tuple[float, Demand]]:
+        """What the client announces: the first step while the trainer starts (it knows its batch and
+        phase length, not yet when in the phase the groups come: the prior), then, from the rollouts
+        it sees, each phase as it opens and the next one ahead (grrm_client/demand.py's forecast)."""
+        forecaster = PhaseForecaster(self.groups, gap_s=10.0, first_phase_s=self.generation_s, group_size=self.group_size)
+        start = self.phase_start(0)
+        announced = [(start - self.training_s,
+                      Demand(self.name, self.groups, start, start + self.generation_s, start - self.training_s,
+                             forecaster.profile()))]
+        for finish in self.rollouts:
+            forecast = forecaster.arrive(finish)
+            if forecast is None:
+                continue
+            announced.append((finish, Demand(self.name, self.groups, finish, finish + forecast.lasts_s, finish,
+                                             forecast.profile)))
+            ahead = forecast.next_announcement()
+            if ahead is not None:
+                at, starts_in_s = finish + ahead[0], ahead[1]
+                announced.append((at, Demand(self.name, self.groups, at + starts_in_s,
+                                             at + starts_in_s + forecast.lasts_s, at, forecast.profile)))
+        return sorted(announced, key=lambda pair: pair[0])
 
     def phase_start(self, step: int) -> float:
         return self.offset_s + step * (self.generation_s + self.training_s)
@@ -124,16 +155,13 @@ def simulate(runs: list[Run], replicas_of, seconds_per_group: float, cold_start_
 
 
 def demands(runs: list[Run], now: float) -> list[Demand]:
-    """What each run has announced by ``now``: the phase under way, or the next one once the last ended."""
-    announced = []
+    """Each run's latest announcement by ``now`` (the service keeps a tenant's latest)."""
+    latest = []
     for run in runs:
-        for step in range(run.steps):
-            start = run.phase_start(step)
-            previous_end = run.phase_start(step - 1) + run.generation_s if step else run.offset_s - run.training_s
-            if previous_end <= now < start + run.generation_s:
-                announced.append(Demand(run.name, run.groups, start, start + run.generation_s, announced_at=previous_end))
-                break
-    return announced
+        made = [demand for at, demand in run.announcements if at <= now]
+        if made:
+            latest.append(made[-1])
+    return latest
 
 
 def peak_sized(runs: list[Run], args: argparse.Namespace) -> dict:
@@ -175,16 +203,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--training-s", type=float, default=240.0)
     parser.add_argument("--seconds-per-group", type=float, default=1.5)
     parser.add_argument("--cold-start-s", type=float, default=90.0)
-    parser.add_argument("--demand-headroom", type=float, default=6.0,
-                        help="capacity over an announced phase's mean rate: a group is complete at its last rollout, "
-                             "so completions crowd the phase's end (n=8: the last quarter holds 90%%)")
+    parser.add_argument("--demand-headroom", type=float, default=1.5,
+                        help="capacity over the announced rate of a phase's busiest slice (the plotted run's)")
+    parser.add_argument("--demand-grace-s", type=float, default=5.0)
+    parser.add_argument("--downscale-delay-s", type=float, default=10.0)
     args = parser.parse_args(argv)
     settings = ScalingSettings(min_replicas=1, max_replicas=args.gpus, target_backlog_s=10.0, upscale_delay_s=0.0,
-                               downscale_delay_s=60.0, cold_start_s=args.cold_start_s,
-                               default_seconds_per_group=args.seconds_per_group, demand_grace_s=30.0,
+                               downscale_delay_s=args.downscale_delay_s, cold_start_s=args.cold_start_s,
+                               default_seconds_per_group=args.seconds_per_group, demand_grace_s=args.demand_grace_s,
                                demand_headroom=args.demand_headroom)
     rows, plotted = [], None
-    for headroom in sorted({4.0, args.demand_headroom, 8.0}):
+    for headroom in sorted({1.25, args.demand_headroom, 2.0}):
         for count in range(1, 5):
             rng = random.Random(count)
             period = args.generation_s + args.training_s

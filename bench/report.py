@@ -210,10 +210,13 @@ def main() -> int:
             f"second. Inputs (assumptions): {inputs['seconds_per_group']} engine seconds a group on one replica, "
             f"{inputs['cold_start_s']} s cold start, {inputs['steps']} steps of {inputs['groups']} groups of "
             f"{inputs['group_size']} rollouts, {inputs['generation_s']} s generation then {inputs['training_s']} s "
-            "training, runs at random offsets; each run announces a phase as it starts and the next one ahead. A "
-            "group is complete at its last rollout, so completions crowd a phase's end: the announced rate needs "
-            "`demand_headroom` near the group size to keep exposure at the fixed pools' (rows by headroom). A "
-            "fixed pool per run is the smallest within 5% of the exposure the cluster's share would give it.",
+            "training, runs at random offsets. Each run announces as its trainer's client does "
+            "(grrm_client/demand.py's forecast, fed the run's rollout times): its first step while it starts, then "
+            "each phase as it opens and the next one ahead, with the profile of when in the phase its groups "
+            "complete (at their last rollout: they crowd the phase's end), learned from the phases before; the "
+            "pool grows for the busiest slice a cold start ahead, times `demand_headroom` (rows by headroom; "
+            f"demand grace {inputs.get('demand_grace_s', 30.0)} s, down delay {inputs.get('downscale_delay_s', 60.0)} s). "
+            "A fixed pool per run is the smallest within 5% of the exposure the cluster's share would give it.",
         ))
     cost = load("gqm_vs_sqm")
     if cost:

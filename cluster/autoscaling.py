@@ -50,7 +50,12 @@ class ReplicaLoad:
 @dataclass(frozen=True, slots=True)
 class Demand:
     """Announced work: ``groups`` groups of ``tenant`` arriving between ``starts_at`` and ``ends_at``
-    (Unix seconds), e.g. one GRPO step's generation phase (prompts x 1 group each)."""
+    (Unix seconds), e.g. one GRPO step's generation phase (prompts x 1 group each).
+
+    ``profile``: the share of the groups that arrive in each of equal slices of the phase, in order
+    (empty: evenly). A GRPO group is complete at its *last* rollout, so completions crowd the end of
+    a phase; a client that has seen its earlier phases says so (``cluster/demand_forecast.py``), and
+    the pool grows for the crowd, a cold start before it, instead of for the phase's mean rate."""
 
     tenant: str
     groups: int
@@ -59,10 +64,25 @@ class Demand:
     # When it was announced: a tenant's later announcement replaces its earlier ones wherever they
     # are kept; one of 0 groups withdraws them.
     announced_at: float = 0.0
+    profile: tuple[float, ...] = ()
 
     def rate(self) -> float:
-        """Groups per second while the phase lasts (at least one second long)."""
+        """Groups per second while the phase lasts (at least one second long), on average."""
         return self.groups / max(1.0, self.ends_at - self.starts_at)
+
+    def peak_rate(self, start: float, end: float) -> float:
+        """The highest arrival rate (groups per second) in any slice of the phase that overlaps
+        [start, end]; 0 when none does."""
+        if end < self.starts_at or start > self.ends_at:
+            return 0.0
+        if not self.profile:
+            return self.rate()
+        total = sum(self.profile)
+        slice_s = max(1.0, self.ends_at - self.starts_at) / len(self.profile)
+        first = int(max(0.0, start - self.starts_at) // slice_s)
+        last = int(max(0.0, end - self.starts_at) // slice_s)
+        shares = self.profile[min(first, len(self.profile) - 1): min(last, len(self.profile) - 1) + 1]
+        return self.groups * max(shares) / total / slice_s if total > 0 else self.rate()
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +99,10 @@ class ScalingSettings:
     cold_start_s: float = 30.0
     # Engine seconds per group until a replica has measured its own.
     default_seconds_per_group: float = 1.0
-    # Extra capacity over the announced rate: bursts within a phase are not uniform.
-    demand_headroom: float = 1.25
+    # Extra capacity over the announced rate of a phase's busiest slice: arrivals within it are not even.
+    demand_headroom: float = 1.5
     # An announced phase keeps its replicas this long after its end, for its last groups.
-    demand_grace_s: float = 30.0
+    demand_grace_s: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,12 +135,19 @@ def engine_work(load: ReplicaLoad, per_group_s: float) -> float:
 
 
 def replicas_for_demand(demands: Iterable[Demand], now: float, per_group_s: float, settings: ScalingSettings) -> int:
-    """Replicas that score the announced groups as they arrive: the phases under way, and those that
-    start within a cold start (a replica started later would not be serving in time)."""
+    """Replicas that score the announced groups as they arrive: for each phase, its busiest slice
+    from now until a cold start ahead (a replica asked for now serves from then on, so it is asked
+    for one cold start before its slice), and after the phase's end, for ``demand_grace_s``, the rate
+    of its last slice (its last groups)."""
     engine_seconds_per_second = 0.0
     for demand in demands:
-        if demand.starts_at - settings.cold_start_s <= now <= demand.ends_at + settings.demand_grace_s:
-            engine_seconds_per_second += demand.rate() * per_group_s
+        if now <= demand.ends_at:
+            rate = demand.peak_rate(now, now + settings.cold_start_s)
+        elif now <= demand.ends_at + settings.demand_grace_s:
+            rate = demand.peak_rate(demand.ends_at, demand.ends_at)
+        else:
+            rate = 0.0
+        engine_seconds_per_second += rate * per_group_s
     return math.ceil(engine_seconds_per_second * settings.demand_headroom - 1e-9)
 
 

@@ -13,11 +13,31 @@ service keeps a tenant's latest announcement, so they count once.
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["PhaseForecast", "PhaseForecaster"]
+__all__ = ["PROFILE_SLICES", "PhaseForecast", "PhaseForecaster", "group_completion_profile"]
+
+PROFILE_SLICES = 10  # equal slices of a phase in an announced profile
+
+
+def group_completion_profile(arrivals_s: Sequence[float], lasts_s: float, group_size: int,
+                             slices: int = PROFILE_SLICES) -> tuple[float, ...]:
+    """The share of a phase's groups completed in each of ``slices`` equal slices of it, from when its
+    requests came (seconds from the phase's opening; ``lasts_s`` its length). Each request is one
+    rollout of a group of ``group_size`` (1: each request is a whole group); a group is complete at
+    its last rollout, so, the rollouts of a group finishing independently, the share of groups
+    complete by time x is F(x) ** group_size, F the share of requests come by x. Empty when no
+    request came."""
+    if not arrivals_s:
+        return ()
+    ordered = sorted(arrivals_s)
+    complete = [0.0] + [(bisect.bisect_right(ordered, lasts_s * edge / slices) / len(ordered)) ** max(1, group_size)
+                        for edge in range(1, slices)] + [1.0]
+    return tuple(later - earlier for earlier, later in zip(complete, complete[1:]))
 
 
 @dataclass(frozen=True)
@@ -26,6 +46,8 @@ class PhaseForecast:
 
     lasts_s: float  # how long this phase is expected to last
     next_in_s: float | None  # when the next phase is expected to open (None: fewer than two phases seen)
+    # The share of its groups expected in each equal slice of it (empty: unknown, evenly).
+    profile: tuple[float, ...] = ()
 
     def next_announcement(self) -> tuple[float, float] | None:
         """(when to announce the next phase, its starts_in_s then), from this phase's opening; None when
@@ -42,23 +64,46 @@ class PhaseForecaster:
     groups_per_phase: int
     gap_s: float = 10.0  # a quiet gap at least this long ends a phase
     first_phase_s: float = 60.0  # the announced length before any phase was seen whole
+    group_size: int = 1  # rollouts per group, one request each (1: each request is a whole group)
     _phase_started: float | None = None
     _last_arrival: float | None = None
     _durations: deque[float] = field(default_factory=lambda: deque(maxlen=5))
     _periods: deque[float] = field(default_factory=lambda: deque(maxlen=5))  # phase opening to the next's
+    _profiles: deque[tuple[float, ...]] = field(default_factory=lambda: deque(maxlen=5))
+    _arrivals: list[float] = field(default_factory=list)  # the open phase's requests, from its opening
 
-    def arrive(self, now: float) -> PhaseForecast | None:
-        """Note one request; when it opens a phase, the forecast to announce (the medians of the last
-        phases seen whole and of the last periods). None otherwise."""
+    def arrive(self, now: float, *, counts: bool = True) -> PhaseForecast | None:
+        """Note one request (``counts`` False: the phase goes on, but no rollout came now, e.g. a
+        trainer's rewards came back); when it opens a phase, the forecast to announce (the medians
+        of the last phases seen whole and of the last periods, the mean of their profiles). None
+        otherwise."""
         opens = self._last_arrival is None or now - self._last_arrival >= self.gap_s
         if opens and self._phase_started is not None and self._last_arrival is not None:
-            self._durations.append(max(1.0, self._last_arrival - self._phase_started))
+            lasted = max(1.0, self._last_arrival - self._phase_started)
+            self._durations.append(lasted)
             self._periods.append(now - self._phase_started)
+            profile = group_completion_profile(self._arrivals, lasted, self.group_size)
+            if profile:
+                self._profiles.append(profile)
+            self._arrivals = []
         self._last_arrival = now
+        if opens:
+            self._phase_started = now
+        if counts:
+            self._arrivals.append(now - self._phase_started)
         if not opens:
             return None
-        self._phase_started = now
         return PhaseForecast(
             lasts_s=statistics.median(self._durations) if self._durations else self.first_phase_s,
             next_in_s=statistics.median(self._periods) if self._periods else None,
+            profile=self.profile(),
         )
+
+    def profile(self) -> tuple[float, ...]:
+        """The profile to announce: the mean of the last phases' (seen whole), or, before any, that of
+        rollouts finishing evenly over the phase (groups of one: evenly, the empty profile)."""
+        if self._profiles:
+            return tuple(statistics.fmean(shares) for shares in zip(*self._profiles))
+        if self.group_size < 2:
+            return ()
+        return group_completion_profile([(k + 0.5) / 100 for k in range(100)], 1.0, self.group_size)

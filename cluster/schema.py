@@ -13,6 +13,7 @@ pass Python ``int``/``bool``/``str`` (convert numpy scalars with ``int()``/``boo
 
 from __future__ import annotations
 
+import math
 import unicodedata
 
 from pydantic import (
@@ -241,6 +242,19 @@ class DemandAnnouncement(BaseModel):
                                                                   "(0: the phase starts now).")
     lasts_s: float = Field(gt=0, le=86_400, description="Seconds the phase lasts from its start: its last group "
                                                         "comes by then.")
+    profile: list[float] = Field(
+        default_factory=list, max_length=64,
+        description="The share of the groups expected in each of equal slices of the phase, in order (empty: "
+                    "evenly). GRPO groups, complete at their last rollout, crowd a phase's end; the pool grows "
+                    "for the busiest slice a cold start before it.")
+
+    @model_validator(mode="after")
+    def _profile_has_shares(self) -> DemandAnnouncement:
+        if any(not math.isfinite(share) or share < 0 for share in self.profile):
+            raise ValueError("profile: every share must be a finite number >= 0")
+        if self.profile and sum(self.profile) <= 0:
+            raise ValueError("profile: the shares must not all be 0 (leave it empty for evenly)")
+        return self
 
 
 class DemandAccepted(BaseModel):

@@ -33,6 +33,8 @@ def autoscaling_stats(load: ReplicaLoad, demands: list[Demand]) -> dict[str, flo
         stats[f"{DEMAND_PREFIX}{demand.tenant}/starts_at"] = demand.starts_at
         stats[f"{DEMAND_PREFIX}{demand.tenant}/ends_at"] = demand.ends_at
         stats[f"{DEMAND_PREFIX}{demand.tenant}/announced_at"] = demand.announced_at
+        for position, share in enumerate(demand.profile):
+            stats[f"{DEMAND_PREFIX}{demand.tenant}/profile/{position}"] = share
     return stats
 
 
@@ -67,11 +69,19 @@ def demands_of(reports: dict[Any, dict[str, float]], now: float, grace_s: float)
             tenant = key[len(DEMAND_PREFIX):-len("/groups")]
             prefix = f"{DEMAND_PREFIX}{tenant}/"
             demand = Demand(tenant, int(value), report.get(prefix + "starts_at", now), report.get(prefix + "ends_at", now),
-                            report.get(prefix + "announced_at", 0.0))
+                            report.get(prefix + "announced_at", 0.0), profile_of(report, prefix + "profile/"))
             known = latest.get(tenant)
             if known is None or demand.announced_at > known.announced_at:
                 latest[tenant] = demand
     return [demand for demand in latest.values() if demand.groups > 0 and demand.ends_at + grace_s >= now]
+
+
+def profile_of(report: dict[str, float], prefix: str) -> tuple[float, ...]:
+    """An announced profile from its flat keys (``<prefix>0``, ``<prefix>1``, ...), in order."""
+    shares = []
+    while f"{prefix}{len(shares)}" in report:
+        shares.append(report[f"{prefix}{len(shares)}"])
+    return tuple(shares)
 
 
 class EngineWorkPolicy:

@@ -48,9 +48,9 @@ class AutoscalingSettings(_Strict):
                                                         "replicas now.")
     default_seconds_per_group: float = Field(2.0, gt=0, description="engine_work: engine seconds per group assumed "
                                                                     "until the replicas have measured theirs.")
-    demand_headroom: float = Field(1.25, ge=1, description="engine_work: capacity over an announced phase's mean rate "
-                                                           "(its groups do not arrive evenly).")
-    demand_grace_s: float = Field(30.0, ge=0, description="engine_work: how long an announced phase keeps its replicas "
+    demand_headroom: float = Field(1.5, ge=1, description="engine_work: capacity over the announced rate of a phase's "
+                                                          "busiest slice (groups do not arrive evenly within it).")
+    demand_grace_s: float = Field(10.0, ge=0, description="engine_work: how long an announced phase keeps its replicas "
                                                           "after its announced end; an announcement then expires.")
     target_ongoing_requests: float = Field(16.0, gt=0, description="serve_default: ongoing requests per replica that "
                                                                    "Serve's policy aims for.")

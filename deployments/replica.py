@@ -332,7 +332,8 @@ class GRRMReplica:
         now = time.time()
         starts_at = now + announcement.starts_in_s
         ends_at = starts_at + announcement.lasts_s if announcement.groups else now
-        self.keep_demand(Demand(announcement.tenant, announcement.groups, starts_at, ends_at, announced_at=now))
+        self.keep_demand(Demand(announcement.tenant, announcement.groups, starts_at, ends_at, announced_at=now,
+                                profile=tuple(announcement.profile)))
         return DemandAccepted(replica=self.name, tenant=announcement.tenant, groups=announcement.groups)
 
     def keep_demand(self, demand: Demand, target_replica: str | None = None) -> None:

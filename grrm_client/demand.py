@@ -17,7 +17,7 @@ from cluster.demand_forecast import PhaseForecaster
 
 __all__ = ["DemandAnnouncer", "DemandSettings"]
 
-# RewardClient.announce_demand's signature: (groups, lasts_s, starts_in_s, tenant) -> taken.
+# RewardClient.announce_demand's signature: (groups, lasts_s, starts_in_s, tenant, profile) -> taken.
 Announce = Callable[..., Awaitable[bool]]
 
 
@@ -44,23 +44,27 @@ class DemandAnnouncer:
         self._now: set[asyncio.Task[bool]] = set()
         self._ahead: asyncio.Task[bool] | None = None
 
-    def requested(self, now: float) -> None:
-        """Note that a reward was asked for at ``now`` (seconds); announce when that opens a phase.
+    def requested(self, now: float, *, group_size: int | None = None, counts: bool = True) -> None:
+        """Note that a reward was asked for at ``now`` (seconds), for a rollout of a group of
+        ``group_size`` (None: as before; 1: a whole group); announce when that opens a phase.
+        ``counts`` False: nothing was asked for, but the phase goes on (e.g. its rewards came back).
         Must run on the event loop the announcements are to be made from."""
-        forecast = self.phases.arrive(now)
+        if group_size is not None:
+            self.phases.group_size = group_size
+        forecast = self.phases.arrive(now, counts=counts)
         if forecast is None:
             return
         if self._ahead is not None:  # this phase came: its own announcement replaces the early one
             self._ahead.cancel()
             self._ahead = None
         loop = asyncio.get_running_loop()
-        task = loop.create_task(self._send(forecast.lasts_s, 0.0))
+        task = loop.create_task(self._send(forecast.lasts_s, 0.0, forecast.profile))
         self._now.add(task)
         task.add_done_callback(self._now.discard)
         ahead = forecast.next_announcement()
         if ahead is not None:
             after_s, starts_in_s = ahead
-            self._ahead = loop.create_task(self._send(forecast.lasts_s, starts_in_s, after_s=after_s))
+            self._ahead = loop.create_task(self._send(forecast.lasts_s, starts_in_s, forecast.profile, after_s=after_s))
 
     async def settled(self) -> None:
         """Wait for the announcements of the phases opened so far (not the ones scheduled ahead)."""
@@ -72,8 +76,8 @@ class DemandAnnouncer:
             self._ahead.cancel()
             self._ahead = None
 
-    async def _send(self, lasts_s: float, starts_in_s: float, after_s: float = 0.0) -> bool:
+    async def _send(self, lasts_s: float, starts_in_s: float, profile: tuple[float, ...], after_s: float = 0.0) -> bool:
         if after_s > 0:
             await asyncio.sleep(after_s)
         return await self._announce(groups=self.phases.groups_per_phase, lasts_s=lasts_s, starts_in_s=starts_in_s,
-                                    tenant=self._tenant)
+                                    tenant=self._tenant, profile=profile)

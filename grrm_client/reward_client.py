@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -125,12 +125,14 @@ class RewardClient:
         return await self._call(self.transport.group, self._for_tenant(group))
 
     async def announce_demand(self, groups: int, lasts_s: float, starts_in_s: float = 0.0,
-                              tenant: str | None = None) -> bool:
+                              tenant: str | None = None, profile: Sequence[float] = ()) -> bool:
         """Announce the groups a tenant (None: this client's) is about to send (e.g. a GRPO step: its
         prompts, one group each) over the next ``lasts_s`` seconds, starting in ``starts_in_s``, so that
-        the pool scales ahead of them. Advisory: one attempt, never raises; returns whether it was taken."""
+        the pool scales ahead of them; ``profile``, the share of them in each equal slice of that time
+        (empty: evenly). Advisory: one attempt, never raises; returns whether it was taken."""
         announcement = DemandAnnouncement(tenant=tenant or self.config.tenant, groups=groups,
-                                          starts_in_s=max(0.0, starts_in_s), lasts_s=max(1.0, lasts_s))
+                                          starts_in_s=max(0.0, starts_in_s), lasts_s=max(1.0, lasts_s),
+                                          profile=list(profile))
         try:
             await asyncio.wait_for(self.transport.announce(announcement, ANNOUNCE_TIMEOUT_S), ANNOUNCE_TIMEOUT_S)
         except Exception as error:  # noqa: BLE001 - scoring goes on as without an announcement

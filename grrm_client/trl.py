@@ -161,7 +161,7 @@ class GRRMReward:
         # A step of the GRPO trainer (not the async trainer's per-group calls): a generation phase.
         demand = self._demand_now(client, count) if trainer_state is not None else None
         if demand is not None:
-            demand.requested(time.time())
+            demand.requested(time.time(), group_size=1)  # the step's groups, whole, now
         outcomes: list[RewardOutcome | None] = [None] * count
 
         async def one(group: int, members: list[tuple[int, int]]) -> None:
@@ -188,7 +188,7 @@ class GRRMReward:
 
         await asyncio.gather(*(one(group, members) for group, members in slice_groups(offset, count, size).items()))
         if demand is not None:
-            demand.requested(time.time())  # the phase lasts until its rewards are in
+            demand.requested(time.time(), counts=False)  # the phase lasts until its rewards are in
         done = [outcome for outcome in outcomes if outcome is not None]
         self._log(done, log_metric, log_extra)
         return [None if outcome.failed else outcome.reward for outcome in done]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -93,6 +94,23 @@ def test_announced_demand_scales_ahead_within_a_cold_start_and_is_capped():
     assert decision.for_demand > 8 and decision.replicas == 8
 
 
+def test_a_profiled_phase_adds_replicas_a_cold_start_before_its_crowd_not_before_its_start():
+    """GRPO groups are complete at their last rollout: the announced profile puts most of them at the
+    phase's end, and the pool grows for that slice, one cold start before it."""
+    settings = ScalingSettings(max_replicas=16, cold_start_s=20.0, demand_headroom=1.0, demand_grace_s=5.0)
+    # 100 groups over 100 s at 1 s each: evenly 1 replica; 80% in the last 10 s: 8 replicas then.
+    crowded = Demand("run-a", 100, starts_at=100.0, ends_at=200.0, profile=(0.0,) * 8 + (0.2, 0.8))
+    assert crowded.peak_rate(100.0, 150.0) == 0.0 and crowded.peak_rate(180.0, 181.0) == pytest.approx(2.0)
+    assert replicas_for_demand([crowded], 80.0, 1.0, settings) == 0  # its start is a cold start away: none yet
+    assert replicas_for_demand([crowded], 160.0, 1.0, settings) == 2  # the 9th slice (20 groups in 10 s) ahead
+    assert replicas_for_demand([crowded], 170.0, 1.0, settings) == 8  # the last slice is a cold start away
+    assert replicas_for_demand([crowded], 204.0, 1.0, settings) == 8  # its last groups, within the grace
+    assert replicas_for_demand([crowded], 206.0, 1.0, settings) == 0
+    # The same phase announced evenly: 1 replica from a cold start before its start to its end.
+    even = Demand("run-a", 100, starts_at=100.0, ends_at=200.0)
+    assert [replicas_for_demand([even], t, 1.0, settings) for t in (80.0, 170.0)] == [1, 1]
+
+
 def test_the_next_announced_step_keeps_its_replicas_through_a_training_phase():
     settings = ScalingSettings(max_replicas=8, cold_start_s=20.0, downscale_delay_s=5.0, demand_headroom=1.0,
                                demand_grace_s=0.0)
@@ -164,6 +182,10 @@ def test_of_a_tenants_announcements_the_latest_counts_wherever_kept_and_a_withdr
     later = Demand("run-a", 50, 200.0, 260.0, announced_at=95.0)  # the next step, announced ahead
     reports = {"a": autoscaling_stats(ReplicaLoad(), [earlier]), "b": autoscaling_stats(ReplicaLoad(), [later])}
     assert demands_of(reports, now=150.0, grace_s=0.0) == [later]
+    profiled = Demand("run-b", 40, 200.0, 260.0, announced_at=95.0, profile=(0.1, 0.3, 0.6))
+    reports["d"] = autoscaling_stats(ReplicaLoad(), [profiled])  # its profile survives the flat report
+    assert demands_of(reports, now=150.0, grace_s=0.0) == [later, profiled]
+    del reports["d"]
     withdrawn = Demand("run-a", 0, 96.0, 96.0, announced_at=96.0)
     reports["c"] = autoscaling_stats(ReplicaLoad(), [withdrawn])
     assert demands_of(reports, now=150.0, grace_s=0.0) == []
@@ -181,10 +203,15 @@ def test_the_simulated_shared_pool_costs_less_than_a_pool_per_run_at_the_same_ex
     rng = random.Random(2)
     runs = [Run(f"run-{k}", offset_s=rng.uniform(0, 360), steps=3, groups=64, group_size=8, generation_s=120.0,
                 training_s=240.0).build(rng) for k in range(2)]
-    settings = ScalingSettings(max_replicas=32, target_backlog_s=10.0, downscale_delay_s=60.0, cold_start_s=90.0,
-                               default_seconds_per_group=1.5, demand_grace_s=30.0, demand_headroom=8.0)
+    settings = ScalingSettings(max_replicas=32, target_backlog_s=10.0, downscale_delay_s=10.0, cold_start_s=90.0,
+                               default_seconds_per_group=1.5, demand_grace_s=5.0, demand_headroom=1.5)
     fixed = peak_sized(runs, args)
     elastic = simulate(runs, lambda run: ("shared", 1), 1.5, 90.0, settings)
     assert fixed["size"] > 1
-    assert elastic["replica_seconds"] < 0.75 * fixed["replica_seconds"]
-    assert elastic["exposed_s_mean"] <= 1.1 * fixed["exposed_s_mean"]
+    assert elastic["replica_seconds"] < 0.5 * fixed["replica_seconds"]
+    assert elastic["exposed_s_mean"] <= 1.05 * fixed["exposed_s_mean"]
+    # Without the profiles (each phase announced evenly) the same headroom leaves the crowd unserved.
+    for run in runs:
+        run.announcements = [(at, dataclasses.replace(demand, profile=())) for at, demand in run.announcements]
+    evenly = simulate(runs, lambda run: ("shared", 1), 1.5, 90.0, settings)
+    assert evenly["exposed_s_mean"] > 1.5 * fixed["exposed_s_mean"]

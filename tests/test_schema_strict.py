@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from cluster.schema import GroupRequest, MemberRequest
+from cluster.schema import DemandAnnouncement, GroupRequest, MemberRequest
 from deployments.http.models import ScoreRequest
 
 MEMBER = {"group_id": "g", "group_size": 4, "index": 1, "source": "Quelle.", "candidate": "Source.",
@@ -91,3 +91,11 @@ def test_the_http_batch_refuses_coercion_inside_its_groups():
     with pytest.raises(ValidationError) as error:
         ScoreRequest.model_validate_json(json.dumps({"groups": [{**GROUP, "src_lang": 1}]}))
     assert error.value.errors()[0]["loc"] == ("groups", 0, "src_lang")
+
+
+@pytest.mark.parametrize("profile", [[-0.1, 1.0], [0.0, 0.0], [float("nan")], [1.0] * 65])
+def test_a_demand_profile_that_is_no_share_is_refused_naming_the_field(profile):
+    with pytest.raises(ValidationError) as refused:
+        DemandAnnouncement(groups=8, lasts_s=30, profile=profile)
+    assert named_fields(refused.value) == {"profile"}, refused.value
+    assert DemandAnnouncement(groups=8, lasts_s=30, profile=[0.0, 0.2, 0.8]).profile == [0.0, 0.2, 0.8]

@@ -149,7 +149,7 @@ class GRRMRewardManager(RewardManagerBase):
         if group_size < 2:
             return self._answer(rollout, default_outcome(TOO_FEW_DISTINCT, self.settings), timing)
         if self.demand is not None:
-            self.demand.requested(timing.sent_at)
+            self.demand.requested(timing.sent_at, group_size=group_size)
         member = self._member(rollout, group_size, index, timing.sent_at)
         if isinstance(member, str):
             return self._answer(rollout, default_outcome("rejected", self.settings), timing, detail=member)

@@ -419,6 +419,12 @@ async def test_a_generation_phase_announces_its_steps_groups_once_and_the_next_p
     opened.append(await phase(2))
     assert len(transport.announcements) == 2 and transport.announcements[1].groups == 8
     assert transport.announcements[1].lasts_s == 1.0  # the first phase took 0.1 s: at least 1 s is announced
+    # When in the phase its groups come: before any phase, as if its rollouts came evenly (groups of 2
+    # complete at the later one); then as in the first phase: both rollouts about 0.1 s apart, early
+    # in the 1 s announced.
+    first, second = (one.profile for one in transport.announcements)
+    assert len(first) == 10 and first[-1] > first[0]
+    assert second[0] > 0 and sum(second[:5]) == pytest.approx(1.0), second
     # Two phases seen, about 0.6 s apart; this one should last 1 s, longer than that: nothing ahead.
     await asyncio.sleep(1.2)
     assert len(transport.announcements) == 2
