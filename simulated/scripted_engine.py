@@ -399,7 +399,7 @@ class ScriptedEngine:
     Public state for tests: :attr:`generations_served` (generations returned to callers),
     :attr:`generate_calls` (calls of :meth:`generate` that returned), :attr:`prompts_seen`,
     :attr:`batch_sizes` and :attr:`sampling_seen` (the most recent :attr:`history_limit`
-    entries), :attr:`failures_injected` (kind -> count), and :meth:`script_failures` /
+    entries), :attr:`failures_injected` (kind -> count), :attr:`sleeps` and :attr:`wakes`, and :meth:`script_failures` /
     :meth:`kill` to steer it.
     """
 
@@ -416,6 +416,7 @@ class ScriptedEngine:
         self._analysis_rng = random.Random(f"analysis:{self.options.seed}")
         self._scripted: deque[FailureKind] = deque()
         self._started = False
+        self._sleeping = False
         self._killed = False
         self._stalled = False
         self._abort: asyncio.Event | None = None
@@ -427,6 +428,8 @@ class ScriptedEngine:
         self.batch_sizes: list[int] = []
         self.sampling_seen: list[SamplingSettings] = []
         self.failures_injected: dict[str, int] = {kind: 0 for kind in FAILURE_KINDS if kind != "ok"}
+        self.sleeps = 0  # times it went to sleep
+        self.wakes = 0  # times it woke up
 
     # ----------------------------------------------------------------- steering (tests)
 
@@ -482,6 +485,33 @@ class ScriptedEngine:
         if self._abort is not None:
             self._abort.set()  # in-flight (hung) generations end with EngineError
         self._started = False
+        self._sleeping = False
+
+    # ----------------------------------------------------------------- sleep mode (SleepingEngine)
+
+    @property
+    def sleeping(self) -> bool:
+        return self._sleeping
+
+    async def sleep(self) -> None:
+        """Sleep as vLLM's sleep mode does: nothing is generated until :meth:`wake_up` (a generation
+        asked for meanwhile fails, so a replica that forgot to wake its engine is caught)."""
+        if not self.config.sleep_mode:
+            raise EngineError("engine.sleep_mode is off: the scripted engine was built unable to sleep, as vLLM is")
+        await self.check_health()
+        if not self._sleeping:
+            self._sleeping = True
+            self.sleeps += 1
+
+    async def wake_up(self) -> None:
+        """Wake after ``scripted.wake_s`` seconds (a real engine loads its weights back)."""
+        await self.check_health()
+        if not self._sleeping:
+            return
+        if self.options.wake_s:
+            await asyncio.sleep(self.options.wake_s)
+        self._sleeping = False
+        self.wakes += 1
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -503,6 +533,8 @@ class ScriptedEngine:
 
     async def generate(self, prompts: Sequence[str], sampling: SamplingSettings, priority: int = 0) -> list[Generation]:
         await self.check_health()
+        if self._sleeping:
+            raise EngineError("scripted engine is asleep: wake_up() first")
         if isinstance(prompts, str):
             raise TypeError("prompts: pass a list of prompt strings, not a string")
         prompts = list(prompts)

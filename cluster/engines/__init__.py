@@ -15,6 +15,7 @@ from cluster.engines.base import (
     EngineUnsupportedError,
     Generation,
     SamplingSettings,
+    SleepingEngine,
     apply_chat_template,
     count_tokens,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "Generation",
     "SamplingSettings",
     "ScriptedEngineOptions",
+    "SleepingEngine",
     "apply_chat_template",
     "count_tokens",
     "make_engine",

@@ -104,6 +104,24 @@ class Engine(Protocol):
         longer serve."""
 
 
+@runtime_checkable
+class SleepingEngine(Protocol):
+    """An engine that can sleep: its weights offloaded and its KV cache freed while it holds its
+    devices, woken in seconds instead of a replica's cold start (vLLM's sleep mode level 1; the
+    scripted engine for tests). An optional capability: the replica asks for it only under
+    ``replicas.autoscaling.idle: sleep`` and wakes the engine before a group goes to it."""
+
+    @property
+    def sleeping(self) -> bool:
+        """Whether the engine sleeps now (it generates nothing until :meth:`wake_up`)."""
+
+    async def sleep(self) -> None:
+        """Offload the weights and free the KV cache; only while nothing is generating."""
+
+    async def wake_up(self) -> None:
+        """Load the weights back and allocate the KV cache: the engine serves again."""
+
+
 def apply_chat_template(tokenizer: Tokenizer, user_message: str) -> str:
     """The prompt as the model sees it: one user message through the model's own chat template."""
     text = tokenizer.apply_chat_template(

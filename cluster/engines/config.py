@@ -12,6 +12,10 @@ EngineKind = Literal["vllm", "sglang", "transformers", "scripted"]
 # groups complete together (bench/overlap.py). vLLM and the scripted engine only.
 Scheduling = Literal["fifo", "largest_first"]
 SCHEDULING_ENGINES = ("vllm", "scripted")
+# Engines that can sleep (weights offloaded, KV cache freed, woken in seconds): vLLM's sleep mode
+# (CUDA only), and the scripted engine for tests. SGLang's memory release and transformers have no
+# counterpart behind this interface.
+SLEEP_ENGINES = ("vllm", "scripted")
 # How an engine starts its tensor/pipeline-parallel ranks: "mp", processes of the replica on its
 # node (the replica holds every rank's device); "ray", Ray actors in the replica's placement group,
 # which may span nodes; "auto", "mp" (single-node parallelism, what most replicas need).
@@ -46,6 +50,8 @@ class ScriptedEngineOptions(BaseModel):
     # would on a busy GPU.
     max_concurrent_prompts: int | None = Field(None, ge=1, description="Generations served at once (None: all "
                                                                        "at once).")
+    wake_s: float = Field(0.0, ge=0, le=3600, description="Seconds the engine takes to wake from sleep (a real one "
+                                                          "loads its weights back from CPU memory).")
     analysis_words: int = Field(16, ge=0, description="Length of the fake analysis before the verdict, in words "
                                                       "(each counted as one token).")
     analysis_words_per_candidate: int = Field(0, ge=0, description="More analysis words per candidate of a group "
@@ -117,6 +123,10 @@ class EngineConfig(BaseModel):
         "fifo", description="Which waiting prompt the engine serves first when it is saturated: `fifo`, first "
                             "come; or `largest_first`, the longest prompt (the largest group). vLLM and the "
                             "scripted engine only.")
+    sleep_mode: bool = Field(
+        False, description="Build the engine so that it can sleep: weights offloaded to CPU memory and KV cache "
+                           "freed while idle (vLLM's enable_sleep_mode, CUDA only; the scripted engine). Set for "
+                           "the replicas by `replicas.autoscaling.idle: sleep`; vllm and scripted only.")
     engine_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Passed through to the engine's own constructor (vLLM AsyncEngineArgs, "
                                           "sglang.Engine, transformers from_pretrained; for transformers "
@@ -138,6 +148,16 @@ class EngineConfig(BaseModel):
                 f"engine.scheduling: {self.scheduling!r} needs an engine that schedules by priority "
                 f"({', '.join(SCHEDULING_ENGINES)}); the {self.kind} engine serves prompts first come, first served"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _sleep_is_supported(self) -> EngineConfig:
+        if "enable_sleep_mode" in self.engine_kwargs:  # the replica's sleeping follows engine.sleep_mode
+            raise ValueError("engine.engine_kwargs.enable_sleep_mode: set replicas.autoscaling.idle: sleep "
+                             "(or engine.sleep_mode) instead")
+        if self.sleep_mode and self.kind not in SLEEP_ENGINES:
+            raise ValueError(f"engine.sleep_mode: the {self.kind} engine cannot sleep (engines that can: "
+                             f"{', '.join(SLEEP_ENGINES)})")
         return self
 
     @model_validator(mode="after")

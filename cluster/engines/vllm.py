@@ -94,6 +94,9 @@ def engine_args_kwargs(config: EngineConfig) -> dict[str, Any]:
         kwargs["pipeline_parallel_size"] = config.pipeline_parallel_size
     if config.scheduling == "largest_first":
         kwargs["scheduling_policy"] = "priority"  # requests' `priority`: lower first
+    if config.sleep_mode:
+        # Weights and KV cache go through vLLM's cumem allocator, which can offload and free them.
+        kwargs["enable_sleep_mode"] = True
     if config.executor is not None:
         # "mp": ranks are processes of the replica, on the devices it holds; "ray": Ray actors in
         # the replica's placement group (deployments/placement.py decides the replica's resources).
@@ -161,6 +164,7 @@ class VLLMEngine:
         self._engine: Any = None
         self._tokenizer: Any = None
         self._vllm: dict[str, Any] = {}
+        self._sleeping = False
         # Serializes start/stop (an asyncio.Lock binds to the loop of its first use).
         self._lifecycle_lock = asyncio.Lock()
 
@@ -213,6 +217,7 @@ class VLLMEngine:
         async with self._lifecycle_lock:
             engine, self._engine = self._engine, None
             self._tokenizer = None
+            self._sleeping = False
             if engine is not None:
                 # The output handler reads the engine core's outputs: stopped first, it does not
                 # log the core's own shutdown as an EngineDeadError with a traceback.
@@ -221,6 +226,45 @@ class VLLMEngine:
                     handler.cancel()
                     await asyncio.gather(handler, return_exceptions=True)
                 await asyncio.to_thread(engine.shutdown)
+
+    # -- sleep mode (cluster.engines.base.SleepingEngine) ---------------------------------------
+
+    @property
+    def sleeping(self) -> bool:
+        """Whether the engine sleeps (as this object last put it; vLLM's own state agrees)."""
+        return self._sleeping
+
+    async def sleep(self) -> None:
+        """vLLM's sleep mode, level 1: the weights are offloaded to CPU memory and the KV cache is
+        freed (its prefix cache with it); the GPU memory is free for other work until :meth:`wake_up`.
+        The replica calls this only while no request is at the engine (level 1's default mode aborts
+        running requests)."""
+        if not self.config.sleep_mode:
+            raise EngineError("engine.sleep_mode is off: vLLM was built without sleep mode and cannot sleep")
+        engine = self._require_engine()
+        if self._sleeping:
+            return
+        try:
+            await engine.sleep(level=1)
+        except Exception as exc:
+            self._raise_if_dead(engine, exc)
+            raise EngineError(f"vLLM could not sleep: {exc!r}") from exc
+        self._sleeping = True
+
+    async def wake_up(self) -> None:
+        """Load the weights back and allocate the KV cache; the engine serves again."""
+        engine = self._require_engine()
+        if not self._sleeping:
+            return
+        try:
+            await engine.wake_up()
+            still_sleeping = await engine.is_sleeping()
+        except Exception as exc:
+            self._raise_if_dead(engine, exc)
+            raise EngineError(f"vLLM could not wake up: {exc!r}") from exc
+        if still_sleeping:
+            raise EngineError("vLLM is still sleeping after wake_up()")
+        self._sleeping = False
 
     # -- interface -------------------------------------------------------------------------------
 
@@ -281,6 +325,8 @@ class VLLMEngine:
             return []
         engine = self._require_engine()
         self._raise_if_dead(engine)
+        if self._sleeping:  # vLLM would queue the requests behind a sleeping engine without a word
+            raise EngineError("the vLLM engine is asleep: wake_up() first")
         params = self.sampling_params(sampling)
         try:
             inputs = await self._engine_inputs(engine, prompts)
