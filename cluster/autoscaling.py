@@ -16,7 +16,15 @@ policy counts only what the engines have to do, and what the trainers say is com
 
 Scaling up happens as soon as it is needed; scaling down only after the lower count has been
 enough for ``downscale_delay_s`` and never below what an announced phase starting within a cold
-start needs. The same function decides in the Serve policy (``deployments/autoscaling_policy.py``)
+start needs.
+
+With ``idle="sleep"`` a replica the pool no longer needs may sleep instead of being removed (its
+engine's weights offloaded and KV cache freed, woken in ``wake_s``; the replicas put their engines to
+sleep themselves: ``cluster/engine_sleep.py``). Keeping it asleep costs ``sleeping_cost`` of an
+awake replica per second; removing it and starting another later costs ``cold_start_s`` of a replica
+that holds its GPU without serving, where waking costs ``wake_s``. So the pool keeps, asleep, the
+replicas an announced need within the break-even horizon ``(cold_start_s - wake_s) /
+sleeping_cost`` will use, and removes the rest as before. The same function decides in the Serve policy (``deployments/autoscaling_policy.py``)
 and in the simulator (``bench/autoscaling_sim.py``).
 """
 
@@ -25,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
 __all__ = [
     "Demand",
@@ -32,7 +41,9 @@ __all__ = [
     "ReplicaLoad",
     "ScalingDecision",
     "ScalingSettings",
+    "break_even_s",
     "decide_replicas",
+    "replicas_for_demand",
 ]
 
 
@@ -45,6 +56,7 @@ class ReplicaLoad:
     queued_work_s: float = 0.0  # estimated seconds of engine work in those groups
     members_waiting: float = 0.0  # members waiting for their group-mates: a forecast, never load
     seconds_per_group: float | None = None  # measured engine seconds per group (None: nothing scored yet)
+    sleeping: bool = False  # its engine sleeps (idle="sleep"): it serves again after a wake-up, not a cold start
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +92,7 @@ class Demand:
         total = sum(self.profile)
         slice_s = max(1.0, self.ends_at - self.starts_at) / len(self.profile)
         first = int(max(0.0, start - self.starts_at) // slice_s)
-        last = int(max(0.0, end - self.starts_at) // slice_s)
+        last = int(max(0.0, min(end, self.ends_at) - self.starts_at) // slice_s)  # end may be far (inf)
         shares = self.profile[min(first, len(self.profile) - 1): min(last, len(self.profile) - 1) + 1]
         return self.groups * max(shares) / total / slice_s if total > 0 else self.rate()
 
@@ -103,6 +115,15 @@ class ScalingSettings:
     demand_headroom: float = 1.5
     # An announced phase keeps its replicas this long after its end, for its last groups.
     demand_grace_s: float = 10.0
+    # What becomes of a replica the pool no longer needs: "stop" (removed) or "sleep" (its engine
+    # sleeps; kept while an announced need comes within the break-even horizon, see break_even_s).
+    idle: Literal["stop", "sleep"] = "stop"
+    # How long a sleeping engine takes to serve again (vLLM sleep mode level 1: weights from CPU memory).
+    wake_s: float = 10.0
+    # A sleeping replica's cost relative to an awake one (its GPU is held, its memory free for other work).
+    sleeping_cost: float = 0.1
+    # Seconds an engine has had nothing queued or running before it sleeps (idle="sleep").
+    sleep_after_s: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +136,8 @@ class ScalingDecision:
     engine_work_s: float = 0.0
     for_work: int = 0
     for_demand: int = 0
+    kept_asleep: int = 0  # replicas kept (asleep while idle) for an announced need within the break-even horizon
+    sleeping: int = 0  # replicas that report a sleeping engine
 
 
 def seconds_per_group(loads: Iterable[ReplicaLoad], default: float) -> float:
@@ -134,21 +157,32 @@ def engine_work(load: ReplicaLoad, per_group_s: float) -> float:
     return load.queued_work_s
 
 
-def replicas_for_demand(demands: Iterable[Demand], now: float, per_group_s: float, settings: ScalingSettings) -> int:
+def replicas_for_demand(demands: Iterable[Demand], now: float, per_group_s: float, settings: ScalingSettings,
+                        ahead_s: float | None = None) -> int:
     """Replicas that score the announced groups as they arrive: for each phase, its busiest slice
-    from now until a cold start ahead (a replica asked for now serves from then on, so it is asked
-    for one cold start before its slice), and after the phase's end, for ``demand_grace_s``, the rate
-    of its last slice (its last groups)."""
+    from now until ``ahead_s`` ahead (default a cold start: a replica asked for now serves from then
+    on, so it is asked for one cold start before its slice), and after the phase's end, for
+    ``demand_grace_s``, the rate of its last slice (its last groups)."""
+    ahead_s = settings.cold_start_s if ahead_s is None else ahead_s
     engine_seconds_per_second = 0.0
     for demand in demands:
         if now <= demand.ends_at:
-            rate = demand.peak_rate(now, now + settings.cold_start_s)
+            rate = demand.peak_rate(now, now + ahead_s)
         elif now <= demand.ends_at + settings.demand_grace_s:
             rate = demand.peak_rate(demand.ends_at, demand.ends_at)
         else:
             rate = 0.0
         engine_seconds_per_second += rate * per_group_s
     return math.ceil(engine_seconds_per_second * settings.demand_headroom - 1e-9)
+
+
+def break_even_s(settings: ScalingSettings) -> float:
+    """How far ahead a need must come for a sleeping replica to cost less than removing it and
+    starting another: asleep for T costs ``sleeping_cost * T`` replica-seconds, a cold start instead of
+    a wake-up ``cold_start_s - wake_s`` (0: waking is no cheaper than a cold start)."""
+    if settings.sleeping_cost <= 0:
+        return math.inf
+    return max(0.0, settings.cold_start_s - settings.wake_s) / settings.sleeping_cost
 
 
 def decide_replicas(
@@ -174,8 +208,14 @@ def decide_replicas(
     engine_work_s = sum(engine_work(load, per_group_s) for load in loads) + queued_at_callers * per_group_s
     for_work = math.ceil(engine_work_s / settings.target_backlog_s - 1e-9)
     for_demand = replicas_for_demand(demands, now, per_group_s, settings)
-    wanted = min(settings.max_replicas, max(settings.min_replicas, for_work, for_demand))
-    details = dict(engine_work_s=engine_work_s, for_work=for_work, for_demand=for_demand)
+    # With idle="sleep", the replicas running now that an announced need within the break-even horizon
+    # will use stay, asleep meanwhile: never more than run now (none is started only to sleep).
+    kept_asleep = 0
+    if settings.idle == "sleep":
+        kept_asleep = min(current, replicas_for_demand(demands, now, per_group_s, settings, break_even_s(settings)))
+    wanted = min(settings.max_replicas, max(settings.min_replicas, for_work, for_demand, kept_asleep))
+    details = dict(engine_work_s=engine_work_s, for_work=for_work, for_demand=for_demand, kept_asleep=kept_asleep,
+                   sleeping=sum(1 for load in loads if load.sleeping))
     if wanted > current:
         state.pop("lower_since", None)
         since = state.setdefault("higher_since", now)
@@ -188,14 +228,20 @@ def decide_replicas(
         since = state.setdefault("lower_since", now)
         if now - since >= settings.downscale_delay_s:
             state.pop("lower_since", None)
-            return ScalingDecision(wanted, _why(wanted, for_work, for_demand, engine_work_s), state, **details)
+            return ScalingDecision(wanted, _why(wanted, for_work, for_demand, engine_work_s, kept_asleep), state,
+                                   **details)
         return ScalingDecision(current, f"holding {current}: {wanted} would do, not yet for the downscale delay",
                                state, **details)
     state.pop("lower_since", None)
+    if kept_asleep == current > max(for_work, for_demand, settings.min_replicas):
+        return ScalingDecision(current, _why(current, for_work, for_demand, engine_work_s, kept_asleep), state,
+                               **details)
     return ScalingDecision(current, "steady", state, **details)
 
 
-def _why(wanted: int, for_work: int, for_demand: int, engine_work_s: float) -> str:
+def _why(wanted: int, for_work: int, for_demand: int, engine_work_s: float, kept_asleep: int = 0) -> str:
+    if kept_asleep == wanted > max(for_work, for_demand):
+        return f"keeping {wanted} replicas, asleep while idle, for announced demand within the break-even horizon"
     if for_demand >= for_work and for_demand == wanted:
         return f"{wanted} replicas for the announced demand"
     if for_work == wanted:

@@ -21,7 +21,7 @@ __all__ = ["EngineWorkPolicy", "POLICY_PATH", "autoscaling_stats", "demands_of",
 logger = logging.getLogger("ray.serve")
 POLICY_PATH = "deployments.autoscaling_policy:EngineWorkPolicy"
 # Report keys: a replica's load, and each announced demand as three keys under its tenant.
-LOAD_KEYS = ("groups_waiting", "groups_running", "queued_work_s", "members_waiting", "seconds_per_group")
+LOAD_KEYS = ("groups_waiting", "groups_running", "queued_work_s", "members_waiting", "sleeping", "seconds_per_group")
 DEMAND_PREFIX = "demand/"
 
 
@@ -51,7 +51,7 @@ def _latest(raw_metrics: dict[str, dict[Any, list[Any]]]) -> dict[Any, dict[str,
 def loads_of(reports: dict[Any, dict[str, float]]) -> list[ReplicaLoad]:
     """Each reporting replica's load."""
     return [
-        ReplicaLoad(**{key: report.get(key, 0.0) for key in LOAD_KEYS[:-1]},
+        ReplicaLoad(**{key: report.get(key, 0.0) for key in LOAD_KEYS[:-2]}, sleeping=bool(report.get("sleeping")),
                     seconds_per_group=report.get("seconds_per_group"))
         for report in reports.values()
     ]
@@ -106,7 +106,8 @@ class EngineWorkPolicy:
         )
         if decision.reason != self.last_reason:  # the controller's log says why the pool is the size it is
             logger.info("engine_work autoscaling of %s: %s (engine work %.1f s, for work %d, for demand %d, "
-                        "%d reporting)", getattr(context, "deployment_name", "?"), decision.reason,
-                        decision.engine_work_s, decision.for_work, decision.for_demand, len(reports))
+                        "%d reporting, %d asleep)", getattr(context, "deployment_name", "?"), decision.reason,
+                        decision.engine_work_s, decision.for_work, decision.for_demand, len(reports),
+                        decision.sleeping)
         self.last_reason = decision.reason
         return decision.replicas, decision.state

@@ -12,6 +12,7 @@ from cluster.autoscaling import (
     EngineWorkMeter,
     ReplicaLoad,
     ScalingSettings,
+    break_even_s,
     decide_replicas,
     engine_work,
     replicas_for_demand,
@@ -122,6 +123,61 @@ def test_the_next_announced_step_keeps_its_replicas_through_a_training_phase():
                           settings=settings)
         state = decision.state
         assert decision.replicas == 4
+
+
+# idle="sleep": a cold start of 60 s against a wake-up of 10 s at a tenth of the cost: break-even 500 s ahead.
+SLEEPY = ScalingSettings(min_replicas=1, max_replicas=8, cold_start_s=60.0, downscale_delay_s=5.0, demand_headroom=1.0,
+                         demand_grace_s=0.0, idle="sleep", wake_s=10.0, sleeping_cost=0.1)
+IDLE_FOUR = [ReplicaLoad(seconds_per_group=2.0, sleeping=True)] * 4
+
+
+def settle(settings: ScalingSettings, demands: list[Demand], start: float = 0.0, loads=IDLE_FOUR):
+    """The pool's decision after a minute of ticks from 4 idle replicas (past every downscale delay)."""
+    state: dict = {}
+    current = 4
+    for now in range(int(start), int(start) + 60):
+        decision = decide(float(now), current, loads, demands, state=state, settings=settings)
+        state, current = decision.state, decision.replicas
+    return decision
+
+
+def test_the_break_even_horizon_weighs_a_wake_up_against_a_cold_start():
+    assert break_even_s(SLEEPY) == pytest.approx(500.0)
+    assert break_even_s(dataclasses.replace(SLEEPY, wake_s=60.0)) == 0.0  # waking is no cheaper than starting
+    assert break_even_s(dataclasses.replace(SLEEPY, sleeping_cost=0.5)) == pytest.approx(100.0)
+
+
+def test_with_idle_sleep_a_replica_needed_again_within_the_break_even_horizon_is_kept_asleep_not_removed():
+    # The next step, 300 s ahead (beyond a cold start, within the horizon), needs 4 replicas: 2 groups/s x 2 s.
+    next_step = Demand("run-a", 120, starts_at=360.0, ends_at=420.0)
+    kept = settle(SLEEPY, [next_step])
+    assert kept.replicas == 4 and kept.kept_asleep == 4 and kept.sleeping == 4
+    assert "asleep" in kept.reason
+    # idle="stop": the same pool drops to min_replicas and starts them again a cold start ahead.
+    stopped = settle(dataclasses.replace(SLEEPY, idle="stop"), [next_step])
+    assert stopped.replicas == 1 and stopped.kept_asleep == 0
+
+
+def test_with_idle_sleep_a_need_beyond_the_break_even_horizon_removes_the_replicas():
+    far_step = Demand("run-a", 120, starts_at=700.0, ends_at=760.0)  # 640 s ahead and more: past 500 s
+    assert settle(SLEEPY, [far_step]).replicas == 1
+    assert settle(SLEEPY, []).replicas == 1  # nothing announced: removed as with idle="stop"
+
+
+def test_the_kept_count_follows_the_announced_profile_and_never_exceeds_what_runs():
+    # 100 groups in 100 s, but 90% of them in its last tenth: 9 groups/s x 2 s = 18 replicas' work there.
+    crowded = Demand("run-a", 100, starts_at=300.0, ends_at=400.0, profile=(0.0,) * 8 + (0.1, 0.9))
+    even = Demand("run-a", 100, starts_at=300.0, ends_at=400.0)  # 1 group/s x 2 s: 2 replicas
+    assert settle(SLEEPY, [even]).replicas == 2
+    assert settle(SLEEPY, [crowded]).replicas == 4  # what runs now (4), none started only to sleep
+
+
+def test_sleeping_replicas_are_reported_and_counted():
+    report = autoscaling_stats(ReplicaLoad(members_waiting=2, sleeping=True), [])
+    assert report["sleeping"] == 1.0
+    assert loads_of({"a": report, "b": autoscaling_stats(ReplicaLoad(), [])}) == [
+        ReplicaLoad(members_waiting=2, sleeping=True), ReplicaLoad()]
+    assert decide(0.0, 2, loads_of({"a": report})).sleeping == 1
 
 
 def test_the_engine_work_meter_measures_busy_time_and_prices_the_queue():
