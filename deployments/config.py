@@ -17,7 +17,7 @@ from cluster.autoscaling import ScalingSettings
 from cluster.config import ScoringConfig
 from cluster.fair_share import TenantPolicy
 from cluster.schema import TENANT_PATTERN
-from cluster.engines.config import EngineConfig
+from cluster.engines.config import SLEEP_ENGINES, EngineConfig
 from cluster.gqm import Extractor
 from cluster.rewards import RewardSettings
 from deployments.autoscaling_policy import POLICY_PATH
@@ -52,6 +52,20 @@ class AutoscalingSettings(_Strict):
                                                           "busiest slice (groups do not arrive evenly within it).")
     demand_grace_s: float = Field(10.0, ge=0, description="engine_work: how long an announced phase keeps its replicas "
                                                           "after its announced end; an announcement then expires.")
+    idle: Literal["stop", "sleep"] = Field(
+        "stop", description="What becomes of a replica the pool no longer needs. `stop`: it is removed and its GPU "
+                            "freed; one started later costs cold_start_s. `sleep` (engines vllm and scripted): its "
+                            "engine sleeps once idle for sleep_after_s (vLLM sleep mode level 1: weights offloaded "
+                            "to CPU memory, KV cache freed) and serves again after wake_s; engine_work keeps it "
+                            "while an announced need comes within (cold_start_s - wake_s) / sleeping_cost seconds, "
+                            "and removes it otherwise. vLLM's sleep mode needs CUDA.")
+    wake_s: float = Field(10.0, ge=0, description="idle sleep: how long, in seconds, a sleeping engine takes to serve "
+                                                  "again; the replica wakes this long before announced work.")
+    sleeping_cost: float = Field(0.1, gt=0, le=1, description="idle sleep: what a sleeping replica costs relative to "
+                                                              "an awake one (its GPU is held, its memory free for "
+                                                              "other work); sets the break-even horizon.")
+    sleep_after_s: float = Field(30.0, ge=0, description="idle sleep: seconds an engine has had no group queued or "
+                                                         "running and no member assembling before it sleeps.")
     target_ongoing_requests: float = Field(16.0, gt=0, description="serve_default: ongoing requests per replica that "
                                                                    "Serve's policy aims for.")
     upscale_delay_s: float = Field(10.0, ge=0, description="How long, in seconds, more replicas must be wanted before "
@@ -348,8 +362,23 @@ class AppConfig(_Strict):
     def _consistent(self) -> AppConfig:
         if self.engine.kind != "scripted" and not self.engine.model:
             raise ValueError("engine.model: required for engine kind " + repr(self.engine.kind))
+        if self.sleeps_when_idle and self.engine.kind not in SLEEP_ENGINES:
+            raise ValueError(
+                f"replicas.autoscaling.idle: 'sleep' needs an engine that can sleep ({', '.join(SLEEP_ENGINES)}); the "
+                f"{self.engine.kind} engine cannot offload its weights and free its KV cache while it holds its "
+                "devices, so an idle replica can only be stopped (idle: stop)")
         self.placement  # noqa: B018 - a placement that cannot run is refused here, before Serve starts
         return self
+
+    @property
+    def sleeps_when_idle(self) -> bool:
+        """Whether idle replicas put their engines to sleep (``replicas.autoscaling.idle: sleep``)."""
+        autoscaling = self.replicas.autoscaling
+        return autoscaling is not None and autoscaling.idle == "sleep"
+
+    def replica_engine(self) -> EngineConfig:
+        """The engine a scorer replica builds: ``engine``, able to sleep where idle replicas sleep."""
+        return self.engine.model_copy(update={"sleep_mode": True}) if self.sleeps_when_idle else self.engine
 
     def tenant(self, name: str) -> TenantSettings:
         """A tenant's settings: its own (``http.tenants``), else ``tenants.default`` under its name."""

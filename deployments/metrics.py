@@ -54,6 +54,8 @@ class ReplicaMetrics:
             tag_keys=("action",),
         )
         self.members_waiting = Gauge("grrm_members_waiting", "Members waiting for the rest of their group.")
+        self.engine_sleeping = Gauge("grrm_engine_sleeping", "1 while the replica's engine sleeps "
+                                                             "(replicas.autoscaling.idle: sleep), else 0.")
         self.stage_latency = Histogram(
             "grrm_stage_latency_s",
             "Seconds spent per stage (generation, parse, repair, merge, total).",

@@ -11,6 +11,7 @@ death and re-send their calls to a live replica (why and how: docs/operations/fa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -26,7 +27,8 @@ from ray.serve.handle import DeploymentHandle
 
 from cluster.assembly import GroupAssembler
 from cluster.autoscaling import Demand, EngineWorkMeter
-from cluster.engines import EngineDeadError, make_engine
+from cluster.engine_sleep import EngineSleeper
+from cluster.engines import EngineDeadError, SleepingEngine, make_engine
 from cluster.fair_share import FairGate, GateStats
 from cluster.open_groups import OpenGroups
 from cluster.routing import HashRing, demand_route_key
@@ -62,6 +64,9 @@ PROBE_TIMEOUT_S = 5.0
 WITHDRAWAL_KEPT_S = 3600.0
 # Exit status of a replica process that ended because its engine died.
 ENGINE_LOST_EXIT_CODE = 3
+# How often a replica whose idle engine sleeps (replicas.autoscaling.idle: sleep) looks whether it should
+# sleep or wake; it wakes this much earlier than an announced phase needs (twice: a late tick).
+SLEEP_CHECK_S = 1.0
 
 
 def _current_rss_bytes() -> int | None:
@@ -100,7 +105,7 @@ class GRRMReplica:
 
             ensure_tiny_model(config.engine.model)
         started = time.perf_counter()
-        self.engine = make_engine(config.engine)
+        self.engine = make_engine(config.replica_engine())
         await self.engine.start()
         logger.info("replica %s: %s engine ready in %.1f s", self.name, config.engine.kind, time.perf_counter() - started)
         self.scorer = GroupScorer(self.engine, config.scoring, replica=self.name)
@@ -143,6 +148,16 @@ class GRRMReplica:
         # Set once the engine is lost; never resolved: the process ends while calls wait on it.
         self._engine_lost: asyncio.Future[None] | None = None
         self._ending: asyncio.Task[NoReturn] | None = None
+        # Under idle: sleep, the engine sleeps while this replica has nothing for it (cluster/engine_sleep.py).
+        self.sleeper: EngineSleeper | None = None
+        self._sleep_loop: asyncio.Task[None] | None = None
+        if config.sleeps_when_idle:
+            if not isinstance(self.engine, SleepingEngine):  # the config allows only engines that can
+                raise TypeError(f"replicas.autoscaling.idle: the {config.engine.kind} engine cannot sleep")
+            assert config.replicas.autoscaling is not None
+            self.sleeper = EngineSleeper(self.engine, config.replicas.autoscaling.scaling_settings(),
+                                         margin_s=2 * SLEEP_CHECK_S)
+            self._sleep_loop = asyncio.get_running_loop().create_task(self._sleep_when_idle(), name="engine-sleep")
 
     async def score_group(self, group: GroupRequest, attempt: int = 0) -> GroupResult:
         """Score one whole group (``attempt`` is read by the router, not here)."""
@@ -246,9 +261,11 @@ class GRRMReplica:
 
         async def at_the_engine() -> GroupResult:
             nonlocal at_engine
-            at_engine = True
-            meter.started(time.monotonic())
-            return await self.scorer.score_group(group)
+            # A sleeping engine wakes first (the group waits for it), and sleeps not while it generates.
+            async with self.sleeper.awake() if self.sleeper is not None else contextlib.nullcontext():
+                at_engine = True
+                meter.started(time.monotonic())  # after the wake-up: it is no engine work
+                return await self.scorer.score_group(group)
 
         def tokens(done: GroupResult) -> float:
             nonlocal used
@@ -309,6 +326,22 @@ class GRRMReplica:
         await asyncio.shield(self._engine_lost)
         raise AssertionError("unreachable: the replica process ends first")
 
+    async def _sleep_when_idle(self) -> None:
+        """Put the engine to sleep while this replica has nothing for it, and wake it for work: groups
+        queued, members assembling (their group will follow), or a phase announced here about to start."""
+        assert self.sleeper is not None
+        while self._engine_lost is None:
+            await asyncio.sleep(SLEEP_CHECK_S)
+            pending = self.engine_work.waiting > 0 or self.assembler.members_waiting() > 0
+            try:
+                await self.sleeper.check(pending=pending, demands=list(self.demands.values()))
+            except EngineDeadError as error:
+                self._lose_engine(error)
+                return
+            except Exception as error:  # noqa: BLE001 - a failed sleep leaves the engine awake: it serves on
+                logger.warning("replica %s: engine sleep/wake failed: %r", self.name, error)
+            self.metrics.engine_sleeping.set(1.0 if self.sleeper.sleeping else 0.0)
+
     def record_routing_stats(self) -> dict[str, Any]:
         """Outstanding work every router reads for bounded-load and least-work decisions."""
         return {OUTSTANDING_WORK: self._outstanding_work, "pending_groups": self.assembler.pending_groups()}
@@ -322,6 +355,8 @@ class GRRMReplica:
                        if max(demand.ends_at + grace_s, demand.announced_at + WITHDRAWAL_KEPT_S) < now]:
             del self.demands[tenant]  # over (a client that announced and never came), or long withdrawn
         load = self.engine_work.load(time.monotonic(), self.assembler.members_waiting())
+        if self.sleeper is not None:
+            load = dataclasses.replace(load, sleeping=self.sleeper.sleeping)
         return autoscaling_stats(load, list(self.demands.values()))
 
     def announce_demand(self, announcement: DemandAnnouncement, attempt: int = 0,
@@ -466,6 +501,9 @@ class GRRMReplica:
             "rss_bytes": _current_rss_bytes(),
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "assembler": self.assembler.stats(),
+            "engine_sleep": None if self.sleeper is None else {
+                "sleeping": self.sleeper.sleeping, "sleeps": self.sleeper.sleeps, "wakes": self.sleeper.wakes,
+                "woken_for_work": self.sleeper.woken_for_work},
         }
 
     def recent_groups(self, since: float | None = None, target_replica: str | None = None) -> list[dict[str, Any]]:
@@ -498,6 +536,9 @@ class GRRMReplica:
         watch = getattr(self, "_watch", None)
         if watch is not None:
             watch.stop()
+        sleep_loop = getattr(self, "_sleep_loop", None)
+        if sleep_loop is not None:
+            sleep_loop.cancel()
         if assembler is not None:
             await self._logged("close the assembler", assembler.close())
         if engine is not None:

@@ -136,3 +136,30 @@ def test_tenant_settings_are_checked_once_at_the_boundary():
         AppConfig.model_validate({"engine": {"kind": "scripted"}, "http": {"tenants": [{"name": "no spaces"}]}})
     with pytest.raises(ValidationError, match="weight"):
         AppConfig.model_validate({"engine": {"kind": "scripted"}, "tenants": {"default": {"weight": 0}}})
+
+
+@pytest.mark.parametrize("kind", ["transformers", "sglang"])
+def test_idle_sleep_with_an_engine_that_cannot_sleep_is_refused_naming_the_field(kind):
+    args = {"engine": {"kind": kind, "model": "m"}, "replicas": {"autoscaling": {"idle": "sleep"}}}
+    with pytest.raises(ValidationError, match=rf"replicas\.autoscaling\.idle: 'sleep' needs an engine that can "
+                                              rf"sleep \(vllm, scripted\); the {kind} engine cannot"):
+        AppConfig.model_validate(args)
+
+
+@pytest.mark.parametrize(("autoscaling", "names"), [
+    ({"idle": "nap"}, "idle"), ({"wake_s": -1}, "wake_s"), ({"sleeping_cost": 0}, "sleeping_cost"),
+    ({"sleep_after_s": -5}, "sleep_after_s")])
+def test_bad_sleep_settings_are_refused_naming_the_field(autoscaling, names):
+    with pytest.raises(ValidationError, match=rf"replicas\.autoscaling\.{names}"):
+        AppConfig.model_validate({"engine": {"kind": "vllm", "model": "m"}, "replicas": {"autoscaling": autoscaling}})
+
+
+def test_idle_sleep_builds_the_replicas_engine_able_to_sleep_and_tells_the_policy():
+    config = AppConfig.model_validate({"engine": {"kind": "vllm", "model": "m"}, "replicas": {"autoscaling": {
+        "idle": "sleep", "wake_s": 5, "sleeping_cost": 0.2, "sleep_after_s": 12}}})
+    assert config.sleeps_when_idle and config.replica_engine().sleep_mode and not config.engine.sleep_mode
+    kwargs = replica_options(config)["autoscaling_config"]["policy"]["policy_kwargs"]
+    assert (kwargs["idle"], kwargs["wake_s"], kwargs["sleeping_cost"], kwargs["sleep_after_s"]) == ("sleep", 5, 0.2, 12)
+    stopped = AppConfig.model_validate({"engine": {"kind": "transformers", "model": "m"},
+                                        "replicas": {"autoscaling": {}}})
+    assert not stopped.sleeps_when_idle and not stopped.replica_engine().sleep_mode  # the default: idle stop

@@ -1,0 +1,118 @@
+"""A replica whose engine sleeps while idle (replicas.autoscaling.idle: sleep) wakes it for the work.
+
+Real Ray Serve with the project's autoscaling policy, real HTTP through the client every caller uses
+(RewardClient), the scripted engine standing in for vLLM's sleep mode (CUDA only) with a wake-up of
+WAKE_S. The replica goes idle, its engine sleeps and the replica reports it to the autoscaling
+policy; a group sent to it then waits for the wake-up and is scored once, with a valid verdict; and
+members assembling wake the engine while they wait for their group-mates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from ray import serve
+
+from cluster.engines import EngineConfig, ScriptedEngineOptions
+from cluster.schema import GroupRequest, MemberRequest
+from deployments.app import build_app
+from deployments.config import AppConfig, AutoscalingSettings, ReplicaSettings
+from grrm_client import ClientConfig, RewardClient
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+APP = "idle_sleep"
+WAKE_S = 1.5
+SLEEP_AFTER_S = 1.0
+
+
+@pytest.fixture(scope="module")
+def url(serve_instance):
+    config = AppConfig(
+        engine=EngineConfig(kind="scripted", scripted=ScriptedEngineOptions(per_prompt_s=0.02, wake_s=WAKE_S)),
+        replicas=ReplicaSettings(
+            num_cpus=0.1, gpus_per_rank=0,
+            autoscaling=AutoscalingSettings(min_replicas=1, max_replicas=1, metrics_interval_s=0.5,
+                                            look_back_period_s=2, idle="sleep", wake_s=WAKE_S,
+                                            sleep_after_s=SLEEP_AFTER_S)),
+    )
+    serve.run(build_app(config), name=APP, route_prefix=f"/{APP}")
+    yield f"{serve_instance}/{APP}"
+    serve.delete(APP)
+
+
+def replica() -> serve.handle.DeploymentHandle:
+    return serve.get_deployment_handle("GRRMReplica", app_name=APP)
+
+
+def wait_until_asleep(timeout_s: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = replica().info.remote().result(timeout_s=10)
+        if info["engine_sleep"]["sleeping"]:
+            return info
+        assert time.monotonic() < deadline, f"the idle engine did not sleep within {timeout_s} s: {info['engine_sleep']}"
+        time.sleep(0.25)
+
+
+GROUP = dict(source="Der Hund schläft.", src_lang="de", trg_lang="en")
+CANDIDATES = ["The dog sleeps. [q=9]", "The dog is sleeping. [q=8]", "Dog sleep. [q=3]"]
+
+
+async def score_group(url: str, group_id: str):
+    client = RewardClient(ClientConfig(transport="http", http_url=url, deadline_s=120))
+    try:
+        started = time.monotonic()
+        outcome = await client.score_group(GroupRequest(group_id=group_id, candidates=CANDIDATES, **GROUP))
+        return outcome, time.monotonic() - started
+    finally:
+        await client.aclose()
+
+
+async def score_members(url: str, group_id: str, assembling_s: float):
+    """The group's members a rollout at a time: all but the last, then the last ``assembling_s`` later."""
+    client = RewardClient(ClientConfig(transport="http", http_url=url, deadline_s=120))
+    members = [MemberRequest(group_id=group_id, group_size=len(CANDIDATES), index=index, candidate=candidate, **GROUP)
+               for index, candidate in enumerate(CANDIDATES)]
+    try:
+        first = [asyncio.create_task(client.score_member(member)) for member in members[:-1]]
+        await asyncio.sleep(assembling_s)
+        last_sent = time.monotonic()
+        answers = await asyncio.gather(*first, client.score_member(members[-1]))
+        return answers, time.monotonic() - last_sent
+    finally:
+        await client.aclose()
+
+
+def test_an_idle_replica_sleeps_reports_it_and_wakes_for_the_next_group(url):
+    # Awake from the start: a group is scored at once.
+    outcome, _ = asyncio.run(score_group(url, "warm"))
+    assert outcome.result is not None and outcome.result.valid, (outcome.failure, outcome.error)
+
+    # Idle for sleep_after_s: the engine sleeps, and the replica says so to the autoscaling policy.
+    asleep = wait_until_asleep()
+    assert asleep["engine_sleep"]["sleeps"] == 1 and asleep["groups_scored"] == 1
+    assert replica().record_autoscaling_stats.remote().result(timeout_s=10)["sleeping"] == 1.0
+
+    # A group sent to the sleeping replica waits for the wake-up, then gets one valid verdict.
+    outcome, took_s = asyncio.run(score_group(url, "after-sleep"))
+    assert outcome.result is not None and outcome.result.valid, (outcome.failure, outcome.error)
+    assert outcome.result.scores is not None and len(outcome.result.scores) == len(CANDIDATES)
+    assert outcome.attempts == 1 and took_s >= WAKE_S  # it waited for the wake-up, not for a retry
+    awake = replica().info.remote().result(timeout_s=10)
+    assert awake["groups_scored"] == 2  # scored once
+    assert awake["engine_sleep"]["woken_for_work"] == 1 and not awake["engine_sleep"]["sleeping"]
+    assert replica().record_autoscaling_stats.remote().result(timeout_s=10)["sleeping"] == 0.0
+
+    # Asleep again; members assembling wake the engine while they wait for their last group-mate, so
+    # the complete group does not wait for the wake-up.
+    wait_until_asleep()
+    answers, last_wait_s = asyncio.run(score_members(url, "members", assembling_s=WAKE_S + 2.0))
+    assert all(answer.result is not None and answer.result.valid for answer in answers), [
+        (answer.failure, answer.error) for answer in answers]
+    assert len({tuple(answer.result.group_scores) for answer in answers}) == 1  # one verdict for the group
+    assert last_wait_s < WAKE_S, last_wait_s
+    woken = replica().info.remote().result(timeout_s=10)["engine_sleep"]
+    assert woken["sleeps"] == 2 and woken["wakes"] == 2 and woken["woken_for_work"] == 1
