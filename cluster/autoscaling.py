@@ -82,6 +82,25 @@ class Demand:
         """Groups per second while the phase lasts (at least one second long), on average."""
         return self.groups / max(1.0, self.ends_at - self.starts_at)
 
+    def groups_between(self, start: float, end: float) -> float:
+        """How many of its groups are expected to arrive between ``start`` and ``end``: the profile's
+        shares of the slices that overlap, pro rata (evenly without a profile)."""
+        length = max(1.0, self.ends_at - self.starts_at)
+        low, high = max(start, self.starts_at), min(end, self.starts_at + length)
+        if high <= low:
+            return 0.0
+        total = sum(self.profile)
+        if not self.profile or total <= 0:
+            return self.groups * (high - low) / length
+        slice_s = length / len(self.profile)
+        expected = 0.0
+        for position, share in enumerate(self.profile):
+            begins = self.starts_at + position * slice_s
+            overlap = min(begins + slice_s, high) - max(begins, low)
+            if overlap > 0:
+                expected += share / total * overlap / slice_s
+        return self.groups * expected
+
     def peak_rate(self, start: float, end: float) -> float:
         """The highest arrival rate (groups per second) in any slice of the phase that overlaps
         [start, end]; 0 when none does."""

@@ -5,11 +5,14 @@ again seconds later, where a new replica takes a cold start (minutes for a 7B mo
 the pool keeps for a later need (``cluster/autoscaling.py`` decides how many) therefore sleeps while
 it has nothing to do:
 
-- it sleeps once its engine has had no group queued or running, and no member assembling, for
-  ``sleep_after_s``, unless an announced phase it knows of starts within a wake-up;
-- it wakes when a group is queued for it (the group waits for the wake-up), when members of a
-  group start assembling here (the wake-up overlaps the wait for their group-mates), or a wake-up
-  before an announced phase it knows of starts.
+- it sleeps once its engine has had no group queued or running for ``sleep_after_s``, unless an
+  announced phase it knows of is expected to send a group within a wake-up;
+- it wakes when a group is queued for it (the group waits for the wake-up), or a wake-up before an
+  announced phase it knows of is expected to send its first group (by the phase's profile: a GRPO
+  phase's groups crowd its end, so a replica may sleep through its quiet start).
+
+Members waiting for their group-mates neither keep an engine awake nor wake it: as for the pool's
+size, they are a forecast, not work (a GRPO group's rollouts finish minutes apart).
 
 :func:`sleep_action` is the decision (pure); :class:`EngineSleeper` applies it to one engine and
 makes sure no generation reaches a sleeping engine.
@@ -27,30 +30,33 @@ from typing import Literal
 from cluster.autoscaling import Demand, ScalingSettings
 from cluster.engines.base import EngineDeadError, SleepingEngine
 
-__all__ = ["EngineSleeper", "SleepAction", "demand_within", "sleep_action"]
+__all__ = ["EngineSleeper", "SleepAction", "groups_expected", "sleep_action"]
 
 logger = logging.getLogger(__name__)
 
 SleepAction = Literal["sleep", "wake"]
 
 
-def demand_within(demands: Iterable[Demand], now: float, within_s: float, grace_s: float) -> bool:
-    """Whether an announced phase is on now (until ``grace_s`` after its end) or starts within
-    ``within_s``. Its start, not its profile's busiest slice: a replica that wakes a little early
-    costs a few awake seconds, one that wakes late makes the phase's first groups wait."""
-    return any(demand.groups > 0 and demand.starts_at - within_s <= now <= demand.ends_at + grace_s
-               for demand in demands)
+# An announced phase keeps (or makes) an engine awake once this many of its groups are expected
+# within a wake-up: one, so the first group of a phase's busy part finds the engine awake.
+GROUPS_WORTH_WAKING = 1.0
+
+
+def groups_expected(demands: Iterable[Demand], now: float, within_s: float) -> float:
+    """The announced groups expected to arrive between now and ``within_s`` ahead (by each phase's
+    profile)."""
+    return sum(demand.groups_between(now, now + within_s) for demand in demands if demand.groups > 0)
 
 
 def sleep_action(*, now: float, sleeping: bool, busy: bool, idle_since: float | None, demands: Iterable[Demand],
                  settings: ScalingSettings, margin_s: float = 0.0) -> SleepAction | None:
     """What one replica's engine should do now (None: stay as it is).
 
-    ``busy``: a group is queued for or at the engine, or members are assembling here;
+    ``busy``: a group is queued for or at the engine;
     ``idle_since``: since when it has not been busy (None: it is); ``demands``: the announcements
     this replica knows of; ``margin_s``: how late the caller may act (its check period), added to
     the wake-up's lead time."""
-    soon = demand_within(demands, now, settings.wake_s + margin_s, settings.demand_grace_s)
+    soon = groups_expected(demands, now, settings.wake_s + margin_s) >= GROUPS_WORTH_WAKING
     if sleeping:
         return "wake" if busy or soon else None
     if busy or soon or idle_since is None or now - idle_since < settings.sleep_after_s:
@@ -104,7 +110,7 @@ class EngineSleeper:
 
     async def check(self, *, pending: bool, demands: Iterable[Demand]) -> SleepAction | None:
         """Sleep or wake the engine as :func:`sleep_action` says; ``pending``: groups are queued for
-        the engine or members assembling here. Returns what it did (None: nothing)."""
+        the engine. Returns what it did (None: nothing)."""
         now = self.clock()
         busy = pending or self._generating > 0
         if busy:

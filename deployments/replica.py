@@ -328,11 +328,11 @@ class GRRMReplica:
 
     async def _sleep_when_idle(self) -> None:
         """Put the engine to sleep while this replica has nothing for it, and wake it for work: groups
-        queued, members assembling (their group will follow), or a phase announced here about to start."""
+        queued, or an announced phase known here about to send groups (cluster/engine_sleep.py)."""
         assert self.sleeper is not None
         while self._engine_lost is None:
             await asyncio.sleep(SLEEP_CHECK_S)
-            pending = self.engine_work.waiting > 0 or self.assembler.members_waiting() > 0
+            pending = self.engine_work.waiting > 0  # members assembling are a forecast, not work
             try:
                 await self.sleeper.check(pending=pending, demands=list(self.demands.values()))
             except EngineDeadError as error:

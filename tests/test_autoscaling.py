@@ -141,6 +141,16 @@ def settle(settings: ScalingSettings, demands: list[Demand], start: float = 0.0,
     return decision
 
 
+def test_the_groups_expected_in_a_window_follow_the_profile():
+    even = Demand("run-a", 100, starts_at=100.0, ends_at=200.0)
+    assert even.groups_between(90.0, 110.0) == pytest.approx(10.0)
+    assert even.groups_between(190.0, 250.0) == pytest.approx(10.0) and even.groups_between(0.0, 100.0) == 0.0
+    crowded = dataclasses.replace(even, profile=(1.0, 1.0, 2.0, 6.0))  # 60% of them in its last quarter
+    assert crowded.groups_between(100.0, 125.0) == pytest.approx(10.0)
+    assert crowded.groups_between(170.0, 180.0) == pytest.approx(4.0 + 12.0)  # 5 s of each of the last two quarters
+    assert crowded.groups_between(0.0, float("inf")) == pytest.approx(100.0)
+
+
 def test_the_break_even_horizon_weighs_a_wake_up_against_a_cold_start():
     assert break_even_s(SLEEPY) == pytest.approx(500.0)
     assert break_even_s(dataclasses.replace(SLEEPY, wake_s=60.0)) == 0.0  # waking is no cheaper than starting

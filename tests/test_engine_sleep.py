@@ -20,8 +20,9 @@ def action(now=100.0, sleeping=False, busy=False, idle_since=0.0, demands=(), ma
                         settings=SETTINGS, margin_s=margin_s)
 
 
-def phase(starts_at: float, ends_at: float, groups: int = 64) -> Demand:
-    return Demand("run", groups, starts_at, ends_at)
+def phase(starts_at: float, groups: int = 100, profile: tuple[float, ...] = ()) -> Demand:
+    """A phase of 100 s: one group a second when even."""
+    return Demand("run", groups, starts_at, starts_at + 100.0, profile=profile)
 
 
 def test_an_engine_sleeps_only_after_sleep_after_s_without_work():
@@ -31,20 +32,27 @@ def test_an_engine_sleeps_only_after_sleep_after_s_without_work():
     assert action(now=100.0, idle_since=None) is None  # it has only now stopped being busy
 
 
-def test_an_engine_stays_awake_for_a_phase_on_or_starting_within_a_wake_up():
-    assert action(demands=[phase(109.0, 200.0)]) is None  # starts within wake_s
-    assert action(demands=[phase(111.0, 200.0)]) == "sleep"
-    assert action(demands=[phase(111.0, 200.0)], margin_s=2.0) is None  # a late check is allowed for
-    assert action(demands=[phase(50.0, 96.0)]) is None  # over, but within its grace: its last groups
-    assert action(demands=[phase(50.0, 90.0)]) == "sleep"
-    assert action(demands=[phase(105.0, 200.0, groups=0)]) == "sleep"  # withdrawn
+def test_an_engine_stays_awake_while_an_announced_phase_is_expected_to_send_a_group_within_a_wake_up():
+    assert action(demands=[phase(109.0)]) is None  # its first group is due within wake_s
+    assert action(demands=[phase(111.0)]) == "sleep"
+    assert action(demands=[phase(111.0)], margin_s=2.0) is None  # a late check is allowed for
+    assert action(demands=[phase(50.0)]) is None  # on, a group a second
+    assert action(demands=[phase(105.0, groups=0)]) == "sleep"  # withdrawn
+    assert action(demands=[phase(-10.0)]) == "sleep"  # over
+
+
+def test_a_phase_whose_groups_crowd_its_end_lets_the_engine_sleep_through_its_quiet_start():
+    crowded = phase(50.0, profile=(0.0,) * 9 + (1.0,))  # all 100 groups in its last 10 s: 140-150
+    assert action(now=100.0, demands=[crowded]) == "sleep"
+    assert action(now=131.0, demands=[crowded]) is None
+    assert action(now=131.0, sleeping=True, demands=[crowded]) == "wake"  # a wake-up before the crowd
 
 
 def test_a_sleeping_engine_wakes_for_work_or_an_imminent_phase_and_else_sleeps_on():
     assert action(sleeping=True) is None
     assert action(sleeping=True, busy=True, idle_since=None) == "wake"  # a group waits for the wake-up
-    assert action(sleeping=True, demands=[phase(110.0, 200.0)]) == "wake"  # a wake-up ahead of the phase
-    assert action(sleeping=True, demands=[phase(130.0, 200.0)]) is None
+    assert action(sleeping=True, demands=[phase(109.0)]) == "wake"  # a wake-up ahead of the phase
+    assert action(sleeping=True, demands=[phase(130.0)]) is None
 
 
 def sleeper(wake_s: float = 0.0, clock=None) -> EngineSleeper:
@@ -86,7 +94,7 @@ async def test_work_pending_wakes_a_sleeping_engine_ahead_of_its_generation():
     await subject.engine.start()
     now[0] += 5.0
     assert await subject.check(pending=False, demands=[]) == "sleep"
-    assert await subject.check(pending=True, demands=[]) == "wake"  # members assembling: wakes meanwhile
+    assert await subject.check(pending=True, demands=[]) == "wake"  # a group queued (at the fair gate): wakes now
     assert not subject.sleeping and subject.woken_for_work == 0
 
 

@@ -4,7 +4,7 @@ Real Ray Serve with the project's autoscaling policy, real HTTP through the clie
 (RewardClient), the scripted engine standing in for vLLM's sleep mode (CUDA only) with a wake-up of
 WAKE_S. The replica goes idle, its engine sleeps and the replica reports it to the autoscaling
 policy; a group sent to it then waits for the wake-up and is scored once, with a valid verdict; and
-members assembling wake the engine while they wait for their group-mates.
+members assembling do not wake it (they are a forecast, not work) until their group is complete.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from cluster.engines import EngineConfig, ScriptedEngineOptions
 from cluster.schema import GroupRequest, MemberRequest
 from deployments.app import build_app
 from deployments.config import AppConfig, AutoscalingSettings, ReplicaSettings
+from deployments.replica import SLEEP_CHECK_S
 from grrm_client import ClientConfig, RewardClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -106,13 +107,13 @@ def test_an_idle_replica_sleeps_reports_it_and_wakes_for_the_next_group(url):
     assert awake["engine_sleep"]["woken_for_work"] == 1 and not awake["engine_sleep"]["sleeping"]
     assert replica().record_autoscaling_stats.remote().result(timeout_s=10)["sleeping"] == 0.0
 
-    # Asleep again; members assembling wake the engine while they wait for their last group-mate, so
-    # the complete group does not wait for the wake-up.
+    # Asleep again; members assembling leave it asleep; their complete group wakes it and is scored once.
     wait_until_asleep()
-    answers, last_wait_s = asyncio.run(score_members(url, "members", assembling_s=WAKE_S + 2.0))
+    answers, last_wait_s = asyncio.run(score_members(url, "members", assembling_s=2.0 * SLEEP_CHECK_S))
     assert all(answer.result is not None and answer.result.valid for answer in answers), [
         (answer.failure, answer.error) for answer in answers]
-    assert len({tuple(answer.result.group_scores) for answer in answers}) == 1  # one verdict for the group
-    assert last_wait_s < WAKE_S, last_wait_s
-    woken = replica().info.remote().result(timeout_s=10)["engine_sleep"]
-    assert woken["sleeps"] == 2 and woken["wakes"] == 2 and woken["woken_for_work"] == 1
+    assert len({(answer.result.replica, tuple(answer.result.group_scores)) for answer in answers}) == 1  # one verdict
+    assert last_wait_s >= WAKE_S, last_wait_s
+    woken = replica().info.remote().result(timeout_s=10)
+    assert woken["groups_scored"] == 3
+    assert woken["engine_sleep"]["sleeps"] == 2 and woken["engine_sleep"]["woken_for_work"] == 2
