@@ -23,7 +23,24 @@ Reported: replica-seconds of the elastic pool against the sum of the fixed pools
 per step (last reward minus the step's last rollout) of both, and a plot of replicas over time
 against the groups waiting.
 
+``--idle sleep`` instead compares what becomes of a replica the elastic pool no longer needs
+(``replicas.autoscaling.idle``): removed (``stop``, as above) or asleep (``sleep``: vLLM's sleep mode,
+weights offloaded and KV cache freed; kept while the next announced need comes within the
+break-even horizon, ``cluster/autoscaling.py``). Each replica's engine sleeps and wakes by
+``cluster/engine_sleep.py``'s decision. Its further inputs (assumptions):
+- ``--wake-s`` 10: a 7B model's weights back from pinned CPU memory (~15 GB at several GB/s over
+  PCIe) plus a KV cache allocated again; vLLM's sleep-mode docs and blog report wake-ups from under
+  a second (small models) to seconds. Not measured here (the sleep mode needs CUDA);
+- ``--sleeping-cost`` 0.1: what a sleeping replica costs against an awake one (its GPU is held, its
+  memory free for other work): a cost model, not a measurement;
+- as in the service, a run's announcements reach one replica (its owner; here the replica at the run's
+  index modulo the pool's size), which wakes ahead of the run's groups; the others wake for the groups
+  queued for them, which wait for the wake-up.
+It reports the replica-seconds each pool holds, the awake ones among them, the cost (awake +
+sleeping_cost x asleep) and the exposure, and writes its own results file.
+
     .venv/bin/python -m bench.autoscaling_sim      # bench/results/autoscaling_sim.json and .png
+    .venv/bin/python -m bench.autoscaling_sim --idle sleep   # bench/results/autoscaling_sim_sleep.json
 """
 
 from __future__ import annotations
@@ -36,8 +53,9 @@ import statistics
 from dataclasses import dataclass, field
 
 from bench.common import machine, print_table, results_dir, write_json
-from cluster.autoscaling import Demand, ReplicaLoad, ScalingSettings, decide_replicas
+from cluster.autoscaling import Demand, ReplicaLoad, ScalingSettings, break_even_s, decide_replicas
 from cluster.demand_forecast import PhaseForecaster
+from cluster.engine_sleep import sleep_action
 
 TICK_S = 1.0
 
@@ -107,11 +125,15 @@ def simulate(runs: list[Run], replicas_of, seconds_per_group: float, cold_start_
     pools: dict[str, dict] = {}
     for run in runs:
         name, size = replicas_of(run)
-        pool = pools.setdefault(name, {"size": size, "starting": [], "free_at": [], "queue": [], "state": {},
-                                       "replica_seconds": 0.0, "timeline": [], "runs": []})
+        pool = pools.setdefault(name, {"size": size, "starting": [], "free_at": [], "asleep": [], "busy_until": [],
+                                       "queue": [],
+                                       "state": {}, "replica_seconds": 0.0, "asleep_seconds": 0.0, "timeline": [],
+                                       "runs": []})
         pool["runs"].append(run)
     for pool in pools.values():
         pool["free_at"] = [0.0] * pool["size"]  # the first replicas are up from the start
+        pool["asleep"] = [False] * pool["size"]
+        pool["busy_until"] = [0.0] * pool["size"]  # when each replica last finished work (idle since)
     last_scored: dict[tuple[str, int], float] = {}
     horizon = max(run.end_s() for run in runs) + 600
     index, now = 0, 0.0
@@ -122,18 +144,30 @@ def simulate(runs: list[Run], replicas_of, seconds_per_group: float, cold_start_
             heapq.heappush(pools[pool_of[run_name]]["queue"], (arrivals[index][0], run_name, step))
             index += 1
         for pool in pools.values():
-            pool["free_at"].extend(ready for ready in pool["starting"] if ready <= now)
+            started = [ready for ready in pool["starting"] if ready <= now]
+            pool["free_at"].extend(started)
+            pool["asleep"].extend([False] * len(started))
+            pool["busy_until"].extend(started)
             pool["starting"] = [ready for ready in pool["starting"] if ready > now]
-            # Serve each free replica's next group within this tick.
+            sleeps = settings is not None and settings.idle == "sleep"
+            if sleeps:
+                wake(pool, now, settings, pool["runs"])
+            # Serve each free (awake) replica's next group within this tick.
             for slot, free in enumerate(pool["free_at"]):
+                if pool["asleep"][slot]:
+                    continue
                 free = max(free, now)
                 while pool["queue"] and free < now + TICK_S:
                     _, run_name, step = heapq.heappop(pool["queue"])
                     free += seconds_per_group
                     last_scored[(run_name, step)] = max(last_scored.get((run_name, step), 0.0), free)
+                    pool["busy_until"][slot] = free
                 pool["free_at"][slot] = free
+            if sleeps:
+                fall_asleep(pool, now, settings, pool["runs"])
             running = len(pool["free_at"]) + len(pool["starting"])
             pool["replica_seconds"] += running * TICK_S
+            pool["asleep_seconds"] += sum(pool["asleep"]) * TICK_S
             pool["timeline"].append((now, running, len(pool["queue"])))
             if settings is not None:
                 busy = sum(1 for free in pool["free_at"] if free > now)
@@ -149,9 +183,48 @@ def simulate(runs: list[Run], replicas_of, seconds_per_group: float, cold_start_
                 run.end_s() for run in runs):
             break
     exposure = [last_scored[(run.name, step)] - max(run.completions[step]) for run in runs for step in range(run.steps)]
+    asleep_seconds = sum(pool["asleep_seconds"] for pool in pools.values())
     return {"replica_seconds": sum(pool["replica_seconds"] for pool in pools.values()),
+            "asleep_replica_seconds": asleep_seconds,
             "exposed_s_mean": statistics.mean(exposure), "exposed_s_max": max(exposure),
             "timelines": {name: pool["timeline"] for name, pool in pools.items()}}
+
+
+def known_to(slot: int, replicas: int, runs: list[Run], now: float) -> list[Demand]:
+    """The announcements replica ``slot`` holds: those of the runs it owns (one replica per run)."""
+    return demands([run for index, run in enumerate(runs) if index % replicas == slot], now)
+
+
+def wake(pool: dict, now: float, settings: ScalingSettings, runs: list[Run]) -> None:
+    """Wake sleeping replicas (``cluster/engine_sleep.py``'s decision): the owner of a run ahead of its
+    announced groups, and one for each queued group no awake replica takes at once (the service's
+    ring spreads groups over every replica, sleeping ones included; the group waits for the wake-up)."""
+    unserved = len(pool["queue"]) - sum(1 for slot, free in enumerate(pool["free_at"])
+                                        if not pool["asleep"][slot] and free <= now)
+    for slot, asleep in enumerate(pool["asleep"]):
+        if not asleep:
+            continue
+        action = sleep_action(now=now, sleeping=True, busy=unserved > 0, idle_since=None,
+                              demands=known_to(slot, len(pool["asleep"]), runs, now), settings=settings,
+                              margin_s=TICK_S)
+        if action == "wake":
+            pool["asleep"][slot] = False
+            pool["free_at"][slot] = pool["busy_until"][slot] = now + settings.wake_s  # it serves once awake
+            unserved -= 1
+
+
+def fall_asleep(pool: dict, now: float, settings: ScalingSettings, runs: list[Run]) -> None:
+    """Put awake replicas with nothing to do since ``sleep_after_s`` to sleep (a replica is idle
+    since it finished its last group, woke or started)."""
+    for slot, until in enumerate(pool["busy_until"]):
+        if pool["asleep"][slot]:
+            continue
+        busy = until > now or bool(pool["queue"])
+        action = sleep_action(now=now, sleeping=False, busy=busy, idle_since=None if busy else until,
+                              demands=known_to(slot, len(pool["asleep"]), runs, now), settings=settings,
+                              margin_s=TICK_S)
+        if action == "sleep":
+            pool["asleep"][slot] = True
 
 
 def demands(runs: list[Run], now: float) -> list[Demand]:
@@ -179,7 +252,7 @@ def peak_sized(runs: list[Run], args: argparse.Namespace) -> dict:
 
 
 def resize(pool: dict, target: int, now: float, cold_start_s: float) -> None:
-    """Start replicas (up after a cold start) or stop idle ones, newest first."""
+    """Start replicas (up after a cold start) or stop idle ones, sleeping ones first, newest first."""
     running = len(pool["free_at"]) + len(pool["starting"])
     if target > running:
         pool["starting"].extend([now + cold_start_s] * (target - running))
@@ -190,7 +263,10 @@ def resize(pool: dict, target: int, now: float, cold_start_s: float) -> None:
             idle = [slot for slot, free in enumerate(pool["free_at"]) if free <= now]
             if not idle:
                 break
-            pool["free_at"].pop(idle[-1])
+            gone = ([slot for slot in idle if pool["asleep"][slot]] or idle)[-1]
+            pool["free_at"].pop(gone)
+            pool["asleep"].pop(gone)
+            pool["busy_until"].pop(gone)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,11 +283,23 @@ def main(argv: list[str] | None = None) -> int:
                         help="capacity over the announced rate of a phase's busiest slice (the plotted run's)")
     parser.add_argument("--demand-grace-s", type=float, default=5.0)
     parser.add_argument("--downscale-delay-s", type=float, default=10.0)
+    parser.add_argument("--idle", choices=("stop", "sleep"), default="stop",
+                        help="sleep: compare idle replicas removed (stop) with idle replicas asleep (sleep) instead "
+                             "of the default table")
+    parser.add_argument("--wake-s", type=float, default=10.0, help="idle sleep: seconds a sleeping replica takes to "
+                                                                   "serve again (an assumption, see the docstring)")
+    parser.add_argument("--sleeping-cost", type=float, default=0.1,
+                        help="idle sleep: a sleeping replica's cost relative to an awake one")
+    parser.add_argument("--sleep-after-s", type=float, default=30.0,
+                        help="idle sleep: seconds without work before a replica's engine sleeps")
     args = parser.parse_args(argv)
     settings = ScalingSettings(min_replicas=1, max_replicas=args.gpus, target_backlog_s=10.0, upscale_delay_s=0.0,
                                downscale_delay_s=args.downscale_delay_s, cold_start_s=args.cold_start_s,
                                default_seconds_per_group=args.seconds_per_group, demand_grace_s=args.demand_grace_s,
-                               demand_headroom=args.demand_headroom)
+                               demand_headroom=args.demand_headroom, wake_s=args.wake_s,
+                               sleeping_cost=args.sleeping_cost, sleep_after_s=args.sleep_after_s)
+    if args.idle == "sleep":
+        return compare_idle(args, settings)
     rows, plotted = [], None
     for headroom in sorted({1.25, args.demand_headroom, 2.0}):
         for count in range(1, 5):
@@ -239,6 +327,50 @@ def main(argv: list[str] | None = None) -> int:
     if plotted:
         plot(plotted, results_dir() / "autoscaling_sim.png")
     print(f"wrote {results_dir() / 'autoscaling_sim.json'}")
+    return 0
+
+
+def make_runs(count: int, args: argparse.Namespace) -> list[Run]:
+    """``count`` runs, each starting at a random point of a step's period (seeded by ``count``)."""
+    rng = random.Random(count)
+    period = args.generation_s + args.training_s
+    return [Run(f"run-{k}", offset_s=rng.uniform(0, period), steps=args.steps, groups=args.groups,
+                group_size=args.group_size, generation_s=args.generation_s, training_s=args.training_s).build(rng)
+            for k in range(count)]
+
+
+def compare_idle(args: argparse.Namespace, settings: ScalingSettings) -> int:
+    """The second table (``--idle sleep``): for 1-4 runs, the fixed pools sized for each run's peak,
+    the elastic pool removing idle replicas (stop), and the elastic pool keeping them asleep (sleep)
+    with engines that sleep after 10, 30 and 60 s (and ``--sleep-after-s``) without work: sooner
+    saves more and makes more groups wait for a wake-up. Cost: awake replica-seconds (starting ones
+    included) + sleeping_cost x asleep ones."""
+    variants: list[tuple[str, ScalingSettings | None]] = [("fixed", None), ("stop", settings)]
+    variants += [(f"sleep after {after:g} s", dataclasses.replace(settings, idle="sleep", sleep_after_s=after))
+                 for after in sorted({10.0, 30.0, 60.0, args.sleep_after_s})]
+    rows = []
+    for count in range(1, 5):
+        runs = make_runs(count, args)
+        fixed = peak_sized(runs, args)
+        base: dict[str, float] = {}
+        for name, variant in variants:
+            result = fixed if variant is None else simulate(
+                runs, lambda run: ("shared", 1), args.seconds_per_group, args.cold_start_s, variant)
+            asleep = result.get("asleep_replica_seconds", 0.0)
+            cost = result["replica_seconds"] - asleep + args.sleeping_cost * asleep
+            base.setdefault(name.split(" ")[0], cost)
+            rows.append({"runs": count, "pool": name, "replica_seconds": result["replica_seconds"],
+                         "awake_replica_seconds": result["replica_seconds"] - asleep, "cost": cost,
+                         "cost_fixed_vs_this": base["fixed"] / cost,
+                         "cost_stop_vs_this": base["stop"] / cost if "stop" in base else None,
+                         "exposed_s_mean": result["exposed_s_mean"], "exposed_s_max": result["exposed_s_max"],
+                         "exposed_vs_fixed": result["exposed_s_mean"] / fixed["exposed_s_mean"]})
+    print_table(rows, list(rows[0]))
+    print(f"SIMULATED; break-even horizon {break_even_s(settings):.0f} s: an idle replica is kept asleep when the "
+          "next announced need comes within it")
+    write_json("autoscaling_sim_sleep", {"simulated": True, "inputs": dict(vars(args)), "rows": rows},
+               {"machine": machine()})
+    print(f"wrote {results_dir() / 'autoscaling_sim_sleep.json'}")
     return 0
 
 
