@@ -281,3 +281,24 @@ def test_the_simulated_shared_pool_costs_less_than_a_pool_per_run_at_the_same_ex
         run.announcements = [(at, dataclasses.replace(demand, profile=())) for at, demand in run.announcements]
     evenly = simulate(runs, lambda run: ("shared", 1), 1.5, 90.0, settings)
     assert evenly["exposed_s_mean"] > 1.5 * fixed["exposed_s_mean"]
+
+
+def test_the_simulated_pool_with_idle_sleep_keeps_replicas_asleep_between_steps_and_scores_every_group():
+    """bench/autoscaling_sim.py --idle sleep, small: one run; between its steps the pool keeps its
+    replicas asleep (the next step is within the break-even horizon) instead of removing them."""
+    import random
+
+    from bench.autoscaling_sim import Run, simulate
+
+    runs = [Run("run-0", offset_s=30.0, steps=3, groups=64, group_size=8, generation_s=120.0,
+                training_s=240.0).build(random.Random(1))]
+    settings = ScalingSettings(max_replicas=32, target_backlog_s=10.0, downscale_delay_s=10.0, cold_start_s=90.0,
+                               default_seconds_per_group=1.5, demand_grace_s=5.0, demand_headroom=1.5)
+    stopped = simulate(runs, lambda run: ("shared", 1), 1.5, 90.0, settings)
+    asleep = simulate(runs, lambda run: ("shared", 1), 1.5, 90.0,
+                      dataclasses.replace(settings, idle="sleep", wake_s=10.0, sleep_after_s=30.0))
+    assert stopped["asleep_replica_seconds"] == 0.0
+    assert asleep["asleep_replica_seconds"] > 0.25 * asleep["replica_seconds"]
+    awake = asleep["replica_seconds"] - asleep["asleep_replica_seconds"]
+    assert awake < stopped["replica_seconds"]  # no cold start between steps: fewer awake replica-seconds
+    assert asleep["exposed_s_max"] < 30.0  # every group scored, none stranded behind a sleeping engine
