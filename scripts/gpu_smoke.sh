@@ -7,6 +7,9 @@
 #      POST /v1/score over HTTP, then a clean stop (deployments/local_demo.py drives `serve run`);
 #   4. where two GPUs and vLLM are there, a TP = 2 vLLM replica (holding both GPUs, its ranks as
 #      processes) doing the same; elsewhere it says it was skipped, and why.
+#   5. where a GPU and vLLM are there, vLLM's sleep mode (replicas.autoscaling.idle: sleep): an engine
+#      built with it sleeps (GPU memory freed), wakes, generates as before and scores a GQM group
+#      (tests/engines/test_engine_sleep.py's CUDA test); elsewhere it says it was skipped, and why.
 #
 # The lent machine seen so far has Python 3.12, torch (CUDA) and transformers, but no network
 # and no ray, fastapi, pydantic, xgrammar or pytest-asyncio. So the wheels are staged here first:
@@ -26,7 +29,7 @@
 #
 # Results and logs go to $OUT when set (the device tool brings that folder back), else to
 # build/gpu-smoke/out: engine-tests.log, bench/engines.json (+ the printed table in bench.log),
-# serve.log, serve-tp2.log, nvidia-smi.txt. The exit status is non-zero if any step failed; every step runs.
+# serve.log, serve-tp2.log, sleep-mode.log, nvidia-smi.txt. The exit status is non-zero if any step failed; every step runs.
 # Without a GPU, `run` is a CPU rehearsal of the same steps (the replica asks for no GPU), using
 # .venv's Python when there is one (PYTHON overrides).
 set -uo pipefail
@@ -171,6 +174,19 @@ run() {
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv >> "$out/nvidia-smi.txt" 2>&1
   fi
   tensor_parallel_replica "$py" "$device" "$out"
+  sleep_mode "$py" "$device" "$out"
+}
+
+sleep_mode() {  # 5. vLLM's sleep mode, where a GPU and vLLM are there
+  local py=$1 device=$2 out=$3
+  if [ "$device" != cuda ] || ! "$py" -c "import vllm" 2>/dev/null; then
+    echo "[gpu-smoke] vLLM sleep mode: SKIPPED, it needs a CUDA GPU and vLLM (here: device $device);" \
+      "tests/test_engine_sleep.py and tests/engines/test_engine_sleep.py cover its logic on the CPU" \
+      | tee "$out/sleep-mode.log" >&2
+    return 0
+  fi
+  step "vLLM sleeps, wakes and scores a group" bash -c "'$py' -m pytest tests/engines/test_engine_sleep.py -q -s \
+    -p no:cacheprovider -k real_vllm -rs 2>&1 | tee '$out/sleep-mode.log'; exit \${PIPESTATUS[0]}"
 }
 
 tensor_parallel_replica() {  # 4. a TP = 2 vLLM replica, where two GPUs and vLLM are there
@@ -200,7 +216,7 @@ done
 case $command in
   stage) stage ;;
   run) run ;;
-  *) sed -n '2,32p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,34p' "$0" >&2; exit 2 ;;
 esac
 if [ ${#FAILED[@]} -gt 0 ]; then
   echo "[gpu-smoke] failed steps: ${FAILED[*]}" >&2

@@ -135,8 +135,12 @@ def _cuda_and_vllm() -> bool:
 @pytest.mark.slow
 @pytest.mark.skipif(not _cuda_and_vllm(), reason="vLLM's sleep mode needs CUDA (the CPU tests above cover the "
                                                  "wrapper's logic; scripts/gpu_smoke.sh runs this on a GPU)")
-async def test_a_real_vllm_engine_on_cuda_sleeps_frees_memory_wakes_and_generates_the_same(tiny_model_dir: Path):
+async def test_a_real_vllm_engine_on_cuda_sleeps_frees_memory_wakes_and_scores_a_group(tiny_model_dir: Path):
     import torch
+
+    from cluster.config import ScoringConfig
+    from cluster.schema import GroupRequest
+    from cluster.scorer import GroupScorer
 
     engine = VLLMEngine(EngineConfig(kind="vllm", model=str(tiny_model_dir), max_model_len=2048, seed=0,
                                      gpu_memory_utilization=0.3, sleep_mode=True,
@@ -155,6 +159,11 @@ async def test_a_real_vllm_engine_on_cuda_sleeps_frees_memory_wakes_and_generate
         woke_in = time.monotonic() - started
         [after] = await engine.generate([prompt], SAMPLING)
         assert after.text == before.text, "greedy output changed across sleep (weights not restored)"
-        print(f"vLLM sleep mode level 1: woke in {woke_in:.2f} s")
+        # A GQM group on the woken engine (verdict repair: the tiny model's weights are random).
+        scorer = GroupScorer(engine, ScoringConfig(verdict_repair=True, max_answer_tokens=64))
+        result = await scorer.score_group(GroupRequest(source="Der Hund schläft.", candidates=[
+            "The dog sleeps.", "The dog is sleeping.", "Dog sleep."], src_lang="de", trg_lang="en"))
+        assert result.valid and result.scores is not None and len(result.scores) == 3, (result.failure, result.error)
+        print(f"vLLM sleep mode level 1: woke in {woke_in:.2f} s; group scored {result.scores}")
     finally:
         await engine.stop()
