@@ -65,7 +65,8 @@ class AutoscalingSettings(_Strict):
                                                               "an awake one (its GPU is held, its memory free for "
                                                               "other work); sets the break-even horizon.")
     sleep_after_s: float = Field(30.0, ge=0, description="idle sleep: seconds an engine has had no group queued or "
-                                                         "running and no member assembling before it sleeps.")
+                                                         "running before it sleeps (members waiting for group-mates "
+                                                         "do not count).")
     target_ongoing_requests: float = Field(16.0, gt=0, description="serve_default: ongoing requests per replica that "
                                                                    "Serve's policy aims for.")
     upscale_delay_s: float = Field(10.0, ge=0, description="How long, in seconds, more replicas must be wanted before "
