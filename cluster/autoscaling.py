@@ -24,8 +24,10 @@ sleep themselves: ``cluster/engine_sleep.py``). Keeping it asleep costs ``sleepi
 awake replica per second; removing it and starting another later costs ``cold_start_s`` of a replica
 that holds its GPU without serving, where waking costs ``wake_s``. So the pool keeps, asleep, the
 replicas an announced need within the break-even horizon ``(cold_start_s - wake_s) /
-sleeping_cost`` will use, and removes the rest as before. The same function decides in the Serve policy (``deployments/autoscaling_policy.py``)
-and in the simulator (``bench/autoscaling_sim.py``).
+sleeping_cost`` will use, and removes the rest as before.
+
+The same function decides in the Serve policy (``deployments/autoscaling_policy.py``) and in the
+simulator (``bench/autoscaling_sim.py``).
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def wait_until_asleep(timeout_s: float = 30.0) -> dict:
         info = replica().info.remote().result(timeout_s=10)
         if info["engine_sleep"]["sleeping"]:
             return info
-        assert time.monotonic() < deadline, f"the idle engine did not sleep within {timeout_s} s: {info['engine_sleep']}"
+        assert time.monotonic() < deadline, f"the engine did not sleep within {timeout_s} s: {info['engine_sleep']}"
         time.sleep(0.25)
 
 
