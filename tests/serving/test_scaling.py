@@ -116,7 +116,12 @@ def test_groups_assembling_across_a_scale_up_and_a_scale_down_meet_at_once_and_a
 
     async def announce_a_burst(client: RewardClient) -> None:
         # Members that only wait are no load: with 72 waiting, the pool stays at one replica.
-        await asyncio.sleep(3)
+        await asyncio.sleep(2)
+        assert running_replicas() == 1
+        # Its groups all come in the phase's last tenth (its profile), 9 minutes away: no replica yet
+        # (evenly, 100 000 groups in 600 s would be max_replicas now).
+        assert await client.announce_demand(groups=100_000, lasts_s=600, profile=[0.0] * 9 + [1.0])
+        await asyncio.sleep(2)
         assert running_replicas() == 1
         # A trainer announces a step far above one replica's rate: the policy scales to max_replicas.
         assert await client.announce_demand(groups=100_000, lasts_s=600)

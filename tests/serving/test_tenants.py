@@ -294,16 +294,21 @@ def test_tenants_endpoint_and_metrics_count_each_tenant(url):
     assert sum(work["recent_share"] for work in shares.values()) == pytest.approx(1.0)
     assert shares["erin"]["recent_share"] == pytest.approx(shares["frank"]["recent_share"], rel=0.2)
 
-    # Prometheus: the groups and tokens of each tenant under its label (Ray exports every few seconds).
+    # Prometheus: the groups and tokens of each tenant under its label (Ray exports every few seconds,
+    # so an export may hold part of the count: wait for the whole of it).
     port = ray._private.worker.global_worker.node.metrics_export_port
     deadline = time.monotonic() + 60
+
+    def all_six(lines: list[str]) -> bool:
+        return any(line.startswith("ray_grrm_tenant_groups") and line.rstrip().endswith(" 6.0") for line in lines)
+
     while True:
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
         lines = [line for line in text.splitlines() if 'tenant="erin"' in line]
-        if any(line.startswith("ray_grrm_tenant_groups") for line in lines) or time.monotonic() > deadline:
+        if all_six(lines) or time.monotonic() > deadline:
             break
-        time.sleep(2)
-    assert any(line.startswith("ray_grrm_tenant_groups") and line.rstrip().endswith(" 6.0") for line in lines), lines
+        time.sleep(1)
+    assert all_six(lines), lines
     assert any(line.startswith("ray_grrm_tenant_prompt_tokens") for line in lines), lines
     assert any(line.startswith("ray_grrm_tenant_queue_wait_s_bucket") for line in lines), lines
     # The capped tenant's refusals (an earlier test) are its failures of kind "overloaded".
