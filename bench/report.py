@@ -194,7 +194,10 @@ def main() -> int:
             f"{workload['max_replicas']} replicas (the peak's). `serve_default`: Serve's policy on ongoing "
             "requests, target 64 as grrm.yaml had it (delays scaled to this run: up 2 s, down 4 s), which counts "
             "members waiting for group-mates as load. `engine_work`: the project's policy, the client announcing "
-            "its first step while it starts and each next step ahead (down delay 4 s). Ratios within this run.",
+            "its first step while it starts and each next step ahead, each with the profile of when in the phase "
+            "its groups complete (the step before's; before any, rollouts assumed even), the pool sized for the "
+            "busiest slice a cold start ahead (down delay 4 s). Replica-seconds count running replicas (a "
+            "starting one is not counted). Ratios within this run.",
         ))
     simulation = load("autoscaling_sim")
     if simulation:
@@ -217,6 +220,24 @@ def main() -> int:
             "pool grows for the busiest slice a cold start ahead, times `demand_headroom` (rows by headroom; "
             f"demand grace {inputs.get('demand_grace_s', 30.0)} s, down delay {inputs.get('downscale_delay_s', 60.0)} s). "
             "A fixed pool per run is the smallest within 5% of the exposure the cluster's share would give it.",
+        ))
+    sleeping = load("autoscaling_sim_sleep")
+    if sleeping:
+        inputs = sleeping["inputs"]
+        sections.append(section(
+            "4c. SIMULATED: idle replicas removed or kept asleep (vLLM sleep mode), at 64 GPUs",
+            ".venv/bin/python -m bench.autoscaling_sim --idle sleep",
+            table(sleeping["rows"], ["runs", "pool", "replica_seconds", "awake_replica_seconds", "cost",
+                                     "cost_fixed_vs_this", "cost_stop_vs_this", "exposed_s_mean", "exposed_vs_fixed"]),
+            "autoscaling_sim_sleep",
+            f"SIMULATED as 4b (demand_headroom {inputs['demand_headroom']}), the elastic pool's idle replicas either "
+            "removed (`stop`, 4b's pool) or kept asleep (`replicas.autoscaling.idle: sleep`): each replica's "
+            "engine sleeps after `sleep_after_s` without work and wakes for a group (which waits) or ahead of an "
+            "announced phase it holds (cluster/engine_sleep.py); the pool keeps asleep the replicas an announced "
+            "need within the break-even horizon (cold_start_s - wake_s) / sleeping_cost will use. Assumptions: "
+            f"wake_s {inputs['wake_s']} s (a 7B model's weights back from pinned CPU memory; not measured: the sleep "
+            f"mode needs CUDA), sleeping_cost {inputs['sleeping_cost']} (a sleeping replica holds its GPU but frees "
+            "its memory). `cost` = awake replica-seconds + sleeping_cost x asleep ones; `fixed` is 4b's pool per run.",
         ))
     cost = load("gqm_vs_sqm")
     if cost:
