@@ -32,6 +32,7 @@ simulator (``bench/autoscaling_sim.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ __all__ = [
     "ScalingDecision",
     "ScalingSettings",
     "break_even_s",
+    "cold_start_s",
     "decide_replicas",
     "replicas_for_demand",
 ]
@@ -59,6 +61,8 @@ class ReplicaLoad:
     members_waiting: float = 0.0  # members waiting for their group-mates: a forecast, never load
     seconds_per_group: float | None = None  # measured engine seconds per group (None: nothing scored yet)
     sleeping: bool = False  # its engine sleeps (idle="sleep"): it serves again after a wake-up, not a cold start
+    # Seconds this replica took from its construction to serving (its engine's load): a measured cold start.
+    cold_start_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,13 +165,25 @@ class ScalingDecision:
     sleeping: int = 0  # replicas that report a sleeping engine
 
 
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
 def seconds_per_group(loads: Iterable[ReplicaLoad], default: float) -> float:
     """The pool's engine seconds per group: the median of the replicas' measurements, or ``default``."""
-    measured = sorted(load.seconds_per_group for load in loads if load.seconds_per_group)
-    if not measured:
-        return default
-    middle = len(measured) // 2
-    return measured[middle] if len(measured) % 2 else (measured[middle - 1] + measured[middle]) / 2
+    measured = [load.seconds_per_group for load in loads if load.seconds_per_group]
+    return _median(measured) if measured else default
+
+
+def cold_start_s(loads: Iterable[ReplicaLoad], configured: float) -> float:
+    """How long a new replica takes to serve: the configured ``cold_start_s``, or the median the
+    replicas measured where that is longer. A replica measures only its own construction (mostly its
+    engine's load), not the scheduling before it (a node to add, an image to pull), so the configured
+    value is the floor and a measurement can only raise it."""
+    measured = [load.cold_start_s for load in loads if load.cold_start_s]
+    return max(configured, _median(measured)) if measured else configured
 
 
 def engine_work(load: ReplicaLoad, per_group_s: float) -> float:
@@ -225,6 +241,7 @@ def decide_replicas(
     before it drops replicas, and rebuilds the rest from the replicas' reports).
     """
     state = dict(state or {})
+    settings = dataclasses.replace(settings, cold_start_s=cold_start_s(loads, settings.cold_start_s))
     per_group_s = seconds_per_group(loads, settings.default_seconds_per_group)
     engine_work_s = sum(engine_work(load, per_group_s) for load in loads) + queued_at_callers * per_group_s
     for_work = math.ceil(engine_work_s / settings.target_backlog_s - 1e-9)

@@ -88,10 +88,13 @@ class GRRMReplica:
     """Scores whole groups and assembles member-by-member groups on one engine."""
 
     async def __init__(self, config: AppConfig, ledger: DeploymentHandle | None = None):
+        constructed = time.monotonic()
         self.config = config
         self.name = _replica_name()
         try:
             await self._build(config, ledger)
+            # This replica's cold start (mostly its engine's load), for the autoscaling policy's lead time.
+            self.cold_start_s = time.monotonic() - constructed
         except BaseException as error:
             # Serve retries a failed constructor in a new actor: nothing started here may linger.
             logger.error("replica %s: construction failed (%s: %s); releasing what it started",
@@ -355,6 +358,7 @@ class GRRMReplica:
                        if max(demand.ends_at + grace_s, demand.announced_at + WITHDRAWAL_KEPT_S) < now]:
             del self.demands[tenant]  # over (a client that announced and never came), or long withdrawn
         load = self.engine_work.load(time.monotonic(), self.assembler.members_waiting())
+        load = dataclasses.replace(load, cold_start_s=getattr(self, "cold_start_s", None))
         if self.sleeper is not None:
             load = dataclasses.replace(load, sleeping=self.sleeper.sleeping)
         return autoscaling_stats(load, list(self.demands.values()))
@@ -497,6 +501,7 @@ class GRRMReplica:
             "prompt_type": self.config.scoring.prompt_type,
             **self.config.engine.parallelism(),
             "groups_scored": self._groups_scored,
+            "cold_start_s": getattr(self, "cold_start_s", None),  # construction to serving, as the policy reads it
             # Resident memory of this replica process now, and its peak so far (Linux: KiB).
             "rss_bytes": _current_rss_bytes(),
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

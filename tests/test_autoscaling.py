@@ -13,6 +13,7 @@ from cluster.autoscaling import (
     ReplicaLoad,
     ScalingSettings,
     break_even_s,
+    cold_start_s,
     decide_replicas,
     engine_work,
     replicas_for_demand,
@@ -110,6 +111,18 @@ def test_a_profiled_phase_adds_replicas_a_cold_start_before_its_crowd_not_before
     # The same phase announced evenly: 1 replica from a cold start before its start to its end.
     even = Demand("run-a", 100, starts_at=100.0, ends_at=200.0)
     assert [replicas_for_demand([even], t, 1.0, settings) for t in (80.0, 170.0)] == [1, 1]
+
+
+def test_a_measured_cold_start_longer_than_configured_brings_announced_replicas_earlier():
+    settings = ScalingSettings(max_replicas=8, cold_start_s=20.0, demand_headroom=1.0, upscale_delay_s=0.0)
+    step = Demand("run-a", 120, starts_at=100.0, ends_at=160.0)  # 4 replicas at 2 s a group
+    quick = [ReplicaLoad(seconds_per_group=2.0, cold_start_s=5.0)]  # faster than configured: the floor holds
+    slow = [ReplicaLoad(seconds_per_group=2.0, cold_start_s=50.0), ReplicaLoad(seconds_per_group=2.0, cold_start_s=40.0)]
+    assert cold_start_s(quick, 20.0) == 20.0 and cold_start_s(slow, 20.0) == 45.0 and cold_start_s([], 20.0) == 20.0
+    assert decide(70.0, 1, quick, [step], settings=settings).replicas == 1  # 30 s ahead: later than 20 s
+    assert decide(70.0, 2, slow, [step], settings=settings).replicas == 4  # engines that load in 45 s start now
+    report = autoscaling_stats(slow[0], [])
+    assert loads_of({"a": report}) == [slow[0]]
 
 
 def test_the_next_announced_step_keeps_its_replicas_through_a_training_phase():

@@ -142,3 +142,5 @@ def test_groups_assembling_across_a_scale_up_and_a_scale_down_meet_at_once_and_a
     # The one replica left (the router sends an untargeted call to a running replica only).
     survivor = serve.get_deployment_handle("GRRMReplica", app_name=APP).info.remote().result(timeout_s=30)
     assert survivor["assembler"]["assembly_timeouts"] == 0
+    # Each replica measured its own cold start (what the policy takes where longer than configured).
+    assert 0 < survivor["cold_start_s"] < 60, survivor["cold_start_s"]
