@@ -7,7 +7,8 @@ member of its prompt's group), then a quiet training phase. Three pools, one aft
 
 1. ``fixed``: a pool sized for the peak (max_replicas, always on);
 2. ``serve_default``: Serve's policy on ongoing requests, as grrm.yaml configured it before (target
-   64 ongoing requests a replica; delays scaled to this run's time);
+   64 ongoing requests a replica; delays scaled to this run's time), and ``serve_default_16`` with
+   target 16 (AutoscalingSettings' default), which scales sooner and so exposes less;
 3. ``engine_work``: the project's policy (cluster/autoscaling.py); the client announces its first
    step while the trainer starts, each step as its generation phase starts, and the next one ahead
    of it (a trainer knows when its next generation phase begins), each with the profile of when in
@@ -35,7 +36,7 @@ from cluster.demand_forecast import PhaseForecaster, group_completion_profile
 from cluster.engines import EngineConfig, ScriptedEngineOptions
 from cluster.schema import MemberRequest
 
-POLICIES = ("fixed", "serve_default", "engine_work")
+POLICIES = ("fixed", "serve_default", "serve_default_16", "engine_work")
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,9 @@ def app_config(policy: str, load: Workload):
     common = dict(min_replicas=1, max_replicas=load.max_replicas, metrics_interval_s=0.5, look_back_period_s=2.0)
     if policy == "fixed":
         replicas["num_replicas"] = load.max_replicas
-    elif policy == "serve_default":
-        replicas["autoscaling"] = AutoscalingSettings(policy="serve_default", target_ongoing_requests=64,
+    elif policy.startswith("serve_default"):
+        target = 16 if policy == "serve_default_16" else 64
+        replicas["autoscaling"] = AutoscalingSettings(policy="serve_default", target_ongoing_requests=target,
                                                       upscale_delay_s=2.0, downscale_delay_s=4.0, **common)
     else:
         replicas["autoscaling"] = AutoscalingSettings(
