@@ -501,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
 
     app = "chaos"
     port = free_port()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
         # A 10 s assembly timeout (local.yaml: 60 s) so the dangling members time out within the run.

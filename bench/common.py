@@ -46,7 +46,8 @@ def local_serve(num_cpus: int = 4) -> Iterator[str]:
                 serve.delete(name)
         return
     port = free_port()
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # A cluster of its own, not whatever Ray runs on the machine (ray.init without an address joins it).
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         yield f"http://127.0.0.1:{port}"

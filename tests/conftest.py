@@ -44,7 +44,10 @@ class SessionCluster:
 
         serve_client.CLIENT_POLLING_INTERVAL_S = SERVE_CLIENT_POLL_S
         port = free_port()
-        ray.init(num_cpus=SESSION_CPUS, include_dashboard=False, configure_logging=False, log_to_driver=False)
+        # A cluster of its own: without an address, ray.init joins any Ray running on the machine (or the
+        # head /tmp/ray/ray_current_cluster names, dead or alive).
+        ray.init(address="local", num_cpus=SESSION_CPUS, include_dashboard=False, configure_logging=False,
+                 log_to_driver=False)
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         self.url = f"http://127.0.0.1:{port}"
         return self.url
