@@ -84,14 +84,18 @@ class Demand:
     announced_at: float = 0.0
     profile: tuple[float, ...] = ()
 
+    def span_s(self) -> float:
+        """How long the phase lasts, at least one second (its rate and slices are over this)."""
+        return max(1.0, self.ends_at - self.starts_at)
+
     def rate(self) -> float:
-        """Groups per second while the phase lasts (at least one second long), on average."""
-        return self.groups / max(1.0, self.ends_at - self.starts_at)
+        """Groups per second while the phase lasts, on average."""
+        return self.groups / self.span_s()
 
     def groups_between(self, start: float, end: float) -> float:
         """How many of its groups are expected to arrive between ``start`` and ``end``: the profile's
         shares of the slices that overlap, pro rata (evenly without a profile)."""
-        length = max(1.0, self.ends_at - self.starts_at)
+        length = self.span_s()
         low, high = max(start, self.starts_at), min(end, self.starts_at + length)
         if high <= low:
             return 0.0
@@ -115,7 +119,7 @@ class Demand:
         if not self.profile:
             return self.rate()
         total = sum(self.profile)
-        slice_s = max(1.0, self.ends_at - self.starts_at) / len(self.profile)
+        slice_s = self.span_s() / len(self.profile)
         first = int(max(0.0, start - self.starts_at) // slice_s)
         last = int(max(0.0, min(end, self.ends_at) - self.starts_at) // slice_s)  # end may be far (inf)
         shares = self.profile[min(first, len(self.profile) - 1): min(last, len(self.profile) - 1) + 1]

@@ -106,4 +106,6 @@ class PhaseForecaster:
             return tuple(statistics.fmean(shares) for shares in zip(*self._profiles))
         if self.group_size < 2:
             return ()
-        return group_completion_profile([(k + 0.5) / 100 for k in range(100)], 1.0, self.group_size)
+        # Rollouts come evenly (a share x by x): a group of n is complete by x with x ** n.
+        complete = [(edge / PROFILE_SLICES) ** self.group_size for edge in range(PROFILE_SLICES + 1)]
+        return tuple(later - earlier for earlier, later in zip(complete, complete[1:]))

@@ -21,8 +21,10 @@ __all__ = ["EngineWorkPolicy", "POLICY_PATH", "autoscaling_stats", "demands_of",
 logger = logging.getLogger("ray.serve")
 POLICY_PATH = "deployments.autoscaling_policy:EngineWorkPolicy"
 # Report keys: a replica's load, and each announced demand as three keys under its tenant.
-LOAD_KEYS = ("groups_waiting", "groups_running", "queued_work_s", "members_waiting", "sleeping", "seconds_per_group",
-             "cold_start_s")
+# Counts (0 when unreported), a flag, and measurements a replica may not have yet (None when unreported).
+COUNT_KEYS = ("groups_waiting", "groups_running", "queued_work_s", "members_waiting")
+MEASURED_KEYS = ("seconds_per_group", "cold_start_s")
+LOAD_KEYS = (*COUNT_KEYS, "sleeping", *MEASURED_KEYS)
 DEMAND_PREFIX = "demand/"
 
 
@@ -52,8 +54,8 @@ def _latest(raw_metrics: dict[str, dict[Any, list[Any]]]) -> dict[Any, dict[str,
 def loads_of(reports: dict[Any, dict[str, float]]) -> list[ReplicaLoad]:
     """Each reporting replica's load."""
     return [
-        ReplicaLoad(**{key: report.get(key, 0.0) for key in LOAD_KEYS[:-3]}, sleeping=bool(report.get("sleeping")),
-                    seconds_per_group=report.get("seconds_per_group"), cold_start_s=report.get("cold_start_s"))
+        ReplicaLoad(**{key: report.get(key, 0.0) for key in COUNT_KEYS}, sleeping=bool(report.get("sleeping")),
+                    **{key: report.get(key) for key in MEASURED_KEYS})
         for report in reports.values()
     ]
 

@@ -91,6 +91,7 @@ class GRRMReplica:
         constructed = time.monotonic()
         self.config = config
         self.name = _replica_name()
+        self.cold_start_s: float | None = None  # set once serving
         try:
             await self._build(config, ledger)
             # This replica's cold start (mostly its engine's load), for the autoscaling policy's lead time.
@@ -358,9 +359,8 @@ class GRRMReplica:
                        if max(demand.ends_at + grace_s, demand.announced_at + WITHDRAWAL_KEPT_S) < now]:
             del self.demands[tenant]  # over (a client that announced and never came), or long withdrawn
         load = self.engine_work.load(time.monotonic(), self.assembler.members_waiting())
-        load = dataclasses.replace(load, cold_start_s=getattr(self, "cold_start_s", None))
-        if self.sleeper is not None:
-            load = dataclasses.replace(load, sleeping=self.sleeper.sleeping)
+        load = dataclasses.replace(load, cold_start_s=self.cold_start_s,
+                                   sleeping=self.sleeper is not None and self.sleeper.sleeping)
         return autoscaling_stats(load, list(self.demands.values()))
 
     def announce_demand(self, announcement: DemandAnnouncement, attempt: int = 0,
@@ -501,7 +501,7 @@ class GRRMReplica:
             "prompt_type": self.config.scoring.prompt_type,
             **self.config.engine.parallelism(),
             "groups_scored": self._groups_scored,
-            "cold_start_s": getattr(self, "cold_start_s", None),  # construction to serving, as the policy reads it
+            "cold_start_s": self.cold_start_s,  # construction to serving, as the policy reads it
             # Resident memory of this replica process now, and its peak so far (Linux: KiB).
             "rss_bytes": _current_rss_bytes(),
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
