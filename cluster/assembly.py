@@ -20,7 +20,7 @@ import asyncio
 import dataclasses
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Container
 from dataclasses import dataclass, field
 
 from cluster import gqm
@@ -178,7 +178,7 @@ class GroupAssembler:
                 "ledger_errors",  # ledger calls that failed or timed out (scoring goes on without)
                 "ledger_late_writes",  # writes that outlasted ledger_timeout_s: answered first, written after
                 "groups_abandoned",  # the engine died while scoring them: no verdict, not answered
-                "groups_handed_off",  # still collecting when another replica became their owner
+                "groups_handed_off",  # not yet at the engine when another replica became their owner
             ),
             0,
         )
@@ -229,22 +229,34 @@ class GroupAssembler:
             assembly.route_key = route_key
         return await self._wait(assembly, member, received_at)
 
-    def hand_off(self, new_owner: Callable[[str], str | None]) -> int:
-        """Release every group still collecting members that ``new_owner`` (route key -> the replica that
-        owns it now, None: this one) places elsewhere: its waiting members are answered ``moved`` at
-        once, to be sent to the new owner, instead of waiting out the assembly timeout for group-mates
-        that now go there. Groups being scored stay. Returns how many groups were released."""
+    def hand_off(self, new_owner: Callable[[str], str | None], queued: Container[str] = ()) -> int:
+        """Release every group that ``new_owner`` (route key -> the replica that owns it now, None: this
+        one) places elsewhere and that no engine has begun: its waiting members are answered ``moved``
+        at once, to be sent to the new owner. A group still collecting members would otherwise wait out
+        the assembly timeout for group-mates that now go there; a complete group in ``queued`` (waiting
+        for this replica's engine, which has not seen it) would wait for this engine while a new
+        replica's is free. Groups at the engine stay. Returns how many groups were released."""
         released = 0
-        for assembly in list(self._assembling.values()):
+        for assembly in [*self._assembling.values(), *self._scoring.values()]:
             owner = new_owner(assembly.route_key) if assembly.route_key is not None else None
             if owner is None:
                 continue
-            self._drop_assembling(assembly)
+            if assembly.scoring is None:
+                self._drop_assembling(assembly)
+                held = f"{len(assembly.candidates)} of {assembly.first.group_size} were here"
+            elif assembly.group_id in queued:
+                # Cancelled while it waits for an engine slot: no engine call was made, none will be.
+                assembly.scoring.cancel()
+                del self._scoring[assembly.group_id]
+                self._counters["groups_scored"] -= 1  # counted as its scoring began; its new owner scores it
+                held = "complete here, waiting for the engine"
+            else:
+                continue
             self._counters["groups_handed_off"] += 1
             released += 1
             self._resolve(assembly, self._verdict(
                 "moved", f"group {assembly.group_id}: the replica set changed and replica {owner} now collects its "
-                         f"members ({len(assembly.candidates)} of {assembly.first.group_size} were here)"))
+                         f"members ({held})"))
         return released
 
     def holds(self, group_id: str) -> bool:

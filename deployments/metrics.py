@@ -40,8 +40,9 @@ class ReplicaMetrics:
         self.retries = Counter("grrm_retries", "Extra generation attempts after an unparseable answer.")
         self.verdict_repairs = Counter("grrm_verdict_repairs", "Verdicts obtained by constrained repair.")
         self.assembly_timeouts = Counter("grrm_assembly_timeouts", "Members answered with an assembly timeout.")
-        self.groups_handed_off = Counter("grrm_groups_handed_off", "Groups still assembling handed to their new "
-                                                                  "owner when the replica set changed.")
+        self.groups_handed_off = Counter("grrm_groups_handed_off", "Groups not yet at the engine (assembling, or "
+                                                                  "queued complete) handed to their new owner when "
+                                                                  "the replica set changed.")
         self.prompt_tokens = Counter("grrm_prompt_tokens", "Prompt tokens sent to the engine.")
         self.completion_tokens = Counter("grrm_completion_tokens", "Completion tokens generated.")
         self.all_equal_groups = Counter(

@@ -115,7 +115,7 @@ class GRRMReplica:
         self.scorer = GroupScorer(self.engine, config.scoring, replica=self.name)
         self.metrics = ReplicaMetrics(max_tenant_labels=config.tenants.max_metric_labels)
         self.assembler = GroupAssembler(
-            self._score,
+            self._score_assembled,
             assembly_timeout_s=config.assembly_timeout_s,
             completed_ttl_s=config.completed_ttl_s,
             max_pending_groups=config.replicas.max_assembling_groups,
@@ -136,6 +136,7 @@ class GRRMReplica:
                                                     reserved_slots=min(tenants.reserved_slots, slots - 1),
                                                     window_s=tenants.window_s)
         self._in_flight: dict[str, set[str]] = {}  # tenant -> its groups (scoped ids) on this replica
+        self._queued_for_engine: set[str] = set()  # assembled groups (scoped ids) waiting at the gate
         # What the engine has to do, for the autoscaling policy; members that only wait are not in it.
         self.engine_work = EngineWorkMeter()
         self.demands: dict[str, Demand] = {}  # tenant -> the work it announced (autoscaling forecast)
@@ -253,7 +254,11 @@ class GRRMReplica:
             if not groups:
                 del self._in_flight[tenant]
 
-    async def _score(self, group: GroupRequest) -> GroupResult:
+    async def _score_assembled(self, group: GroupRequest) -> GroupResult:
+        """A group the assembler completed: until the engine takes it, it may move to a new owner."""
+        return await self._score(group, movable=True)
+
+    async def _score(self, group: GroupRequest, movable: bool = False) -> GroupResult:
         if self._engine_lost is not None:
             raise EngineDeadError(f"replica {self.name} lost its engine")
         # What its prompt will cost, roughly (4 characters a token), charged when it goes to the engine.
@@ -262,9 +267,13 @@ class GRRMReplica:
         meter.queued(estimate)
         at_engine = False
         used: float | None = None
+        if movable:  # until its turn comes, it may move to a new owner (assembler.hand_off)
+            self._queued_for_engine.add(group.group_id)
 
         async def at_the_engine() -> GroupResult:
             nonlocal at_engine
+            if movable:
+                self._queued_for_engine.discard(group.group_id)
             # A sleeping engine wakes first (the group waits for it), and sleeps not while it generates.
             async with self.sleeper.awake() if self.sleeper is not None else contextlib.nullcontext():
                 at_engine = True
@@ -282,6 +291,8 @@ class GRRMReplica:
             self._lose_engine(error)
             raise
         finally:
+            if movable:
+                self._queued_for_engine.discard(group.group_id)
             if at_engine:
                 meter.finished(time.monotonic(), estimate, used)
             else:
@@ -390,8 +401,9 @@ class GRRMReplica:
         return ReplicaSetWatch(context.replica_id.deployment_id, self._on_replica_set, self.name)
 
     def _on_replica_set(self, replicas: list[str]) -> None:
-        """The running replicas changed: hand every group still collecting members here that the new
-        ring places elsewhere to its new owner (its members here are answered ``moved`` and sent on)."""
+        """The running replicas changed: hand every group that the new ring places elsewhere and that
+        this engine has not begun (collecting members, or complete and waiting for the engine) to its
+        new owner (its members here are answered ``moved`` and sent on)."""
         # A replica being stopped is no longer on the ring: every group it collects goes elsewhere. One
         # not yet on it is starting: until the broadcast that lists it, it knows no ring to go by.
         if self.name not in replicas and self._ring is None:
@@ -399,14 +411,14 @@ class GRRMReplica:
         self._ring = HashRing(replicas, virtual_nodes=self.config.routing.virtual_nodes)
         self._gone &= set(replicas)  # a dead replica the controller still lists stays passed over
         self._probes.clear()
-        released = self.assembler.hand_off(self._owner_elsewhere)
+        released = self.assembler.hand_off(self._owner_elsewhere, self._queued_for_engine)
         for tenant in list(self.demands):
             owner = self._owner_elsewhere(demand_route_key(tenant))
             if owner is not None:  # handed on like a group: one replica reports a tenant's demand
                 self._in_background(self._peers().ask_replica("keep_demand", owner, self.demands.pop(tenant)))
         if released:
             self.metrics.groups_handed_off.inc(released)
-            logger.info("replica %s: replica set now %s; %d assembling groups handed to their new owners",
+            logger.info("replica %s: replica set now %s; %d groups not yet at the engine handed to their new owners",
                         self.name, replicas, released)
 
     def _owner_elsewhere(self, route_key: str) -> str | None:

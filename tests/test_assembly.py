@@ -9,6 +9,7 @@ import pytest
 
 from cluster.assembly import GroupAssembler
 from cluster.engines.base import EngineDeadError
+from cluster.fair_share import FairGate
 from cluster.schema import GroupRequest, GroupResult, MemberRequest
 
 
@@ -713,3 +714,47 @@ async def test_a_group_handed_off_answers_its_waiting_members_moved_at_once_and_
     rest = await asyncio.gather(*(assembler.submit(member("open#1", index)) for index in (1, 2, 3)))
     assert all(result.valid for result in [*rest, await unkeyed])
     assert [call.group_id for call in scorer.calls] == ["scoring", "open#1"]
+
+
+async def test_a_complete_group_still_waiting_for_the_engine_is_handed_off_and_the_one_at_the_engine_stays():
+    # The replica's path: complete groups wait at a one-slot gate; the queued ones are those not yet let through.
+    scorer = FakeScorer()
+    scorer.release = asyncio.Event()
+    gate: FairGate[GroupResult] = FairGate(1)
+    queued: set[str] = set()
+
+    async def score_at_gate(group: GroupRequest) -> GroupResult:
+        queued.add(group.group_id)
+
+        async def at_the_engine() -> GroupResult:
+            queued.discard(group.group_id)
+            return await scorer(group)
+
+        try:
+            return (await gate.run(group.tenant, 1.0, at_the_engine, lambda result: 1.0))[0]
+        finally:
+            queued.discard(group.group_id)
+
+    assembler = GroupAssembler(score_at_gate, assembly_timeout_s=300.0, replica="old-owner")
+    at_engine = [asyncio.create_task(assembler.submit(member("first", index, group_size=2), "first"))
+                 for index in (0, 1)]
+    await settle()
+    waiting = [asyncio.create_task(assembler.submit(member("second", index, group_size=2), "second"))
+               for index in (0, 1)]
+    await settle()
+    assert assembler.scoring_groups() == 2 and queued == {"second"}
+
+    assert assembler.hand_off(lambda key: "new-owner", queued) == 1
+    for result in await asyncio.gather(*waiting):
+        assert result.failure == "moved" and not result.valid
+        assert "replica new-owner now collects its members (complete here, waiting for the engine)" in result.error
+    await settle()
+    assert not assembler.holds("second") and queued == set()
+    scorer.release.set()
+    assert all(result.valid for result in await asyncio.gather(*at_engine))
+    # Its slot went back to the gate: the group, sent again (as its new owner gets it), is scored at once.
+    again = await asyncio.gather(*(assembler.submit(member("second", index, group_size=2)) for index in (0, 1)))
+    assert all(result.valid for result in again)
+    assert [call.group_id for call in scorer.calls] == ["first", "second"]  # the engine saw each group once
+    stats = assembler.stats()
+    assert (stats["groups_scored"], stats["groups_handed_off"]) == (2, 1)

@@ -3,7 +3,8 @@
 Real Ray Serve with the project's autoscaling policy (replicas.autoscaling, policy engine_work), real
 HTTP through the client every caller uses (RewardClient), scripted engine. Groups assemble member by
 member while the replica set goes 1 -> 4 -> 1: the members of groups whose owner changed meet on
-the new owner within seconds, far inside the assembly timeout, and every group is scored once.
+the new owner within seconds, far inside the assembly timeout, and every group is scored once. And
+complete groups queued for one replica's engine when the pool grows move to the new replicas' engines.
 """
 
 from __future__ import annotations
@@ -31,31 +32,35 @@ ASSEMBLY_TIMEOUT_S = 120.0
 LAST_REWARD_WITHIN_S = 5.0
 
 
-@pytest.fixture(scope="module")
-def url(serve_instance):
-    config = AppConfig(
-        engine=EngineConfig(kind="scripted", scripted=ScriptedEngineOptions(per_prompt_s=0.02)),
+def app_config(engine: ScriptedEngineOptions, **autoscaling) -> AppConfig:
+    return AppConfig(
+        engine=EngineConfig(kind="scripted", scripted=engine),
         replicas=ReplicaSettings(
             num_cpus=0.1, gpus_per_rank=0,
-            autoscaling=AutoscalingSettings(min_replicas=1, max_replicas=4, upscale_delay_s=0, downscale_delay_s=1,
-                                            metrics_interval_s=0.5, look_back_period_s=2, cold_start_s=0,
-                                            default_seconds_per_group=1.0, demand_headroom=1.0, demand_grace_s=0)),
+            autoscaling=AutoscalingSettings(min_replicas=1, max_replicas=4, upscale_delay_s=0, metrics_interval_s=0.5,
+                                            look_back_period_s=2, cold_start_s=0, demand_headroom=1.0,
+                                            demand_grace_s=0, **autoscaling)),
         assembly_timeout_s=ASSEMBLY_TIMEOUT_S,
     )
+
+
+@pytest.fixture(scope="module")
+def url(serve_instance):
+    config = app_config(ScriptedEngineOptions(per_prompt_s=0.02), downscale_delay_s=1, default_seconds_per_group=1.0)
     serve.run(build_app(config), name=APP, route_prefix=f"/{APP}")
     yield f"{serve_instance}/{APP}"
     serve.delete(APP)
 
 
-def running_replicas() -> int:
-    deployment = serve.status().applications[APP].deployments["GRRMReplica"]
+def running_replicas(app: str = APP) -> int:
+    deployment = serve.status().applications[app].deployments["GRRMReplica"]
     return sum(count for state, count in deployment.replica_states.items() if str(state).endswith("RUNNING"))
 
 
-def assemblers() -> list[dict]:
+def assemblers(app: str = APP) -> list[dict]:
     """Every running replica's assembler counters (one being stopped is not routed to: it is skipped)."""
-    handle = serve.get_deployment_handle("GRRMReplica", app_name=APP)
-    calls = [handle.info.remote(target_replica=name) for name in replica_actor_names(APP)]
+    handle = serve.get_deployment_handle("GRRMReplica", app_name=app)
+    calls = [handle.info.remote(target_replica=name) for name in replica_actor_names(app)]
     answers = []
     for call in calls:
         try:
@@ -99,15 +104,16 @@ async def assemble_across(url: str, tag: str, change, replicas_after: int) -> tu
         await client.aclose()
 
 
-def check_scored_once(answers: list, tag: str) -> None:
+def check_scored_once(answers: list, tag: str, groups: int = GROUPS) -> dict[str, set]:
     assert all(call.result is not None and call.result.valid for call in answers), [
         (call.failure, call.error) for call in answers if call.result is None or not call.result.valid][:3]
     by_group: dict[str, set] = {}
     for call in answers:
         by_group.setdefault(call.result.group_id, set()).add((call.result.replica, tuple(call.result.group_scores)))
-    assert sorted(by_group) == sorted(f"{tag}{group}" for group in range(GROUPS))
+    assert sorted(by_group) == sorted(f"{tag}{group}" for group in range(groups))
     # One verdict per group: every member was scored in the same group prompt on the same replica.
     assert all(len(verdicts) == 1 for verdicts in by_group.values()), by_group
+    return by_group
 
 
 def test_groups_assembling_across_a_scale_up_and_a_scale_down_meet_at_once_and_are_scored_once(url):
@@ -144,3 +150,47 @@ def test_groups_assembling_across_a_scale_up_and_a_scale_down_meet_at_once_and_a
     assert survivor["assembler"]["assembly_timeouts"] == 0
     # Each replica measured its own cold start (what the policy takes where longer than configured).
     assert 0 < survivor["cold_start_s"] < 60, survivor["cold_start_s"]
+
+
+QUEUED_APP, QUEUED_GROUPS = "scaling_queued", 40
+
+
+def test_complete_groups_queued_for_one_engine_move_to_the_replicas_the_pool_adds(serve_instance):
+    # One group at the engine at a time, 0.5 s each: 40 complete groups are 20 s of queue on one replica,
+    # which the policy answers with 4 replicas (target_backlog_s 4) within seconds. No announcement.
+    config = app_config(ScriptedEngineOptions(per_prompt_s=0.5, max_concurrent_prompts=1),
+                        downscale_delay_s=600, target_backlog_s=4, default_seconds_per_group=0.5)
+    serve.run(build_app(config), name=QUEUED_APP, route_prefix=f"/{QUEUED_APP}")
+    try:
+        assert running_replicas(QUEUED_APP) == 1
+        [first_replica] = replica_actor_names(QUEUED_APP)
+
+        async def score_all() -> list:
+            client = RewardClient(ClientConfig(transport="http", http_url=f"{serve_instance}/{QUEUED_APP}",
+                                               deadline_s=300))
+            try:
+                waiting = [asyncio.create_task(client.score_member(one)) for group in range(QUEUED_GROUPS)
+                           for one in members("q", group)[:-1]]
+                await asyncio.to_thread(
+                    wait_until, lambda: sum(a["pending_groups"] for a in assemblers(QUEUED_APP)) == QUEUED_GROUPS,
+                    f"{QUEUED_GROUPS} groups assembling")
+                # Every group completes on the one replica there is, and queues for its engine.
+                last = [asyncio.create_task(client.score_member(members("q", group)[-1]))
+                        for group in range(QUEUED_GROUPS)]
+                return await asyncio.gather(*waiting, *last)
+            finally:
+                await client.aclose()
+
+        answers = asyncio.run(score_all())
+        by_group = check_scored_once(answers, "q", QUEUED_GROUPS)
+        scored_on = {replica for verdicts in by_group.values() for replica, _ in verdicts}
+        # Groups complete on the first replica were scored by the engines of replicas added after.
+        assert scored_on - {first_replica}, (first_replica, scored_on)
+        assert running_replicas(QUEUED_APP) > 1
+        counters = assemblers(QUEUED_APP)
+        assert sum(a.get("groups_handed_off", 0) for a in counters) > 0
+        assert sum(a["assembly_timeouts"] for a in counters) == 0
+        # Each group reached an engine once: what was handed off was taken back from the queue, not scored twice.
+        assert sum(a["groups_scored"] for a in counters) == QUEUED_GROUPS
+    finally:
+        serve.delete(QUEUED_APP)
