@@ -46,8 +46,10 @@ sleeping_cost x asleep) and the exposure, and writes its own results file.
 from __future__ import annotations
 
 import argparse
+import bisect
 import dataclasses
 import heapq
+import math
 import random
 import statistics
 from dataclasses import dataclass, field
@@ -58,6 +60,40 @@ from cluster.demand_forecast import PhaseForecaster
 from cluster.engine_sleep import sleep_action
 
 TICK_S = 1.0
+
+
+@dataclass(frozen=True)
+class ServeDefault:
+    """A model of Ray Serve's default autoscaling policy (``replica_queue_length_autoscaling_policy``):
+    as many replicas as the ongoing requests averaged over ``look_back_s``, divided by ``target``,
+    applied once the wish has held for the up or down delay. Ongoing requests are every member
+    sent and not yet answered, those waiting for group-mates included (what Serve counts)."""
+
+    target: int = 64  # grrm.yaml before the project's policy
+    upscale_delay_s: float = 30.0
+    downscale_delay_s: float = 300.0
+    look_back_s: float = 30.0
+    max_replicas: int = 64
+
+    def decide(self, now: float, current: int, ongoing: float, state: dict) -> int:
+        history = state.setdefault("ongoing", [])
+        history.append((now, ongoing))
+        while history and history[0][0] <= now - self.look_back_s:
+            history.pop(0)
+        wished = max(1, min(self.max_replicas, math.ceil(statistics.mean(value for _, value in history) / self.target)))
+        since = state.get("since")
+        if wished == current or (since is not None and (wished > current) != (state["wished"] > current)):
+            state["since"] = None  # the wish changed direction: its delay starts again
+        if wished == current:
+            return current
+        if state.get("since") is None:
+            state["since"] = now
+        state["wished"] = wished
+        delay = self.upscale_delay_s if wished > current else self.downscale_delay_s
+        if now - state["since"] >= delay:
+            state["since"] = None
+            return wished
+        return current
 
 
 @dataclass
@@ -117,16 +153,17 @@ class Run:
 
 
 def simulate(runs: list[Run], replicas_of, seconds_per_group: float, cold_start_s: float,
-             settings: ScalingSettings | None) -> dict:
+             settings: ScalingSettings | None, serve_default: ServeDefault | None = None) -> dict:
     """Score every run's groups on pools: ``replicas_of`` maps a run to its pool's name; a pool with
-    ``settings`` is elastic (decided every tick), else fixed at its starting size."""
+    ``settings`` is elastic by the project's decision (every tick), one with ``serve_default`` by the
+    model of Serve's default policy (within ``replicas_of``'s size), else fixed at its starting size."""
     arrivals = sorted((time, run.name, step) for run in runs for step, times in enumerate(run.completions)
                       for time in times)
     pools: dict[str, dict] = {}
     for run in runs:
         name, size = replicas_of(run)
         pool = pools.setdefault(name, {"size": size, "starting": [], "free_at": [], "asleep": [], "busy_until": [],
-                                       "queue": [],
+                                       "queue": [], "answered": [], "answered_groups": 0,
                                        "state": {}, "replica_seconds": 0.0, "asleep_seconds": 0.0, "timeline": [],
                                        "runs": []})
         pool["runs"].append(run)
@@ -160,6 +197,7 @@ def simulate(runs: list[Run], replicas_of, seconds_per_group: float, cold_start_
                 while pool["queue"] and free < now + TICK_S:
                     _, run_name, step = heapq.heappop(pool["queue"])
                     free += seconds_per_group
+                    heapq.heappush(pool["answered"], free)
                     last_scored[(run_name, step)] = max(last_scored.get((run_name, step), 0.0), free)
                     pool["busy_until"][slot] = free
                 pool["free_at"][slot] = free
@@ -178,6 +216,14 @@ def simulate(runs: list[Run], replicas_of, seconds_per_group: float, cold_start_
                                            settings=settings, state=pool["state"])
                 pool["state"] = decision.state
                 resize(pool, decision.replicas, now, cold_start_s)
+            elif serve_default is not None:
+                while pool["answered"] and pool["answered"][0] <= now:
+                    heapq.heappop(pool["answered"])
+                    pool["answered_groups"] += 1
+                ongoing = (sum(bisect.bisect_right(run.rollouts, now) for run in pool["runs"])
+                           - pool["answered_groups"] * pool["runs"][0].group_size)
+                resize(pool, serve_default.decide(now, running, ongoing, pool["state"]), now,
+                       cold_start_s)
         now += TICK_S
         if index >= len(arrivals) and all(not pool["queue"] for pool in pools.values()) and now > max(
                 run.end_s() for run in runs):
@@ -300,15 +346,10 @@ def main(argv: list[str] | None = None) -> int:
                                sleeping_cost=args.sleeping_cost, sleep_after_s=args.sleep_after_s)
     if args.idle == "sleep":
         return compare_idle(args, settings)
-    rows, plotted = [], None
+    rows, plotted, elastic_at = [], None, {}
     for headroom in sorted({1.25, args.demand_headroom, 2.0}):
         for count in range(1, 5):
-            rng = random.Random(count)
-            period = args.generation_s + args.training_s
-            runs = [Run(f"run-{k}", offset_s=rng.uniform(0, period), steps=args.steps, groups=args.groups,
-                        group_size=args.group_size, generation_s=args.generation_s,
-                        training_s=args.training_s).build(rng)
-                    for k in range(count)]
+            runs = make_runs(count, args)
             fixed = peak_sized(runs, args)
             elastic = simulate(runs, lambda run: ("shared", 1), args.seconds_per_group, args.cold_start_s,
                                dataclasses.replace(settings, demand_headroom=headroom))
@@ -319,15 +360,41 @@ def main(argv: list[str] | None = None) -> int:
                          "fixed_exposed_s_mean": fixed["exposed_s_mean"],
                          "elastic_exposed_s_mean": elastic["exposed_s_mean"],
                          "exposed_elastic_vs_fixed": elastic["exposed_s_mean"] / fixed["exposed_s_mean"]})
-            if count == 4 and headroom == args.demand_headroom:
-                plotted = elastic["timelines"]["shared"]
+            if headroom == args.demand_headroom:
+                elastic_at[count] = (elastic, fixed)
+                if count == 4:
+                    plotted = elastic["timelines"]["shared"]
     print_table(rows, list(rows[0]))
+    serve_rows = serve_default_rows(args, elastic_at)
+    print_table(serve_rows, list(serve_rows[0]))
     inputs = {key: value for key, value in vars(args).items()}
-    write_json("autoscaling_sim", {"simulated": True, "inputs": inputs, "rows": rows}, {"machine": machine()})
+    write_json("autoscaling_sim", {"simulated": True, "inputs": inputs, "rows": rows, "serve_default_rows": serve_rows},
+               {"machine": machine()})
     if plotted:
         plot(plotted, results_dir() / "autoscaling_sim.png")
     print(f"wrote {results_dir() / 'autoscaling_sim.json'}")
     return 0
+
+
+SERVE_TARGETS = (64, 16, 4)  # grrm.yaml's target before the project's policy; AutoscalingSettings' default; lower
+
+
+def serve_default_rows(args: argparse.Namespace, elastic_at: dict[int, tuple[dict, dict]]) -> list[dict]:
+    """The same runs on one pool scaled by (a model of) Serve's default policy, at the targets of
+    :data:`SERVE_TARGETS` with grrm.yaml's former delays (up 30 s, down 300 s), against the project's
+    pool (at ``--demand-headroom``) and the fixed pools."""
+    rows = []
+    for count, (elastic, fixed) in sorted(elastic_at.items()):
+        runs = make_runs(count, args)
+        for target in SERVE_TARGETS:
+            serve = simulate(runs, lambda run: ("shared", 1), args.seconds_per_group, args.cold_start_s, None,
+                             ServeDefault(target=target, max_replicas=args.gpus))
+            rows.append({"runs": count, "serve_target": target, "serve_replica_seconds": serve["replica_seconds"],
+                         "replica_seconds_serve_vs_elastic": serve["replica_seconds"] / elastic["replica_seconds"],
+                         "replica_seconds_fixed_vs_serve": fixed["replica_seconds"] / serve["replica_seconds"],
+                         "serve_exposed_s_mean": serve["exposed_s_mean"],
+                         "exposed_serve_vs_elastic": serve["exposed_s_mean"] / elastic["exposed_s_mean"]})
+    return rows
 
 
 def make_runs(count: int, args: argparse.Namespace) -> list[Run]:
@@ -339,30 +406,39 @@ def make_runs(count: int, args: argparse.Namespace) -> list[Run]:
             for k in range(count)]
 
 
+SLEEP_HEADROOMS = (1.3,)  # besides --demand-headroom: less headroom, where waking replaces starting
+
+
 def compare_idle(args: argparse.Namespace, settings: ScalingSettings) -> int:
     """The second table (``--idle sleep``): for 1-4 runs, the fixed pools sized for each run's peak,
     the elastic pool removing idle replicas (stop), and the elastic pool keeping them asleep (sleep)
-    with engines that sleep after 10, 30 and 60 s (and ``--sleep-after-s``) without work: sooner
-    saves more and makes more groups wait for a wake-up. Cost: awake replica-seconds (starting ones
-    included) + sleeping_cost x asleep ones."""
-    variants: list[tuple[str, ScalingSettings | None]] = [("fixed", None), ("stop", settings)]
-    variants += [(f"sleep after {after:g} s", dataclasses.replace(settings, idle="sleep", sleep_after_s=after))
-                 for after in sorted({10.0, 30.0, 60.0, args.sleep_after_s})]
+    with engines that sleep after 30 and 60 s (and ``--sleep-after-s``) without work: sooner saves
+    more and makes more groups wait for a wake-up; each at ``--demand-headroom`` and at
+    :data:`SLEEP_HEADROOMS`. Cost: awake replica-seconds (starting ones included) + sleeping_cost x
+    asleep ones."""
+    variants: list[tuple[str, float, ScalingSettings | None]] = [("fixed", 0.0, None)]
+    for headroom in sorted({args.demand_headroom, *SLEEP_HEADROOMS}, reverse=True):
+        at = dataclasses.replace(settings, demand_headroom=headroom)
+        variants.append(("stop", headroom, at))
+        variants += [(f"sleep after {after:g} s", headroom, dataclasses.replace(at, idle="sleep", sleep_after_s=after))
+                     for after in sorted({30.0, 60.0, args.sleep_after_s})]
     rows = []
     for count in range(1, 5):
         runs = make_runs(count, args)
         fixed = peak_sized(runs, args)
-        base: dict[str, float] = {}
-        for name, variant in variants:
+        base: dict[tuple[str, float], float] = {}
+        for name, headroom, variant in variants:
             result = fixed if variant is None else simulate(
                 runs, lambda run: ("shared", 1), args.seconds_per_group, args.cold_start_s, variant)
             asleep = result.get("asleep_replica_seconds", 0.0)
             cost = result["replica_seconds"] - asleep + args.sleeping_cost * asleep
-            base.setdefault(name.split(" ")[0], cost)
-            rows.append({"runs": count, "pool": name, "replica_seconds": result["replica_seconds"],
+            base.setdefault((name.split(" ")[0], headroom), cost)
+            stop = base.get(("stop", headroom))
+            rows.append({"runs": count, "pool": name, "demand_headroom": headroom if variant is not None else None,
+                         "replica_seconds": result["replica_seconds"],
                          "awake_replica_seconds": result["replica_seconds"] - asleep, "cost": cost,
-                         "cost_fixed_vs_this": base["fixed"] / cost,
-                         "cost_stop_vs_this": base["stop"] / cost if "stop" in base else None,
+                         "cost_fixed_vs_this": base[("fixed", 0.0)] / cost,
+                         "cost_stop_vs_this": stop / cost if stop is not None else None,
                          "exposed_s_mean": result["exposed_s_mean"], "exposed_s_max": result["exposed_s_max"],
                          "exposed_vs_fixed": result["exposed_s_mean"] / fixed["exposed_s_mean"]})
     print_table(rows, list(rows[0]))

@@ -208,7 +208,14 @@ def main() -> int:
             ".venv/bin/python -m bench.autoscaling_sim",
             table(simulation["rows"], ["demand_headroom", "runs", "fixed_pool_per_run", "replica_seconds_fixed_vs_elastic",
                                        "fixed_exposed_s_mean", "elastic_exposed_s_mean", "exposed_elastic_vs_fixed"])
-            + "\n\nReplicas over time against the groups waiting, 4 runs: `bench/results/autoscaling_sim.png`.",
+            + "\n\nReplicas over time against the groups waiting, 4 runs: `bench/results/autoscaling_sim.png`."
+            + ("\n\nThe same runs on one pool scaled by a model of Serve's default policy (ongoing requests, waiting "
+               "members included, over `serve_target` a replica; up after 30 s, down after 300 s, as grrm.yaml had "
+               f"it), against the project's pool at demand_headroom {inputs['demand_headroom']} and the fixed pools:\n\n"
+               + table(simulation["serve_default_rows"],
+                       ["runs", "serve_target", "replica_seconds_serve_vs_elastic", "replica_seconds_fixed_vs_serve",
+                        "serve_exposed_s_mean", "exposed_serve_vs_elastic"])
+               if simulation.get("serve_default_rows") else ""),
             "autoscaling_sim",
             f"SIMULATED (no Ray, no engine): the project's decision function itself sizes the shared pool every "
             f"second. Inputs (assumptions): {inputs['seconds_per_group']} engine seconds a group on one replica, "
@@ -228,17 +235,19 @@ def main() -> int:
         sections.append(section(
             "4c. SIMULATED: idle replicas removed or kept asleep (vLLM sleep mode), at 64 GPUs",
             ".venv/bin/python -m bench.autoscaling_sim --idle sleep",
-            table(sleeping["rows"], ["runs", "pool", "replica_seconds", "awake_replica_seconds", "cost",
+            table(sleeping["rows"], ["runs", "pool", "demand_headroom", "replica_seconds", "awake_replica_seconds", "cost",
                                      "cost_fixed_vs_this", "cost_stop_vs_this", "exposed_s_mean", "exposed_vs_fixed"]),
             "autoscaling_sim_sleep",
-            f"SIMULATED as 4b (demand_headroom {inputs['demand_headroom']}), the elastic pool's idle replicas either "
+            "SIMULATED as 4b (at 4b's demand_headroom and at a lower one), the elastic pool's idle replicas either "
             "removed (`stop`, 4b's pool) or kept asleep (`replicas.autoscaling.idle: sleep`): each replica's "
             "engine sleeps after `sleep_after_s` without work and wakes for a group (which waits) or ahead of an "
             "announced phase it holds (cluster/engine_sleep.py); the pool keeps asleep the replicas an announced "
             "need within the break-even horizon (cold_start_s - wake_s) / sleeping_cost will use. Assumptions: "
             f"wake_s {inputs['wake_s']} s (a 7B model's weights back from pinned CPU memory; not measured: the sleep "
             f"mode needs CUDA), sleeping_cost {inputs['sleeping_cost']} (a sleeping replica holds its GPU but frees "
-            "its memory). `cost` = awake replica-seconds + sleeping_cost x asleep ones; `fixed` is 4b's pool per run.",
+            "its memory). `cost` = awake replica-seconds + sleeping_cost x asleep ones; `fixed` is 4b's pool per run; "
+            "`cost_stop_vs_this` against `stop` at the same headroom. A replica woken in seconds instead of started "
+            "in a cold start lets the pool run with less headroom at the same exposure.",
         ))
     cost = load("gqm_vs_sqm")
     if cost:

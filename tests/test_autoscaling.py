@@ -315,3 +315,42 @@ def test_the_simulated_pool_with_idle_sleep_keeps_replicas_asleep_between_steps_
     awake = asleep["replica_seconds"] - asleep["asleep_replica_seconds"]
     assert awake < stopped["replica_seconds"]  # no cold start between steps: fewer awake replica-seconds
     assert asleep["exposed_s_max"] < 30.0  # every group scored, none stranded behind a sleeping engine
+
+
+def test_the_simulated_serve_default_policy_counts_waiting_members_and_waits_its_delays():
+    """bench/autoscaling_sim.py's model of Serve's default policy (the baseline it is compared with)."""
+    from bench.autoscaling_sim import ServeDefault
+
+    policy, state = ServeDefault(target=10, upscale_delay_s=30.0, downscale_delay_s=300.0, look_back_s=1.0), {}
+    # 45 members sent and unanswered (most only waiting for group-mates): 5 replicas wished, after 30 s.
+    assert [policy.decide(now, 1, 45.0, state) for now in (0.0, 10.0, 29.0)] == [1, 1, 1]
+    assert policy.decide(30.0, 1, 45.0, state) == 5
+    assert policy.decide(31.0, 5, 45.0, state) == 5
+    # Down only after the wish held 300 s; a wish for more in between starts the wait again.
+    assert policy.decide(40.0, 5, 0.0, state) == 5
+    assert policy.decide(200.0, 5, 100.0, state) == 5
+    assert policy.decide(201.0, 5, 0.0, state) == 5 and policy.decide(500.0, 5, 0.0, state) == 5
+    assert policy.decide(501.0, 5, 0.0, state) == 1
+
+
+def test_the_simulated_shared_pool_costs_less_than_serves_default_policy_and_exposes_less():
+    """bench/autoscaling_sim.py, small: two runs; Serve's default policy as grrm.yaml had it (target 64,
+    up after 30 s, down after 300 s) reacts to the burst a cold start late and keeps its peak through
+    training: at every target it exposes more and costs more than the project's pool; the lower the
+    target, the less it exposes and the more it costs (still above the project's exposure at 5x its cost)."""
+    import random
+
+    from bench.autoscaling_sim import Run, ServeDefault, simulate
+
+    rng = random.Random(2)
+    runs = [Run(f"run-{k}", offset_s=rng.uniform(0, 360), steps=3, groups=64, group_size=8, generation_s=120.0,
+                training_s=240.0).build(rng) for k in range(2)]
+    settings = ScalingSettings(max_replicas=32, target_backlog_s=10.0, downscale_delay_s=10.0, cold_start_s=90.0,
+                               default_seconds_per_group=1.5, demand_grace_s=5.0, demand_headroom=1.5)
+    elastic = simulate(runs, lambda run: ("shared", 1), 1.5, 90.0, settings)
+    serve = {target: simulate(runs, lambda run: ("shared", 1), 1.5, 90.0, None,
+                              ServeDefault(target=target, max_replicas=32)) for target in (64, 16, 4)}
+    assert all(result["replica_seconds"] > elastic["replica_seconds"] for result in serve.values())
+    assert all(result["exposed_s_mean"] > 1.2 * elastic["exposed_s_mean"] for result in serve.values())
+    assert serve[64]["exposed_s_mean"] > serve[16]["exposed_s_mean"] > serve[4]["exposed_s_mean"]
+    assert serve[4]["replica_seconds"] > 5 * elastic["replica_seconds"]
