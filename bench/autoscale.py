@@ -7,8 +7,9 @@ member of its prompt's group), then a quiet training phase. Three pools, one aft
 
 1. ``fixed``: a pool sized for the peak (max_replicas, always on);
 2. ``serve_default``: Serve's policy on ongoing requests, as grrm.yaml configured it before (target
-   64 ongoing requests a replica; delays scaled to this run's time), and ``serve_default_16`` with
-   target 16 (AutoscalingSettings' default), which scales sooner and so exposes less;
+   64 ongoing requests a replica; delays scaled to this run's time), and ``serve_default_<N>`` at
+   target N: 16 (AutoscalingSettings' default), 4 and 1, which scale sooner, so expose less and cost
+   more: where Serve's policy reaches the project's exposure, and at what cost;
 3. ``engine_work``: the project's policy (cluster/autoscaling.py); the client announces its first
    step while the trainer starts, each step as its generation phase starts, and the next one ahead
    of it (a trainer knows when its next generation phase begins), each with the profile of when in
@@ -36,7 +37,14 @@ from cluster.demand_forecast import PhaseForecaster, group_completion_profile
 from cluster.engines import EngineConfig, ScriptedEngineOptions
 from cluster.schema import MemberRequest
 
-POLICIES = ("fixed", "serve_default", "serve_default_16", "engine_work")
+POLICIES = ("fixed", "serve_default", "serve_default_16", "serve_default_4", "serve_default_1", "engine_work")
+SERVE_DEFAULT_TARGET = 64  # ongoing requests a replica, as grrm.yaml had it
+
+
+def serve_target(policy: str) -> int:
+    """The target ongoing requests of ``serve_default`` (64) or ``serve_default_<N>`` (N)."""
+    suffix = policy.removeprefix("serve_default").removeprefix("_")
+    return int(suffix) if suffix else SERVE_DEFAULT_TARGET
 
 
 @dataclass(frozen=True)
@@ -70,9 +78,9 @@ def app_config(policy: str, load: Workload):
     if policy == "fixed":
         replicas["num_replicas"] = load.max_replicas
     elif policy.startswith("serve_default"):
-        target = 16 if policy == "serve_default_16" else 64
-        replicas["autoscaling"] = AutoscalingSettings(policy="serve_default", target_ongoing_requests=target,
-                                                      upscale_delay_s=2.0, downscale_delay_s=4.0, **common)
+        replicas["autoscaling"] = AutoscalingSettings(
+            policy="serve_default", target_ongoing_requests=serve_target(policy), upscale_delay_s=2.0,
+            downscale_delay_s=4.0, **common)
     else:
         replicas["autoscaling"] = AutoscalingSettings(
             policy="engine_work", upscale_delay_s=0.0, downscale_delay_s=4.0, target_backlog_s=2.0,
@@ -181,7 +189,8 @@ def plot(runs: list[dict], path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=Workload.steps)
-    parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated, of " + ", ".join(POLICIES))
+    parser.add_argument("--policies", default=",".join(POLICIES),
+                        help="comma-separated, of " + ", ".join(POLICIES) + " (any serve_default_<target>)")
     parser.add_argument("--quick", action="store_true", help="2 short steps, engine_work only (CI)")
     args = parser.parse_args(argv)
     load = Workload(steps=args.steps)
