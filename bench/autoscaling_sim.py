@@ -52,6 +52,7 @@ import heapq
 import math
 import random
 import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 from bench.common import machine, print_table, results_dir, write_json
@@ -76,24 +77,19 @@ class ServeDefault:
     max_replicas: int = 64
 
     def decide(self, now: float, current: int, ongoing: float, state: dict) -> int:
-        history = state.setdefault("ongoing", [])
+        history = state.setdefault("ongoing", deque())
         history.append((now, ongoing))
-        while history and history[0][0] <= now - self.look_back_s:
-            history.pop(0)
+        while history[0][0] <= now - self.look_back_s:
+            history.popleft()
         wished = max(1, min(self.max_replicas, math.ceil(statistics.mean(value for _, value in history) / self.target)))
-        since = state.get("since")
-        if wished == current or (since is not None and (wished > current) != (state["wished"] > current)):
-            state["since"] = None  # the wish changed direction: its delay starts again
-        if wished == current:
+        direction = (wished > current) - (wished < current)
+        if direction != state.get("direction"):  # a new wish, or one the other way: its delay starts now
+            state["direction"], state["since"] = direction, now
+        delay = self.upscale_delay_s if direction > 0 else self.downscale_delay_s
+        if direction == 0 or now - state["since"] < delay:
             return current
-        if state.get("since") is None:
-            state["since"] = now
-        state["wished"] = wished
-        delay = self.upscale_delay_s if wished > current else self.downscale_delay_s
-        if now - state["since"] >= delay:
-            state["since"] = None
-            return wished
-        return current
+        state["direction"] = None  # applied: the next wish waits its whole delay
+        return wished
 
 
 @dataclass
@@ -156,7 +152,8 @@ def simulate(runs: list[Run], replicas_of, seconds_per_group: float, cold_start_
              settings: ScalingSettings | None, serve_default: ServeDefault | None = None) -> dict:
     """Score every run's groups on pools: ``replicas_of`` maps a run to its pool's name; a pool with
     ``settings`` is elastic by the project's decision (every tick), one with ``serve_default`` by the
-    model of Serve's default policy (within ``replicas_of``'s size), else fixed at its starting size."""
+    model of Serve's default policy (from ``replicas_of``'s size up to its ``max_replicas``), else fixed
+    at its starting size."""
     arrivals = sorted((time, run.name, step) for run in runs for step, times in enumerate(run.completions)
                       for time in times)
     pools: dict[str, dict] = {}
@@ -361,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
                          "elastic_exposed_s_mean": elastic["exposed_s_mean"],
                          "exposed_elastic_vs_fixed": elastic["exposed_s_mean"] / fixed["exposed_s_mean"]})
             if headroom == args.demand_headroom:
-                elastic_at[count] = (elastic, fixed)
+                elastic_at[count] = (runs, elastic, fixed)
                 if count == 4:
                     plotted = elastic["timelines"]["shared"]
     print_table(rows, list(rows[0]))
@@ -379,13 +376,12 @@ def main(argv: list[str] | None = None) -> int:
 SERVE_TARGETS = (64, 16, 4)  # grrm.yaml's target before the project's policy; AutoscalingSettings' default; lower
 
 
-def serve_default_rows(args: argparse.Namespace, elastic_at: dict[int, tuple[dict, dict]]) -> list[dict]:
+def serve_default_rows(args: argparse.Namespace, elastic_at: dict[int, tuple[list[Run], dict, dict]]) -> list[dict]:
     """The same runs on one pool scaled by (a model of) Serve's default policy, at the targets of
     :data:`SERVE_TARGETS` with grrm.yaml's former delays (up 30 s, down 300 s), against the project's
     pool (at ``--demand-headroom``) and the fixed pools."""
     rows = []
-    for count, (elastic, fixed) in sorted(elastic_at.items()):
-        runs = make_runs(count, args)
+    for count, (runs, elastic, fixed) in sorted(elastic_at.items()):
         for target in SERVE_TARGETS:
             serve = simulate(runs, lambda run: ("shared", 1), args.seconds_per_group, args.cold_start_s, None,
                              ServeDefault(target=target, max_replicas=args.gpus))
