@@ -95,8 +95,9 @@ def test_an_idle_replica_sleeps_reports_it_and_wakes_for_the_next_group(url):
 
     # Idle for sleep_after_s: the engine sleeps, and the replica says so to the autoscaling policy.
     asleep = wait_until_asleep()
+    # Every wake-up so far was for work.
     slept, woken_before = asleep["engine_sleep"]["sleeps"], asleep["engine_sleep"]["woken_for_work"]
-    assert slept == woken_before + 1 and asleep["groups_scored"] == 1, asleep["engine_sleep"]  # every wake-up was for work
+    assert slept == woken_before + 1 and asleep["groups_scored"] == 1, asleep["engine_sleep"]
     assert replica().record_autoscaling_stats.remote().result(timeout_s=10)["sleeping"] == 1.0
 
     # A group sent to the sleeping replica waits for the wake-up, then gets one valid verdict.
