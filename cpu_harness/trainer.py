@@ -67,6 +67,7 @@ CPU_OVERRIDES: tuple[str, ...] = (
     "actor_rollout_ref.rollout.enforce_eager=True",
     "actor_rollout_ref.rollout.free_cache_engine=False",
     "+actor_rollout_ref.rollout.enable_sleep_mode=False",
+    "+actor_rollout_ref.rollout.engine_kwargs.vllm.num_gpu_blocks_override=1024",
     "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
     "+ray_kwargs.ray_init.include_dashboard=False",
 )

