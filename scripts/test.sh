@@ -27,7 +27,7 @@ fi
 run_shard() {
   local name=$1 marks=$2
   set +e
-  "${pytest[@]}" --durations=25 -m "$marks" 2>&1 | sed -u "s/^/[$name] /"
+  "${pytest[@]}" -v --durations=25 -m "$marks" 2>&1 | sed -u "s/^/[$name] /"
   local status=${PIPESTATUS[0]}
   set -e
   echo "[$name] pytest exit status $status"

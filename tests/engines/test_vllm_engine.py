@@ -183,6 +183,7 @@ def prompts(engine, user_messages) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.memory_heavy
 @pytest.mark.asyncio(loop_scope="module")
 class TestVLLMEngine:
     async def test_satisfies_the_protocol_and_is_healthy(self, engine):
@@ -333,6 +334,7 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
 
 
 @pytest.mark.slow
+@pytest.mark.memory_heavy
 @pytest.mark.parametrize("scheduling, expected", [("largest_first", ["busy", "large", "small"]),
                                                   ("fifo", ["busy", "small", "large"])])
 def test_a_saturated_engine_serves_the_largest_waiting_prompt_first_with_largest_first(tiny_model_dir, scheduling,

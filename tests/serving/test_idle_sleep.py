@@ -119,4 +119,7 @@ def test_an_idle_replica_sleeps_reports_it_and_wakes_for_the_next_group(url):
     assert last_wait_s >= WAKE_S, last_wait_s
     woken = replica().info.remote().result(timeout_s=10)
     assert woken["groups_scored"] == 3
-    assert woken["engine_sleep"]["sleeps"] == slept + 1 and woken["engine_sleep"]["woken_for_work"] == woken_before + 2
+    # One wake-up for the complete group (its members, assembling, left the engine asleep: the last one
+    # waited for the wake-up). It may have slept again since: it is idle.
+    assert woken["engine_sleep"]["woken_for_work"] == woken_before + 2, woken["engine_sleep"]
+    assert woken["engine_sleep"]["sleeps"] >= slept + 1, woken["engine_sleep"]

@@ -23,7 +23,7 @@ from bench.chaos import chaos_config, fault_phase, replica_infos, row_summary, t
 from cluster.tiny_model import ensure_tiny_model
 from deployments.app import build_app
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.memory_heavy, pytest.mark.timeout(900)]
 
 APP = "tensor-parallel"
 GROUPS = 24  # the rank kill: enough groups in flight when it strikes
