@@ -15,6 +15,8 @@ then killed actors.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from bench.common import free_port
@@ -27,6 +29,8 @@ SERVE_CLIENT_POLL_S = 0.1
 # Applications deployed once for the session, kept between modules.
 SESSION_APPS: set[str] = set()
 LOCAL_APP = "local"
+# Serve's proxy readiness and health-check timeouts (5 s and 10 s by default), for a loaded machine.
+PROXY_TIMEOUTS_S = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": 60, "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": 30}
 
 
 class SessionCluster:
@@ -46,6 +50,10 @@ class SessionCluster:
         import ray.serve._private.client as serve_client
 
         serve_client.CLIENT_POLLING_INTERVAL_S = SERVE_CLIENT_POLL_S
+        # Serve kills a proxy not ready within 5 s and serve.start then fails: beside the other shard's
+        # trainings on 2 cores, a proxy took longer. The cluster's processes inherit this environment.
+        for variable, seconds in PROXY_TIMEOUTS_S.items():
+            os.environ.setdefault(variable, str(seconds))
         port = free_port()
         # A cluster of its own: without an address, ray.init joins any Ray running on the machine (or the
         # head /tmp/ray/ray_current_cluster names, dead or alive).

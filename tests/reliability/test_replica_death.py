@@ -108,7 +108,11 @@ def test_killing_a_replica_mid_run_loses_no_member_and_scores_no_group_twice(ser
         engine=EngineConfig(kind="scripted", scripted=ScriptedEngineOptions(per_prompt_s=0.05, jitter=0.2)),
         replicas=ReplicaSettings(num_replicas=3, num_cpus=0.5, gpus_per_rank=0, max_ongoing_requests=1024,
                                  health_check_period_s=2.0),
-        assembly_timeout_s=5,
+        # Members split while the routers' views of the replica set differ meet when re-sent after a
+        # timeout; 5 s was too short a window beside the other shard's trainings (the halves of one
+        # group each timed out twice, 14 s apart, while Ray was slow to start client workers and tell
+        # routers of the new replica).
+        assembly_timeout_s=15,
     )
     serve.run(build_app(config), name=APP, route_prefix=f"/{APP}")
     try:
