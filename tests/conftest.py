@@ -29,8 +29,11 @@ SERVE_CLIENT_POLL_S = 0.1
 # Applications deployed once for the session, kept between modules.
 SESSION_APPS: set[str] = set()
 LOCAL_APP = "local"
-# Serve's proxy readiness and health-check timeouts (5 s and 10 s by default), for a loaded machine.
-PROXY_TIMEOUTS_S = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": 60, "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": 30}
+# Serve's timeouts that a loaded 2-core machine overran, for the session cluster's processes: the proxy's
+# readiness and health checks (5 s and 10 s by default), and how long a router's queue-length probe may
+# take once probes keep missing (1 s by default; a router whose probes all miss routes nothing).
+LOADED_MACHINE_TIMEOUTS_S = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": 60, "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": 30,
+                             "RAY_SERVE_MAX_QUEUE_LENGTH_RESPONSE_DEADLINE_S": 5}
 
 
 class SessionCluster:
@@ -52,7 +55,7 @@ class SessionCluster:
         serve_client.CLIENT_POLLING_INTERVAL_S = SERVE_CLIENT_POLL_S
         # Serve kills a proxy not ready within 5 s and serve.start then fails: beside the other shard's
         # trainings on 2 cores, a proxy took longer. The cluster's processes inherit this environment.
-        for variable, seconds in PROXY_TIMEOUTS_S.items():
+        for variable, seconds in LOADED_MACHINE_TIMEOUTS_S.items():
             os.environ.setdefault(variable, str(seconds))
         port = free_port()
         # A cluster of its own: without an address, ray.init joins any Ray running on the machine (or the
