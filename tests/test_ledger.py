@@ -72,3 +72,56 @@ def test_expired_or_evicted_records_are_not_passed_on():
     clock.now += 11
     assert ledger.changes_since(0) == (3, [])
     assert GroupLedger(ttl_s=10).merge([("g", -1.0, record(0))]) == 0
+
+
+class _Method:
+    """A handle method: ``remote`` starts the call (a coroutine, awaited as a Serve response is)."""
+
+    def __init__(self, call):
+        self.remote = call
+
+
+async def test_a_replica_whose_peer_handle_knows_no_peer_asks_through_a_new_handle(monkeypatch):
+    """A Serve router can keep a stale replica set (a ledger replica's knew only itself for 2 minutes
+    on a loaded machine, and its replacement was never filled): after a round without an answer the
+    replica asks its peers through a new handle, whose router reads the set afresh."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from deployments import ledger as serve_ledger
+
+    peer = GroupLedger(ttl_s=100)
+    peer.put("g1", record(1))
+    peer.put("g2", record(2))
+
+    async def never(**_):  # the stale router has no replica to send to: the call waits
+        await asyncio.Event().wait()
+
+    async def name(**_):
+        return "a"
+
+    async def changes_since(since, **_):
+        return peer.changes_since(since)
+
+    handles = []
+
+    def get_deployment_handle(deployment, app_name):
+        stale = not handles
+        handles.append(SimpleNamespace(name=_Method(never if stale else name), changes_since=_Method(changes_since)))
+        return handles[-1]
+
+    context = SimpleNamespace(replica_id=SimpleNamespace(unique_id="b"), deployment="GRRMLedger", app_name="app")
+    monkeypatch.setattr(serve_ledger.serve, "get_replica_context", lambda: context)
+    monkeypatch.setattr(serve_ledger.serve, "get_deployment_handle", get_deployment_handle)
+    monkeypatch.setattr(serve_ledger, "PEER_CALL_TIMEOUT_S", 0.05)
+    replica = serve_ledger.LedgerReplica.__new__(serve_ledger.LedgerReplica)
+    await replica.__init__(ttl_s=100, copies=2, sync_period_s=0.01)
+    try:
+        for _ in range(200):
+            if replica.synced_from_peers:
+                break
+            await asyncio.sleep(0.01)
+        assert replica.synced_from_peers == 2 and replica.size() == 2
+        assert len(handles) == 2  # the stale handle was dropped once, the new one kept
+    finally:
+        replica._sync.cancel()
