@@ -344,12 +344,15 @@ async def inject(cluster, fault: str, at_s: float, down_s: float) -> dict:
     return {"at": at, "victim_held": summary or "nothing", "victim": scorers[0] if scorers else None}
 
 
-async def phase(cluster, streams, fault: str | None, groups: int, *, interval_s: float = 0.25,
-                spread_s: float = 1.0, down_s: float = 5.0) -> dict:
+async def phase(cluster, streams, fault: str | None, groups: int, *, before: dict[str, dict] | None = None,
+                interval_s: float = 0.25, spread_s: float = 1.0, down_s: float = 5.0) -> tuple[dict, dict[str, dict]]:
     """Stream ``groups`` groups with ``streams``, inject ``fault`` a third of the way in (or at its
-    ``FAULT_AT_S``), tally (see the docstring)."""
+    ``FAULT_AT_S``), tally (see the docstring). ``before``: the replicas' counters as the previous
+    phase on this cluster left them (nothing is scored between phases; read afresh when None).
+    Returns the row and the counters after it."""
     run = fault or "baseline"
-    before = await asyncio.to_thread(replica_infos_outside, cluster.address)
+    if before is None:
+        before = await asyncio.to_thread(replica_infos_outside, cluster.address)
     started = time.monotonic()
     began, answers_to_come = await streams.start(run, groups, interval_s, spread_s)
     if fault:
@@ -396,7 +399,7 @@ async def phase(cluster, streams, fault: str | None, groups: int, *, interval_s:
         max_latency_s=max(a["answered_at"] - a["sent_at"] for a in answers),
         wall_s=wall_s,
     )
-    return row
+    return row, after
 
 
 async def wait_for_app(gone: str | None, head_node_id: str, timeout_s: float = 180) -> float | None:
@@ -515,9 +518,10 @@ def forget_cluster(address: str) -> None:
 
 async def run_phases(cluster, streams, faults: list[str | None], groups: int) -> list[dict]:
     rows = []
+    counters = None  # each phase starts from the counters the one before it read (a driver process each)
     try:
         for fault in faults:
-            row = await phase(cluster, streams, fault, groups)
+            row, counters = await phase(cluster, streams, fault, groups, before=counters)
             rows.append(row)
             print(json.dumps(row), flush=True)
     finally:
