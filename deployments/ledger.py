@@ -63,7 +63,7 @@ class LedgerReplica(GroupLedger):
         while True:
             if self._peers is None:
                 # Off the event loop: setting the router up reads the GCS, which may be down right now.
-                self._peers = await asyncio.to_thread(lambda: ready_handle(serve.get_deployment_handle(*self._deployment)))
+                self._peers = await asyncio.to_thread(self._new_peer_handle)
             for peer in range(self.copies - 1):
                 try:
                     await asyncio.wait_for(self._take_from(peer), period_s + PEER_CALL_TIMEOUT_S)
@@ -74,6 +74,10 @@ class LedgerReplica(GroupLedger):
                     # new handle's router reads the set afresh.
                     self._peers = None
             await asyncio.sleep(period_s)
+
+    def _new_peer_handle(self) -> DeploymentHandle:
+        """A handle to this deployment with its router set up (a router of its own, not a stale one)."""
+        return ready_handle(serve.get_deployment_handle(*self._deployment))
 
     async def _take_from(self, peer: int) -> None:
         name = await self._peers.name.remote(copy=peer, exclude=self._name)
