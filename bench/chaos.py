@@ -217,17 +217,23 @@ async def stream(sender: MemberSender, run: str, groups: int, interval_s: float,
     return list(await asyncio.gather(*(one(g, k) for g, k in delays)))
 
 
-async def inject(fault: str, handle, app: str, at_s: float, aim_s: float = 3.0) -> dict:
+async def inject(fault: str, handle, app: str, at_s: float, aim_s: float = 3.0, answer_within_s: float = 60.0) -> dict:
     """At ``at_s``, kill the engine core or the actor of a replica that is scoring a group (the
-    first seen within ``aim_s``), else of the replica holding the most members."""
+    first seen within ``aim_s``), else of the replica holding the most members (past ``aim_s``, the
+    first that answers; none within ``answer_within_s``: an error saying so)."""
     import ray
 
     await asyncio.sleep(at_s)
     aim_until = time.monotonic() + aim_s
     while True:
         infos = await replica_infos(handle, app)
-        if time.monotonic() > aim_until or any(info["assembler"]["scoring_groups"] for info in infos.values()):
+        if any(info["assembler"]["scoring_groups"] for info in infos.values()):
             break
+        if infos and time.monotonic() > aim_until:
+            break
+        if time.monotonic() > aim_until + answer_within_s:
+            raise RuntimeError(f"fault {fault}: no scorer replica of app {app!r} answered info() within "
+                               f"{aim_s + answer_within_s:.0f} s, so there is none to strike")
         await asyncio.sleep(0.05)
 
     def held(info: dict) -> tuple[int, int]:

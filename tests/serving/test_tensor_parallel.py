@@ -34,6 +34,10 @@ BASELINE_GROUPS = 6  # streamed member by member: enough to show assembly and ro
 def tensor_parallel_app(serve_instance, tmp_path_factory):
     model = ensure_tiny_model(tmp_path_factory.mktemp("models") / "tiny-grrm")
     config = chaos_config(model, tensor_parallel_size=2)
+    # A probe is answered between two engine steps, and a TP = 2 step waits for both ranks: with the
+    # other shard's trainings on the same 2 cores, probes took past local.yaml's 8 s and Serve replaced
+    # healthy replicas (false hang alarms). A killed rank is found by the engine's death, not the probe.
+    config = config.model_copy(update={"replicas": config.replicas.model_copy(update={"hang_timeout_s": 30.0})})
     started = time.monotonic()
     serve.run(build_app(config), name=APP, route_prefix=f"/{APP}")
     print(f"\n2 TP=2 replicas running {time.monotonic() - started:.1f} s after serve.run")
