@@ -64,15 +64,18 @@ class LedgerReplica(GroupLedger):
             if self._peers is None:
                 # Off the event loop: setting the router up reads the GCS, which may be down right now.
                 self._peers = await asyncio.to_thread(self._new_peer_handle)
+            answered = True
             for peer in range(self.copies - 1):
                 try:
                     await asyncio.wait_for(self._take_from(peer), period_s + PEER_CALL_TIMEOUT_S)
                 except Exception as error:  # noqa: BLE001 - a peer being replaced: next round
                     logger.info("ledger replica %s: peer %d did not answer: %r", self._name, peer, error)
-                    # The next round asks through a new handle: a router can keep a stale replica set (on a
-                    # loaded machine one knew only its own replica for 2 minutes while its peer ran), and a
-                    # new handle's router reads the set afresh.
-                    self._peers = None
+                    answered = False
+            if not answered:
+                # The next round asks through a new handle: a router can keep a stale replica set (on a loaded
+                # machine one knew only its own replica for 2 minutes while its peer ran), and a new handle's
+                # router reads the set afresh. After the round: the other peers still ask through this one.
+                self._peers = None
             await asyncio.sleep(period_s)
 
     def _new_peer_handle(self) -> DeploymentHandle:
