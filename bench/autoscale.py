@@ -83,7 +83,8 @@ def app_config(policy: str, load: Workload):
             downscale_delay_s=4.0, **common)
     else:
         replicas["autoscaling"] = AutoscalingSettings(
-            policy="engine_work", upscale_delay_s=0.0, downscale_delay_s=4.0, target_backlog_s=2.0,
+            policy="engine_work", upscale_delay_s=0.0, downscale_delay_s=4.0, idle_downscale_delay_s=1.0,
+            target_backlog_s=2.0,
             cold_start_s=load.start_s + 4.0, default_seconds_per_group=load.per_group_s, demand_grace_s=2.0,
             **common)
     return AppConfig(

@@ -208,6 +208,7 @@ def simulate(runs: list[Run], replicas_of, seconds_per_group: float, cold_start_
                 busy = sum(1 for free in pool["free_at"] if free > now)
                 load = ReplicaLoad(groups_waiting=len(pool["queue"]), groups_running=busy,
                                    queued_work_s=(len(pool["queue"]) + busy) * seconds_per_group,
+                                   members_waiting=members_waiting(pool["runs"], now),
                                    seconds_per_group=seconds_per_group)
                 decision = decide_replicas(now=now, current=running, loads=[load], demands=demands(pool["runs"], now),
                                            settings=settings, state=pool["state"])
@@ -217,8 +218,7 @@ def simulate(runs: list[Run], replicas_of, seconds_per_group: float, cold_start_
                 while pool["answered"] and pool["answered"][0] <= now:
                     heapq.heappop(pool["answered"])
                     pool["answered_groups"] += 1
-                ongoing = (sum(bisect.bisect_right(run.rollouts, now) for run in pool["runs"])
-                           - pool["answered_groups"] * pool["runs"][0].group_size)
+                ongoing = rollouts_arrived(pool["runs"], now) - pool["answered_groups"] * pool["runs"][0].group_size
                 resize(pool, serve_default.decide(now, running, ongoing, pool["state"]), now,
                        cold_start_s)
         now += TICK_S
@@ -231,6 +231,17 @@ def simulate(runs: list[Run], replicas_of, seconds_per_group: float, cold_start_
             "asleep_replica_seconds": asleep_seconds,
             "exposed_s_mean": statistics.mean(exposure), "exposed_s_max": max(exposure),
             "timelines": {name: pool["timeline"] for name, pool in pools.items()}}
+
+
+def rollouts_arrived(runs: list[Run], now: float) -> int:
+    """The runs' rollouts finished by ``now`` (each a member sent to the pool)."""
+    return sum(bisect.bisect_right(run.rollouts, now) for run in runs)
+
+
+def members_waiting(runs: list[Run], now: float) -> int:
+    """Members sent by ``now`` whose group is not complete yet (waiting for group-mates)."""
+    complete = sum(run.group_size * bisect.bisect_right(times, now) for run in runs for times in run.completions)
+    return rollouts_arrived(runs, now) - complete
 
 
 def known_to(slot: int, replicas: int, runs: list[Run], now: float) -> list[Demand]:
@@ -326,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="capacity over the announced rate of a phase's busiest slice (the plotted run's)")
     parser.add_argument("--demand-grace-s", type=float, default=5.0)
     parser.add_argument("--downscale-delay-s", type=float, default=10.0)
+    parser.add_argument("--idle-downscale-delay-s", type=float, default=5.0,
+                        help="how long the pool must be idle between announced phases before it drops what the "
+                             "announced demand does not need")
     parser.add_argument("--idle", choices=("stop", "sleep"), default="stop",
                         help="sleep: compare idle replicas removed (stop) with idle replicas asleep (sleep) instead "
                              "of the default table")
@@ -338,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = ScalingSettings(min_replicas=1, max_replicas=args.gpus, target_backlog_s=10.0, upscale_delay_s=0.0,
                                downscale_delay_s=args.downscale_delay_s, cold_start_s=args.cold_start_s,
+                               idle_downscale_delay_s=args.idle_downscale_delay_s,
                                default_seconds_per_group=args.seconds_per_group, demand_grace_s=args.demand_grace_s,
                                demand_headroom=args.demand_headroom, wake_s=args.wake_s,
                                sleeping_cost=args.sleeping_cost, sleep_after_s=args.sleep_after_s)

@@ -199,7 +199,8 @@ def main() -> int:
             "added, so each scale-up helps at once). `engine_work`: the project's policy, the client announcing "
             "its first step while it starts and each next step ahead, each with the profile of when in the phase "
             "its groups complete (the step before's; before any, rollouts assumed even), the pool sized for the "
-            "busiest slice a cold start ahead (down delay 4 s). Replica-seconds count running replicas (a "
+            "busiest slice a cold start ahead (down delay 4 s; 1 s once the pool is idle between announced "
+            "phases: no group queued or running, no member waiting). Replica-seconds count running replicas (a "
             "starting one is not counted). Ratios within this run.",
         ))
     simulation = load("autoscaling_sim")
@@ -228,7 +229,9 @@ def main() -> int:
             "each phase as it opens and the next one ahead, with the profile of when in the phase its groups "
             "complete (at their last rollout: they crowd the phase's end), learned from the phases before; the "
             "pool grows for the busiest slice a cold start ahead, times `demand_headroom` (rows by headroom; "
-            f"demand grace {inputs.get('demand_grace_s', 30.0)} s, down delay {inputs.get('downscale_delay_s', 60.0)} s). "
+            f"demand grace {inputs.get('demand_grace_s', 30.0)} s, down delay {inputs.get('downscale_delay_s', 60.0)} s, "
+            f"{inputs.get('idle_downscale_delay_s', inputs.get('downscale_delay_s', 60.0))} s once the pool is idle "
+            "between announced phases). "
             "A fixed pool per run is the smallest within 5% of the exposure the cluster's share would give it.",
         ))
     sleeping = load("autoscaling_sim_sleep")

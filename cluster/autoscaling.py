@@ -16,7 +16,12 @@ policy counts only what the engines have to do, and what the trainers say is com
 
 Scaling up happens as soon as it is needed; scaling down only after the lower count has been
 enough for ``downscale_delay_s`` and never below what an announced phase starting within a cold
-start needs.
+start needs. One exception to the delay: while a trainer's announcement says when its work comes
+next, a pool that has been idle (no group queued or running, no member waiting for group-mates) for
+``idle_downscale_delay_s`` drops what that demand does not need at once. The downscale delay guards
+against a noisy load signal; an idle pool between announced phases is not noise, and holding its
+replicas for the delay after every step costs replica-seconds each step. A pool no trainer
+announces to keeps the full delay.
 
 With ``idle="sleep"`` a replica the pool no longer needs may sleep instead of being removed (its
 engine's weights offloaded and KV cache freed, woken in ``wake_s``; the replicas put their engines to
@@ -136,6 +141,9 @@ class ScalingSettings:
     target_backlog_s: float = 10.0
     upscale_delay_s: float = 0.0
     downscale_delay_s: float = 60.0
+    # With an announcement in effect, how long the pool must be idle before it drops what the announced
+    # demand does not need (instead of downscale_delay_s).
+    idle_downscale_delay_s: float = 5.0
     # How long a new replica takes to serve (engine load included); the lead time for announced work.
     cold_start_s: float = 30.0
     # Engine seconds per group until a replica has measured its own.
@@ -258,6 +266,13 @@ def decide_replicas(
     wanted = min(settings.max_replicas, max(settings.min_replicas, for_work, for_demand, kept_asleep))
     details = dict(engine_work_s=engine_work_s, for_work=for_work, for_demand=for_demand, kept_asleep=kept_asleep,
                    sleeping=sum(1 for load in loads if load.sleeping))
+    # Idle between announced phases: nothing for the engines, no member waiting for its group-mates (a
+    # group on its way), nothing queued at callers, and a trainer has said when its work comes next.
+    idle = (bool(loads) and bool(demands) and engine_work_s == 0 and queued_at_callers == 0
+            and not any(load.members_waiting for load in loads))
+    idle_for = now - state.setdefault("idle_since", now) if idle else 0.0
+    if not idle:
+        state.pop("idle_since", None)
     if wanted > current:
         state.pop("lower_since", None)
         since = state.setdefault("higher_since", now)
@@ -268,6 +283,10 @@ def decide_replicas(
     state.pop("higher_since", None)
     if wanted < current:
         since = state.setdefault("lower_since", now)
+        if idle and idle_for >= settings.idle_downscale_delay_s:
+            state.pop("lower_since", None)
+            return ScalingDecision(wanted, f"{_why(wanted, for_work, for_demand, engine_work_s, kept_asleep)}; "
+                                           f"idle for {idle_for:.0f} s between announced phases", state, **details)
         if now - since >= settings.downscale_delay_s:
             state.pop("lower_since", None)
             return ScalingDecision(wanted, _why(wanted, for_work, for_demand, engine_work_s, kept_asleep), state,

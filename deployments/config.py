@@ -74,6 +74,12 @@ class AutoscalingSettings(_Strict):
                                                            "they are started.")
     downscale_delay_s: float = Field(120.0, ge=0, description="How long, in seconds, fewer replicas must do before "
                                                               "replicas are stopped.")
+    idle_downscale_delay_s: float = Field(5.0, ge=0, description="engine_work: while a trainer's announcement says "
+                                                                 "when its work comes next, how long the pool must be "
+                                                                 "idle (no group queued or running, no member waiting "
+                                                                 "for group-mates) before it drops the replicas that "
+                                                                 "demand does not need, instead of downscale_delay_s. "
+                                                                 "A pool nobody announces to keeps downscale_delay_s.")
     metrics_interval_s: float = Field(2.0, gt=0, description="How often, in seconds, replicas report the load "
                                                              "autoscaling decides on.")
     look_back_period_s: float = Field(10.0, gt=0, description="Time window, in seconds, Serve keeps the load "

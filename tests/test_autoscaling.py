@@ -66,6 +66,31 @@ def test_scaling_down_waits_for_the_downscale_delay_and_a_controller_restart_sta
     assert decide(31.0, 4, idle, state={}).replicas == 4
 
 
+def test_an_idle_pool_between_announced_phases_drops_after_the_idle_delay_not_the_downscale_delay():
+    settings = dataclasses.replace(SETTINGS, idle_downscale_delay_s=2.0)
+    idle = [ReplicaLoad(seconds_per_group=1.0)] * 4
+    # The run's next phase opens in 120 s: announced, far beyond a cold start (20 s), so it needs none now.
+    next_phase = Demand("run-a", 40, starts_at=120.0, ends_at=160.0)
+    first = decide(0.0, 4, idle, [next_phase], settings=settings)
+    assert first.replicas == 4  # just became idle: held for the idle delay
+    dropped = decide(2.0, 4, idle, [next_phase], state=first.state, settings=settings)
+    assert dropped.replicas == 1 and "idle" in dropped.reason
+    # A pool nobody announces to keeps the whole downscale delay (served as before announcements existed).
+    assert decide(2.0, 4, idle, state=decide(0.0, 4, idle, settings=settings).state, settings=settings).replicas == 4
+    # Members waiting for their group-mates are groups on their way: not idle, the downscale delay holds.
+    waiting = [ReplicaLoad(seconds_per_group=1.0, members_waiting=3.0)] + idle[1:]
+    state = decide(0.0, 4, waiting, [next_phase], settings=settings).state
+    assert decide(2.0, 4, waiting, [next_phase], state=state, settings=settings).replicas == 4
+    # Work between two idle moments restarts the idle clock.
+    busy = [ReplicaLoad(groups_running=1, queued_work_s=1.0, seconds_per_group=1.0)] + idle[1:]
+    state = decide(0.0, 4, idle, [next_phase], settings=settings).state
+    state = decide(1.0, 4, busy, [next_phase], state=state, settings=settings).state
+    assert decide(2.5, 4, idle, [next_phase], state=state, settings=settings).replicas == 4
+    # Never below what the announced phase needs a cold start ahead: 40 groups in 40 s at 1 s, headroom 1.5.
+    state = decide(100.0, 4, idle, [next_phase], settings=settings).state
+    assert decide(102.0, 4, idle, [next_phase], state=state, settings=settings).replicas == 2
+
+
 def test_requests_queued_at_callers_count_as_work():
     settings = ScalingSettings(max_replicas=8, upscale_delay_s=0, target_backlog_s=10.0)
     saturated = [ReplicaLoad(groups_running=4, queued_work_s=2.0, seconds_per_group=0.5)]
