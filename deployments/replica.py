@@ -446,14 +446,19 @@ class GRRMReplica:
         return await asyncio.shield(probe)
 
     async def _probe(self, replica: str) -> bool:
-        try:
-            await asyncio.wait_for(self._peers().ask_replica("info", replica), PROBE_TIMEOUT_S)
-            return True
-        except Exception as error:  # noqa: BLE001 - whatever the reason, members do not go there
-            logger.warning("replica %s: replica %s did not answer a probe (%s); its groups stay here",
-                           self.name, replica, type(error).__name__)
-            self._gone.add(replica)
-            return False
+        for _ in range(2):
+            try:
+                await asyncio.wait_for(self._peers().ask_replica("info", replica), PROBE_TIMEOUT_S)
+                return True
+            except Exception as error:  # noqa: BLE001 - whatever the reason, members do not go there
+                # A handle's router can keep a stale replica set (the ledger's peer handle knew only
+                # itself for minutes on a loaded machine): ask once more through a new handle.
+                self._peer_client = None
+                failure = error
+        logger.warning("replica %s: replica %s did not answer a probe twice (%s); its groups stay here",
+                       self.name, replica, type(failure).__name__)
+        self._gone.add(replica)
+        return False
 
     def _peers(self) -> HandleSender:
         """This deployment's replicas, through the group-aware router (made at the first hand-off)."""
