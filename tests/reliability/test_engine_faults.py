@@ -18,6 +18,7 @@ from cluster.config import ScoringConfig
 from cluster.engines import EngineConfig, ScriptedEngineOptions
 from deployments.app import build_app
 from deployments.config import AppConfig, ReplicaSettings
+from deployments.replica_list import replica_actor_names
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -124,7 +125,10 @@ def test_a_dead_engine_ends_its_replica_and_its_group_is_scored_on_the_new_one(s
         result = body["results"][0]
         assert status == 200 and result["valid"], result
         assert result["replica"] != first_replica
-        assert live_replica(handle) == result["replica"]
+        # The first replica ended itself. (The one that scored the group may have ended too: every
+        # replica's engine here dies after one generation, and on a loaded machine its next health
+        # check can come before this look. So the check is on the first one, not on that.)
+        assert first_replica not in replica_actor_names("dies")
     finally:
         serve.delete("dies")
 
