@@ -13,7 +13,8 @@ member of its prompt's group), then a quiet training phase. Three pools, one aft
 3. ``engine_work``: the project's policy (cluster/autoscaling.py); the client announces its first
    step while the trainer starts, each step as its generation phase starts, and the next one ahead
    of it (a trainer knows when its next generation phase begins), each with the profile of when in
-   the phase its groups complete (learned from the step before).
+   the phase its groups complete (learned from the step before); ``engine_work_<N>`` the same with
+   at most N replicas (2: about the exposure of Serve's policy at target 64, to compare costs at it).
 
 Reported per pool: replica-seconds (running replicas integrated over the run), exposed reward per
 step (last reward minus last member sent, ``docs/exposure.md``), the peak replica count, and
@@ -37,8 +38,16 @@ from cluster.demand_forecast import PhaseForecaster, group_completion_profile
 from cluster.engines import EngineConfig, ScriptedEngineOptions
 from cluster.schema import MemberRequest
 
-POLICIES = ("fixed", "serve_default", "serve_default_16", "serve_default_4", "serve_default_1", "engine_work")
+POLICIES = ("fixed", "serve_default", "serve_default_16", "serve_default_4", "serve_default_1", "engine_work",
+            "engine_work_2")
 SERVE_DEFAULT_TARGET = 64  # ongoing requests a replica, as grrm.yaml had it
+
+
+def engine_work_peak(policy: str, load: Workload) -> int:
+    """The most replicas of ``engine_work`` (the workload's max) or ``engine_work_<N>`` (N): a lower
+    peak exposes more, for a comparison with Serve's policy at its exposure."""
+    suffix = policy.removeprefix("engine_work").removeprefix("_")
+    return int(suffix) if suffix else load.max_replicas
 
 
 def serve_target(policy: str) -> int:
@@ -86,7 +95,7 @@ def app_config(policy: str, load: Workload):
             policy="engine_work", upscale_delay_s=0.0, downscale_delay_s=4.0, idle_downscale_delay_s=1.0,
             target_backlog_s=2.0,
             cold_start_s=load.start_s + 4.0, default_seconds_per_group=load.per_group_s, demand_grace_s=2.0,
-            **common)
+            **{**common, "max_replicas": engine_work_peak(policy, load)})
     return AppConfig(
         engine=EngineConfig(kind="scripted", scripted=ScriptedEngineOptions(
             per_prompt_s=load.per_group_s, max_concurrent_prompts=1, start_s=load.start_s)),
@@ -117,18 +126,19 @@ async def grpo_run(url: str, serve, app: str, policy: str, load: Workload, seed:
             group_id=f"s{step}g{group}", group_size=load.group_size, index=index, source=f"Step {step} prompt {group}.",
             candidate=f"rollout {index} [q={index + 2}]", src_lang="en", trg_lang="de"))
 
+    announces = policy.startswith("engine_work")
     sampler = asyncio.create_task(sample())
     steps, lost = [], 0
     # When in a phase its groups come: as if rollouts finished evenly until a step was seen, then as in
     # the last step (grrm_client/demand.py's forecast does the same from the requests it sees).
     profile = PhaseForecaster(load.groups, group_size=load.group_size).profile()
     try:
-        if policy == "engine_work":
+        if announces:
             await client.announce_demand(groups=load.groups, lasts_s=load.generation_s,
                                          starts_in_s=load.trainer_start_s, profile=profile)
         await asyncio.sleep(load.trainer_start_s)
         for step in range(load.steps):
-            if policy == "engine_work":
+            if announces:
                 await client.announce_demand(groups=load.groups, lasts_s=load.generation_s, profile=profile)
             opened = time.monotonic()
             sent: list[float] = []
@@ -145,7 +155,7 @@ async def grpo_run(url: str, serve, app: str, policy: str, load: Workload, seed:
             lost += sum(1 for outcome in outcomes if outcome.result is None or not outcome.result.valid)
             steps.append({"step": step, "exposed_s": max(answered) - max(sent)})
             profile = group_completion_profile([at - opened for at in sent], load.generation_s, load.group_size)
-            if policy == "engine_work" and step + 1 < load.steps:
+            if announces and step + 1 < load.steps:
                 # The trainer knows when its next generation phase starts: announced ahead of it.
                 await client.announce_demand(groups=load.groups, lasts_s=load.generation_s,
                                              starts_in_s=load.training_s, profile=profile)

@@ -200,8 +200,9 @@ def main() -> int:
             "its first step while it starts and each next step ahead, each with the profile of when in the phase "
             "its groups complete (the step before's; before any, rollouts assumed even), the pool sized for the "
             "busiest slice a cold start ahead (down delay 4 s; 1 s once the pool is idle between announced "
-            "phases: no group queued or running, no member waiting). Replica-seconds count running replicas (a "
-            "starting one is not counted). Ratios within this run.",
+            "phases: no group queued or running, no member waiting); `engine_work_2` the same with at most 2 "
+            "replicas, to compare costs with Serve's policy at about its exposure. Replica-seconds count running "
+            "replicas (a starting one is not counted). Ratios within this run.",
         ))
     simulation = load("autoscaling_sim")
     if simulation:
