@@ -26,7 +26,7 @@ from ray.serve.request_router import PendingRequest, RunningReplica
 from cluster.group_records import CompletedGroup
 from cluster.ledger import GroupLedger
 from cluster.routing import copy_holders
-from grrm_client.handles import ready_handle
+from grrm_client.handles import fresh_handle, ready_handle
 
 logger = logging.getLogger("ray.serve")
 
@@ -79,8 +79,9 @@ class LedgerReplica(GroupLedger):
             await asyncio.sleep(period_s)
 
     def _new_peer_handle(self) -> DeploymentHandle:
-        """A handle to this deployment with its router set up (a router of its own, not a stale one)."""
-        return ready_handle(serve.get_deployment_handle(*self._deployment))
+        """A handle to this deployment with a router of its own, set up now (not the process's cached
+        handle, whose router may be the stale one)."""
+        return fresh_handle(*self._deployment)
 
     async def _take_from(self, peer: int) -> None:
         name = await self._peers.name.remote(copy=peer, exclude=self._name)

@@ -50,6 +50,7 @@ from deployments.metrics import ReplicaMetrics
 from deployments.replica_set import ReplicaSetWatch
 from deployments.router import OUTSTANDING_WORK
 from grrm_client.handle_send import REPLICA_GONE_ERRORS, HandleSender
+from grrm_client.handles import fresh_handle
 
 logger = logging.getLogger("ray.serve")
 
@@ -461,10 +462,11 @@ class GRRMReplica:
         return False
 
     def _peers(self) -> HandleSender:
-        """This deployment's replicas, through the group-aware router (made at the first hand-off)."""
+        """This deployment's replicas, through the group-aware router of a handle of this replica's own
+        (made at the first hand-off, and again after a peer did not answer a probe)."""
         if self._peer_client is None:
             context = serve.get_replica_context()
-            self._peer_client = HandleSender(serve.get_deployment_handle(context.deployment, context.app_name))
+            self._peer_client = HandleSender(fresh_handle(context.deployment, context.app_name))
         return self._peer_client
 
     def _in_background(self, call: Any) -> None:

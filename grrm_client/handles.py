@@ -23,3 +23,13 @@ def ready_handle(handle: H) -> H:
     if isinstance(handle, DeploymentHandle) and not handle.is_initialized:
         handle.options()  # Serve initialises a handle's router on options() or remote()
     return handle
+
+
+def fresh_handle(deployment_name: str, app_name: str) -> DeploymentHandle:
+    """A handle to the deployment with a router of its own, set up now.
+
+    ``serve.get_deployment_handle`` returns the process's cached handle, and with it the router that
+    handle already has. A router can keep a stale replica set (on a loaded machine a replica's
+    router to its own deployment knew only itself for minutes); one made afresh reads the set from
+    the controller at once. For calls between replicas after a peer did not answer."""
+    return ready_handle(DeploymentHandle(deployment_name, app_name))

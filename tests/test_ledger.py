@@ -105,14 +105,14 @@ async def test_a_replica_whose_peer_handle_knows_no_peer_asks_through_a_new_hand
 
     handles = []
 
-    def get_deployment_handle(deployment, app_name):
+    def fresh_handle(deployment, app_name):
         stale = not handles
         handles.append(SimpleNamespace(name=_Method(never if stale else name), changes_since=_Method(changes_since)))
         return handles[-1]
 
     context = SimpleNamespace(replica_id=SimpleNamespace(unique_id="b"), deployment="GRRMLedger", app_name="app")
     monkeypatch.setattr(serve_ledger.serve, "get_replica_context", lambda: context)
-    monkeypatch.setattr(serve_ledger.serve, "get_deployment_handle", get_deployment_handle)
+    monkeypatch.setattr(serve_ledger, "fresh_handle", fresh_handle)
     monkeypatch.setattr(serve_ledger, "PEER_CALL_TIMEOUT_S", 0.05)
     replica = serve_ledger.LedgerReplica.__new__(serve_ledger.LedgerReplica)
     await replica.__init__(ttl_s=100, copies=2, sync_period_s=0.01)

@@ -42,7 +42,7 @@ def bare_replica(monkeypatch) -> GRRMReplica:
     StandInSender.made = []
     context = SimpleNamespace(deployment="GRRMReplica", app_name="app")
     monkeypatch.setattr(replica_module.serve, "get_replica_context", lambda: context)
-    monkeypatch.setattr(replica_module.serve, "get_deployment_handle", lambda deployment, app_name: object())
+    monkeypatch.setattr(replica_module, "fresh_handle", lambda deployment, app_name: object())
     monkeypatch.setattr(replica_module, "HandleSender", StandInSender)
     monkeypatch.setattr(replica_module, "PROBE_TIMEOUT_S", 0.05)
     replica = GRRMReplica.__new__(GRRMReplica)
@@ -64,3 +64,21 @@ async def test_a_peer_silent_through_a_new_handle_too_is_gone(monkeypatch):
     StandInSender.answers = False
     assert await replica._probe("b") is False
     assert replica._gone == {"b"} and len(StandInSender.made) == 2
+
+
+def test_a_fresh_handle_has_a_router_of_its_own_unlike_serves_cached_handle(monkeypatch):
+    """serve.get_deployment_handle hands back the process's cached handle (and its router, the one
+    that went stale); a probe's or a ledger sync's retry must not ask through that again."""
+    from ray.serve.handle import DeploymentHandle
+
+    from grrm_client.handles import fresh_handle
+
+    made = []
+
+    def counted(self, *args, **kwargs):  # ready_handle sets the router up through options()
+        made.append(self)
+        return self
+
+    monkeypatch.setattr(DeploymentHandle, "options", counted)
+    first, second = fresh_handle("GRRMReplica", "app"), fresh_handle("GRRMReplica", "app")
+    assert first is not second and made == [first, second]
