@@ -230,7 +230,8 @@ def main() -> int:
             "each phase as it opens and the next one ahead, with the profile of when in the phase its groups "
             "complete (at their last rollout: they crowd the phase's end), learned from the phases before; the "
             "pool grows for the busiest slice a cold start ahead, times `demand_headroom` (rows by headroom; "
-            f"demand grace {inputs.get('demand_grace_s', 30.0)} s, down delay {inputs.get('downscale_delay_s', 60.0)} s, "
+            f"demand grace {inputs.get('demand_grace_s', 30.0)} s, "
+            f"down delay {inputs.get('downscale_delay_s', 60.0)} s, "
             f"{inputs.get('idle_downscale_delay_s', inputs.get('downscale_delay_s', 60.0))} s once the pool is idle "
             "between announced phases). "
             "A fixed pool per run is the smallest within 5% of the exposure the cluster's share would give it.",
