@@ -50,7 +50,6 @@ from deployments.metrics import ReplicaMetrics
 from deployments.replica_set import ReplicaSetWatch
 from deployments.router import OUTSTANDING_WORK
 from grrm_client.handle_send import REPLICA_GONE_ERRORS, HandleSender
-from grrm_client.handles import fresh_handle
 
 logger = logging.getLogger("ray.serve")
 
@@ -447,26 +446,20 @@ class GRRMReplica:
         return await asyncio.shield(probe)
 
     async def _probe(self, replica: str) -> bool:
-        for _ in range(2):
-            try:
-                await asyncio.wait_for(self._peers().ask_replica("info", replica), PROBE_TIMEOUT_S)
-                return True
-            except Exception as error:  # noqa: BLE001 - whatever the reason, members do not go there
-                # A handle's router can keep a stale replica set (the ledger's peer handle knew only
-                # itself for minutes on a loaded machine): ask once more through a new handle.
-                self._peer_client = None
-                failure = error
-        logger.warning("replica %s: replica %s did not answer a probe twice (%s); its groups stay here",
-                       self.name, replica, type(failure).__name__)
-        self._gone.add(replica)
-        return False
+        try:
+            await asyncio.wait_for(self._peers().ask_replica("info", replica), PROBE_TIMEOUT_S)
+            return True
+        except Exception as error:  # noqa: BLE001 - whatever the reason, members do not go there
+            logger.warning("replica %s: replica %s did not answer a probe (%s); its groups stay here",
+                           self.name, replica, type(error).__name__)
+            self._gone.add(replica)
+            return False
 
     def _peers(self) -> HandleSender:
-        """This deployment's replicas, through the group-aware router of a handle of this replica's own
-        (made at the first hand-off, and again after a peer did not answer a probe)."""
+        """This deployment's replicas, through the group-aware router (made at the first hand-off)."""
         if self._peer_client is None:
             context = serve.get_replica_context()
-            self._peer_client = HandleSender(fresh_handle(context.deployment, context.app_name))
+            self._peer_client = HandleSender(serve.get_deployment_handle(context.deployment, context.app_name))
         return self._peer_client
 
     def _in_background(self, call: Any) -> None:
