@@ -62,8 +62,9 @@ class LedgerReplica(GroupLedger):
         await asyncio.sleep(period_s)
         while True:
             if self._peers is None:
-                # Off the event loop: setting the router up reads the GCS, which may be down right now.
-                self._peers = await asyncio.to_thread(self._new_peer_handle)
+                # Off the event loop: setting the router up reads the GCS, which may be down right now. A
+                # router of its own (fresh_handle), not the process's cached handle's, which may be stale.
+                self._peers = await asyncio.to_thread(fresh_handle, *self._deployment)
             answered = True
             for peer in range(self.copies - 1):
                 try:
@@ -77,11 +78,6 @@ class LedgerReplica(GroupLedger):
                 # router reads the set afresh. After the round: the other peers still ask through this one.
                 self._peers = None
             await asyncio.sleep(period_s)
-
-    def _new_peer_handle(self) -> DeploymentHandle:
-        """A handle to this deployment with a router of its own, set up now (not the process's cached
-        handle, whose router may be the stale one)."""
-        return fresh_handle(*self._deployment)
 
     async def _take_from(self, peer: int) -> None:
         name = await self._peers.name.remote(copy=peer, exclude=self._name)

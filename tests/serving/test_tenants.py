@@ -98,6 +98,20 @@ async def post_members(http: httpx.AsyncClient, url: str, bodies: list[dict], he
                                   for body in bodies for one in members(body)))
 
 
+async def tenants_once_in_flight(http: httpx.AsyncClient, url: str, tenants: tuple[str, ...], groups: int,
+                                 within_s: float = 30.0) -> httpx.Response:
+    """The ``/v1/tenants`` answer once ``tenants`` together hold ``groups`` groups in flight (polled: on a
+    loaded machine they arrive over seconds), or the last one after ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while True:
+        answer = await http.get(f"{url}/v1/tenants", headers=SHARED)
+        now = answer.json()["tenants"]
+        if (sum(now.get(tenant, {}).get("groups_in_flight", 0) for tenant in tenants) >= groups
+                or time.monotonic() > deadline):
+            return answer
+        await asyncio.sleep(0.02)
+
+
 def tenants_now(url: str) -> dict[str, dict]:
     answer = httpx.get(f"{url}/v1/tenants", headers=SHARED, timeout=30)
     assert answer.status_code == 200, answer.text
@@ -231,10 +245,7 @@ def test_a_tenant_over_its_limit_gets_503_and_the_others_do_not(url):
             others = asyncio.create_task(post_groups(
                 http, url, [group("dave-", i, tenant="dave") for i in range(6)], SHARED))
             # Once the capped tenant holds its 2 groups, a member of a third group is refused too.
-            deadline = time.monotonic() + 30
-            while (await http.get(f"{url}/v1/tenants", headers=SHARED)).json()["tenants"].get(
-                    "capped", {}).get("groups_in_flight", 0) < 2 and time.monotonic() < deadline:
-                await asyncio.sleep(0.02)
+            await tenants_once_in_flight(http, url, ("capped",), 2)
             member_answer = await http.post(f"{url}/v1/score/member", headers=SHARED,
                                             json=member("capped-m", 0, "x [q=3]", tenant="capped"))
             return await capped, await others, member_answer
@@ -275,15 +286,7 @@ def test_tenants_endpoint_and_metrics_count_each_tenant(url):
             sending = asyncio.create_task(post_groups(
                 http, url, [group(f"{tenant}-v", i, tenant=tenant) for i in range(6) for tenant in ("erin", "frank")],
                 SHARED))
-            # Read while the groups are in: polled, since on a loaded machine they arrive over seconds.
-            deadline = time.monotonic() + 30
-            while True:
-                during = await http.get(f"{url}/v1/tenants", headers=SHARED)
-                now = during.json()["tenants"]
-                in_flight = sum(now.get(tenant, {}).get("groups_in_flight", 0) for tenant in ("erin", "frank"))
-                if in_flight >= 6 or time.monotonic() > deadline:
-                    break
-                await asyncio.sleep(0.05)
+            during = await tenants_once_in_flight(http, url, ("erin", "frank"), 6)
             await sending
             after = await http.get(f"{url}/v1/tenants", headers=SHARED)
             unauthorized = await http.get(f"{url}/v1/tenants")
