@@ -23,22 +23,33 @@ fi
 #   own:     the quick tier, then the tests that start Ray clusters of their own (verl's trainings,
 #            node faults, `grrm serve`; marker own_cluster).
 # Each prints its lines with its name in front and its 25 slowest tests at its end; the run fails if
-# either shard fails.
+# either shard fails. A failed shard's failures are printed again at the very end, since the shard
+# that finished first has its summary far up the log (a CI page often shows only the log's tail).
+logs=$(mktemp -d)
 run_shard() {
   local name=$1 marks=$2
   set +e
-  "${pytest[@]}" -v --durations=25 -m "$marks" 2>&1 | sed -u "s/^/[$name] /"
+  COLUMNS=200 "${pytest[@]}" -v --durations=25 -m "$marks" 2>&1 | sed -u "s/^/[$name] /" | tee "$logs/$name.log"
   local status=${PIPESTATUS[0]}
   set -e
   echo "[$name] pytest exit status $status"
   return "$status"
 }
+recap_failures() {
+  local name=$1
+  echo "==== [$name] failed; its failures again (assertion lines, then pytest's summary) ===="
+  grep -E "^\[$name\] E  " "$logs/$name.log" | head -25 | cut -c1-300 || true
+  sed -n "/^\[$name\] =* short test summary info/,\$p" "$logs/$name.log" | grep -vE "^\[$name\] SKIPPED" | head -15 | cut -c1-300 || true
+}
 run_shard session "slow and not own_cluster" & session=$!
 run_shard own "not slow or own_cluster" & own=$!
-failed=0
-wait "$session" || failed=1
-wait "$own" || failed=1
-if [ "$failed" != 0 ]; then
+session_status=0 own_status=0
+wait "$session" || session_status=1
+wait "$own" || own_status=1
+if [ "$own_status" != 0 ]; then recap_failures own; fi
+if [ "$session_status" != 0 ]; then recap_failures session; fi
+rm -rf "$logs"
+if [ "$session_status$own_status" != 00 ]; then
   echo "FAILED: a shard failed (its '[session]' or '[own]' lines above say which tests)" >&2
   exit 1
 fi
