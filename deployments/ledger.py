@@ -116,6 +116,9 @@ class LedgerCopyRouter(ConsistentHashRouter):
     ) -> list[list[RunningReplica]]:
         if pending_request is None or not candidate_replicas:
             return [candidate_replicas] if candidate_replicas else []
+        # Without it Ray's routing loop asks again at once, never awaiting: a peer call whose router
+        # knows no peer yet spun the router's event loop, so the broadcast naming the peer never ran.
+        pending_request.routing_context.should_backoff = True
         kwargs = pending_request.kwargs
         copy = kwargs.get("copy", 0)
         exclude = kwargs.get("exclude")

@@ -125,3 +125,71 @@ async def test_a_replica_whose_peer_handle_knows_no_peer_asks_through_a_new_hand
         assert len(handles) == 2  # the stale handle was dropped once, the new one kept
     finally:
         replica._sync.cancel()
+
+
+class _Replica:
+    """What Ray's request router reads of a running replica (the parts a routing decision uses)."""
+
+    def __init__(self, name: str):
+        from ray.serve._private.common import DeploymentID, ReplicaID
+
+        self.replica_id = ReplicaID(name, DeploymentID(name="GRRMLedger", app_name="ledger-test"))
+        self.node_id, self.availability_zone, self.multiplexed_model_ids = None, None, set()
+
+    def push_proxy_handle(self, handle) -> None:
+        pass
+
+    async def get_queue_len(self, *, deadline_s: float) -> int:
+        return 0
+
+
+def test_a_peer_call_whose_router_knows_no_peer_yet_waits_without_holding_the_routers_event_loop():
+    """Stop 41's node-fault failure: a ledger replica's router that knew only its own replica (its
+    peer's start not yet broadcast) routed a peer-sync call. Ray's routing loop asks ``choose_replicas``
+    again at once, without awaiting, unless the request says to back off: the router's event loop
+    spun, the broadcast naming the peer never ran on it, and the replica starved its other calls
+    (scorers' writes) for minutes. Here the peer's broadcast comes through that loop, as Serve's does."""
+    import asyncio
+    import threading
+
+    from ray.serve._private.common import DeploymentHandleSource, DeploymentID, RequestMetadata
+    from ray.serve._private.request_router.common import PendingRequest
+
+    from deployments.ledger import LedgerCopyRouter
+
+    own, peer = _Replica("own"), _Replica("peer")
+    router = LedgerCopyRouter(deployment_id=DeploymentID(name="GRRMLedger", app_name="ledger-test"),
+                              handle_source=DeploymentHandleSource.REPLICA)
+    router.initialize_state()
+    loop = asyncio.new_event_loop()
+
+    async def broadcast(replicas: list[_Replica]) -> None:  # as Serve's long poll does, on the router's loop
+        router.update_replicas(replicas)
+
+    loop.run_until_complete(broadcast([own]))  # the peer's start not broadcast yet
+
+    async def peer_call() -> PendingRequest:  # its future belongs to the router's loop
+        return PendingRequest(args=[], kwargs={"copy": 0, "exclude": "own"},
+                              metadata=RequestMetadata(request_id="r", internal_request_id="r"))
+
+    pending = loop.run_until_complete(peer_call())
+    placed: list[str] = []
+
+    async def route() -> None:
+        async for replicas in router._choose_replicas_with_backoff(pending):
+            placed.extend(replica.replica_id.unique_id for replica in replicas)
+            return
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(route(),), daemon=True)
+    thread.start()
+    try:
+        asyncio.run_coroutine_threadsafe(broadcast([own, peer]), loop)
+        thread.join(timeout=10)
+        assert not thread.is_alive(), "the router's event loop never ran the broadcast that names the peer"
+        assert placed == ["peer"]
+        assert pending.routing_context.should_backoff
+    finally:
+        if thread.is_alive():  # the spinning loop sees the peer without its broadcast, and ends
+            router._replicas_list = [own, peer]
+            thread.join(timeout=10)
+        loop.close()
