@@ -73,9 +73,9 @@ class LedgerReplica(GroupLedger):
                     logger.info("ledger replica %s: peer %d did not answer: %r", self._name, peer, error)
                     answered = False
             if not answered:
-                # The next round asks through a new handle: a router can keep a stale replica set (on a loaded
-                # machine one knew only its own replica for 2 minutes while its peer ran), and a new handle's
-                # router reads the set afresh. After the round: the other peers still ask through this one.
+                # The next round asks through a new handle, whose router reads the replica set afresh: a guard
+                # against a stale set (one router knew only its own replica for minutes; the cause found was the
+                # routing spin LedgerCopyRouter now backs off from). The other peers still ask through this one.
                 self._peers = None
             await asyncio.sleep(period_s)
 
