@@ -39,7 +39,8 @@ recap_failures() {
   local name=$1
   echo "==== [$name] failed; its failures again (assertion lines, then pytest's summary) ===="
   grep -E "^\[$name\] E  " "$logs/$name.log" | head -25 | cut -c1-300 || true
-  sed -n "/^\[$name\] =* short test summary info/,\$p" "$logs/$name.log" | grep -vE "^\[$name\] SKIPPED" | head -15 | cut -c1-300 || true
+  sed -n "/^\[$name\] =* short test summary info/,\$p" "$logs/$name.log" |
+    grep -vE "^\[$name\] SKIPPED" | head -15 | cut -c1-300 || true
 }
 run_shard session "slow and not own_cluster" & session=$!
 run_shard own "not slow or own_cluster" & own=$!
