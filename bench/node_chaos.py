@@ -66,6 +66,9 @@ HEAD_FAULTS = ("gcs_restart", "head_restart")
 # for those not named. The GCS dies while only the first two groups have been sent: a scorer
 # replica that gets its first member while the GCS is down must serve it (the app is fresh).
 FAULT_AT_S = {"gcs_restart": 0.8}
+# A group whose members were all sent this long before the GCS (or the head) was back had time to be
+# scored while it was down (a group takes well under it here, ledger write included, under load).
+OUTAGE_MARGIN_S = 3.0
 HEAD_ARGS = {"num_cpus": 0, "include_dashboard": False}
 # Worker nodes' Serve proxies bind a port of their own (Ray 2.60's knob for proxies that share a
 # machine): node id -> port.
@@ -74,7 +77,7 @@ WORKER_PROXY_PORTS: dict[str, int] = {}
 COLUMNS = [
     "phase", "members_sent", "members_valid", "members_lost", "groups_duplicated", "split_groups",
     "in_flight_at_fault", "recovery_s", "replicas_back_s", "scorers_replaced", "answered_while_down",
-    "scorers_answering_while_down",
+    "scorers_answering_while_down", "groups_due_while_down", "groups_waiting_for_the_outage",
     "app_status_after", "victim_held", "max_latency_s", "wall_s",
 ]
 
@@ -393,6 +396,7 @@ async def phase(cluster, streams, fault: str | None, groups: int, *, before: dic
                                       for transport in ("http", "handle")}
         # A replica whose first call to a handle came during the outage froze until the GCS was back.
         row["scorers_answering_while_down"] = len({a["replica"] for a in down if a["valid"]})
+        row.update(outage_waits(answers, injected["at"], injected["back"]))
     row.update(
         transports=sorted({a["transport"] for a in answers}),
         retried_members=sum(a["attempts"] > 1 for a in answers),
@@ -400,6 +404,22 @@ async def phase(cluster, streams, fault: str | None, groups: int, *, before: dic
         wall_s=wall_s,
     )
     return row, after
+
+
+def outage_waits(answers: list[dict], down_at: float, back_at: float, margin_s: float = OUTAGE_MARGIN_S) -> dict:
+    """Whether any group waited for the GCS (or the head) to come back: ``groups_due_while_down``, the
+    groups all of whose members were sent by ``margin_s`` before it was back (so could be scored while it
+    was down), and ``groups_waiting_for_the_outage``, those of them with no member answered before it was
+    back (a frozen replica, router or proxy). Which scorer replicas own the groups of one short stream is
+    the ring's chance, so "every scorer answered" is no test of "none froze"; this is."""
+    members: dict[str, list[dict]] = {}
+    for answer in answers:
+        members.setdefault(answer["group_id"], []).append(answer)
+    due = [group for group in members.values()
+           if max(member["sent_at"] for member in group) <= back_at - margin_s
+           and max(member["answered_at"] for member in group) > down_at]
+    waited = [group for group in due if min(member["answered_at"] for member in group) >= back_at]
+    return {"groups_due_while_down": len(due), "groups_waiting_for_the_outage": len(waited)}
 
 
 async def wait_for_app(gone: str | None, head_node_id: str, timeout_s: float = 180) -> float | None:

@@ -22,8 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from bench.node_chaos import SCORERS
-
 pytestmark = [pytest.mark.slow, pytest.mark.own_cluster, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,8 +63,9 @@ def test_no_member_is_lost_when_a_node_the_gcs_or_the_head_dies(tmp_path):
     for phase in ("gcs_restart", "head_restart"):
         row = rows[phase]
         assert row["answered_while_down"]["http"] > 0 and row["answered_while_down"]["handle"] > 0, row
-        # Every scorer replica answered while it was down: none froze waiting for the GCS.
-        assert row["scorers_answering_while_down"] == SCORERS, row
+        # No group that had time to be scored while it was down waited for it: nothing froze waiting
+        # for the GCS (a frozen scorer replica holds every group the ring gives it).
+        assert row["groups_due_while_down"] >= 3 and row["groups_waiting_for_the_outage"] == 0, row
         assert row["scorers_replaced"] == 0 and row["app_status_after"] == "RUNNING", row
         assert row["replicas_back_s"] is not None, row
     # Serve ran every scorer replica again after each node died.
