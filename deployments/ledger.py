@@ -116,14 +116,16 @@ class LedgerCopyRouter(ConsistentHashRouter):
     ) -> list[list[RunningReplica]]:
         if pending_request is None or not candidate_replicas:
             return [candidate_replicas] if candidate_replicas else []
-        # Without it Ray's routing loop asks again at once, never awaiting: a peer call whose router
-        # knows no peer yet spun the router's event loop, so the broadcast naming the peer never ran.
-        pending_request.routing_context.should_backoff = True
         kwargs = pending_request.kwargs
         copy = kwargs.get("copy", 0)
         exclude = kwargs.get("exclude")
         by_name = {replica.replica_id.unique_id: replica for replica in candidate_replicas}
         order = copy_holders(by_name, copy if isinstance(copy, int) else 0, exclude if isinstance(exclude, str) else None)
+        if not order:
+            # Nothing to offer: without backing off, Ray's routing loop asks again at once, never awaiting. A
+            # peer call whose router knew no peer yet spun the router's event loop, so the broadcast naming the
+            # peer never ran. (A call with a replica to go to keeps Ray's quick retry.)
+            pending_request.routing_context.should_backoff = True
         return [[by_name[name]] for name in order]
 
 
