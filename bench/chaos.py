@@ -259,15 +259,21 @@ async def inject(fault: str, handle, app: str, at_s: float, aim_s: float = 3.0, 
 # ------------------------------------------------------------------------------ the verdict
 
 
+def answers_by_group(answers: list[dict]) -> dict[str, list[dict]]:
+    """The streamed members' answers, by their group id."""
+    by_group: dict[str, list[dict]] = defaultdict(list)
+    for answer in answers:
+        by_group[answer["group_id"]].append(answer)
+    return by_group
+
+
 def tally(answers: list[dict], before: dict[str, dict], after: dict[str, dict], victim: str | None) -> dict:
     """Members valid and lost, groups split or scored more than once (see the module docstring).
 
     Every scoring is visible either in a live replica's ``groups_scored`` counter or, for a
     replica that died, in the answers that name it; their sum must equal the number of groups.
     """
-    by_group: dict[str, list[dict]] = defaultdict(list)
-    for answer in answers:
-        by_group[answer["group_id"]].append(answer)
+    by_group = answers_by_group(answers)
     split = sum(len({(a["replica"], tuple(a["group_scores"] or ())) for a in group}) > 1 for group in by_group.values())
     answered_by = {group_id: group[0]["replica"] for group_id, group in by_group.items()}
     scored_live = sum(info["groups_scored"] - before.get(replica, {}).get("groups_scored", 0)

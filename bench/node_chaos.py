@@ -51,7 +51,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.chaos import stream, tally
+from bench.chaos import answers_by_group, stream, tally
 from bench.common import free_port, machine, print_table, write_json
 from cluster.schema import MemberRequest
 
@@ -412,10 +412,7 @@ def outage_waits(answers: list[dict], down_at: float, back_at: float, margin_s: 
     was down), and ``groups_waiting_for_the_outage``, those of them with no member answered before it was
     back (a frozen replica, router or proxy). Which scorer replicas own the groups of one short stream is
     the ring's chance, so "every scorer answered" is no test of "none froze"; this is."""
-    members: dict[str, list[dict]] = {}
-    for answer in answers:
-        members.setdefault(answer["group_id"], []).append(answer)
-    due = [group for group in members.values()
+    due = [group for group in answers_by_group(answers).values()
            if max(member["sent_at"] for member in group) <= back_at - margin_s
            and max(member["answered_at"] for member in group) > down_at]
     waited = [group for group in due if min(member["answered_at"] for member in group) >= back_at]
