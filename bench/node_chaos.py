@@ -20,7 +20,7 @@ fault until every member in flight then was answered, and until Serve ran every 
    scorer) dies the same way;
 5. with ``--redis``, on a second cluster with GCS fault tolerance on a local ``redis-server``:
    ``gcs_restart``: the GCS is killed 0.8 s into the stream of a fresh app (while at least one scorer
-   replica has had no member yet), stays down 5 s and restarts on the same Redis;
+   replica has had no member yet), stays down 5 s (``--head-down-s``) and restarts on the same Redis;
    ``head_restart``: the whole head (GCS, Serve controller, head raylet and proxy) is killed without
    grace, stays down 5 s and a new head starts on the same Redis and GCS port (as KubeRay restarts
    the head pod). On that cluster the members stream from a detached actor on a worker node, over
@@ -69,6 +69,8 @@ FAULT_AT_S = {"gcs_restart": 0.8}
 # A group whose members were all sent this long before the GCS (or the head) was back had time to be
 # scored while it was down (a group takes well under it here, ledger write included, under load).
 OUTAGE_MARGIN_S = 3.0
+# How long the GCS or the head stays down (``--head-down-s``).
+HEAD_DOWN_S = 5.0
 HEAD_ARGS = {"num_cpus": 0, "include_dashboard": False}
 # Worker nodes' Serve proxies bind a port of their own (Ray 2.60's knob for proxies that share a
 # machine): node id -> port.
@@ -348,7 +350,8 @@ async def inject(cluster, fault: str, at_s: float, down_s: float) -> dict:
 
 
 async def phase(cluster, streams, fault: str | None, groups: int, *, before: dict[str, dict] | None = None,
-                interval_s: float = 0.25, spread_s: float = 1.0, down_s: float = 5.0) -> tuple[dict, dict[str, dict]]:
+                interval_s: float = 0.25, spread_s: float = 1.0,
+                down_s: float = HEAD_DOWN_S) -> tuple[dict, dict[str, dict]]:
     """Stream ``groups`` groups with ``streams``, inject ``fault`` a third of the way in (or at its
     ``FAULT_AT_S``), tally (see the docstring). ``before``: the replicas' counters as the previous
     phase on this cluster left them (nothing is scored between phases; read afresh when None).
@@ -477,9 +480,9 @@ def app_config():
     )
 
 
-def run(groups: int, with_redis: bool) -> list[dict]:
-    """The node phases on one fresh cluster, then (``with_redis``) the GCS phase on another with GCS
-    fault tolerance; the rows (answers dropped)."""
+def run(groups: int, with_redis: bool, head_down_s: float = HEAD_DOWN_S) -> list[dict]:
+    """The node phases on one fresh cluster, then (``with_redis``) the GCS and head phases on another
+    with GCS fault tolerance, the GCS or the head down ``head_down_s``; the rows (answers dropped)."""
     rows = run_cluster([None, *REPLICA_FAULTS, "scorer_node_kill", "ingress_ledger_node_kill"], groups, redis_address=None)
     if with_redis:
         # A cluster of its own. With the app running, a worker node killed on a cluster with GCS
@@ -487,11 +490,12 @@ def run(groups: int, with_redis: bool) -> list[dict]:
         # one dead in 17 s; not understood), and there the members stream from a worker node that a
         # node kill could take: the node phases run without it.
         with redis_server() as redis_address:
-            rows += run_cluster(list(HEAD_FAULTS), groups, redis_address=redis_address)
+            rows += run_cluster(list(HEAD_FAULTS), groups, redis_address=redis_address, down_s=head_down_s)
     return rows
 
 
-def run_cluster(faults: list[str | None], groups: int, redis_address: str | None) -> list[dict]:
+def run_cluster(faults: list[str | None], groups: int, redis_address: str | None,
+                down_s: float = HEAD_DOWN_S) -> list[dict]:
     """The app on a fresh cluster and the given phases in turn."""
     import ray
     from ray import serve
@@ -510,7 +514,7 @@ def run_cluster(faults: list[str | None], groups: int, redis_address: str | None
             streams = RemoteStreams()
         else:
             streams = LocalStreams(f"http://127.0.0.1:{port}/{APP}", serve.get_deployment_handle("GRRMReplica", app_name=APP))
-        return asyncio.run(run_phases(cluster, streams, faults, groups))
+        return asyncio.run(run_phases(cluster, streams, faults, groups, down_s))
     finally:
         try:
             serve.shutdown()
@@ -533,12 +537,12 @@ def forget_cluster(address: str) -> None:
         pass
 
 
-async def run_phases(cluster, streams, faults: list[str | None], groups: int) -> list[dict]:
+async def run_phases(cluster, streams, faults: list[str | None], groups: int, down_s: float) -> list[dict]:
     rows = []
     counters = None  # each phase starts from the counters the one before it read (a driver process each)
     try:
         for fault in faults:
-            row, counters = await phase(cluster, streams, fault, groups, before=counters)
+            row, counters = await phase(cluster, streams, fault, groups, before=counters, down_s=down_s)
             rows.append(row)
             print(json.dumps(row), flush=True)
     finally:
@@ -551,12 +555,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups", type=int, default=60, help="groups of 4 streamed per phase")
     parser.add_argument("--quick", action="store_true", help="24 groups per phase (CI)")
     parser.add_argument("--redis", action="store_true", help="GCS fault tolerance on a local redis-server, and the GCS row")
+    parser.add_argument("--head-down-s", type=float, default=HEAD_DOWN_S,
+                        help="seconds the GCS or the head stays down (the --redis phases)")
     parser.add_argument("--out", type=Path, default=None, help="also write the rows here (JSON)")
     args = parser.parse_args(argv)
     if args.quick:
         args.groups = 24
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # one machine, many nodes: no token to pass around
-    rows = run(args.groups, args.redis)
+    rows = run(args.groups, args.redis, args.head_down_s)
     print_table(rows, COLUMNS)
     write_json("node_chaos", {"phases": rows, "simulated": "scripted engine"},
                {"machine": machine(), **{key: str(value) for key, value in vars(args).items()}})
