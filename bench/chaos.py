@@ -79,15 +79,19 @@ def chaos_config(model: str | Path, assembly_timeout_s: float | None = None, ten
 # ------------------------------------------------------------------------------ the replicas
 
 
-async def replica_infos(handle, app: str, timeout_s: float = 10) -> dict[str, dict]:
-    """``info()`` of every scorer replica that answers within ``timeout_s``."""
-    infos = {}
-    for replica in replica_actor_names(app):
+async def replica_infos(handle, app: str, timeout_s: float = 10, replicas: list[str] | None = None) -> dict[str, dict]:
+    """``info()`` of every scorer replica (or of ``replicas``) that answers within ``timeout_s``, asked
+    at once: one snapshot, not one replica's view after another's."""
+
+    async def ask(replica: str) -> dict | None:
         try:
-            infos[replica] = await asyncio.wait_for(handle.info.remote(target_replica=replica), timeout_s)
+            return await asyncio.wait_for(handle.info.remote(target_replica=replica), timeout_s)
         except Exception:  # noqa: BLE001 - a replica starting or going away has no info to give
-            pass
-    return infos
+            return None
+
+    replicas = list(replica_actor_names(app)) if replicas is None else replicas
+    answers = await asyncio.gather(*(ask(replica) for replica in replicas))
+    return {replica: info for replica, info in zip(replicas, answers) if info is not None}
 
 
 def _only_child(parent_pid: int, name: str) -> int:
@@ -225,8 +229,16 @@ async def inject(fault: str, handle, app: str, at_s: float, aim_s: float = 3.0, 
 
     await asyncio.sleep(at_s)
     aim_until = time.monotonic() + aim_s
+    names: dict[str, str] = {}
     while True:
-        infos = await replica_infos(handle, app)
+        # Listed once (a GCS query, slow on a loaded machine) and the actors looked up before the aim:
+        # between seeing a replica scoring and striking it there is only the strike. Once, a test's
+        # kill came after the victim's last group was answered.
+        if not names:
+            names = replica_actor_names(app)
+            actors = ({replica: ray.get_actor(name, namespace="serve") for replica, name in names.items()}
+                      if fault == "replica_kill" else {})
+        infos = await replica_infos(handle, app, replicas=list(names))
         if any(info["assembler"]["scoring_groups"] for info in infos.values()):
             break
         if infos and time.monotonic() > aim_until:
@@ -249,7 +261,7 @@ async def inject(fault: str, handle, app: str, at_s: float, aim_s: float = 3.0, 
         record["engine_core_pid"] = tensor_parallel_worker_pid(info["pid"])
         os.kill(record["engine_core_pid"], signal.SIGKILL)
     elif fault == "replica_kill":
-        ray.kill(ray.get_actor(replica_actor_names(app)[victim], namespace="serve"), no_restart=True)
+        ray.kill(actors[victim], no_restart=True)
     else:
         raise ValueError(f"fault: unknown {fault!r}; known: {', '.join(FAULTS + TENSOR_PARALLEL_FAULTS)}")
     record["at"] = time.monotonic()

@@ -107,7 +107,11 @@ def check_every_member_answered_once_and_consistent(answers: list[dict]) -> None
 
 def test_killing_a_replica_mid_run_loses_no_member_and_scores_no_group_twice(serve_instance, capsys):
     config = AppConfig(
-        engine=EngineConfig(kind="scripted", scripted=ScriptedEngineOptions(per_prompt_s=0.05, jitter=0.2)),
+        # One generation at a time: a replica's complete groups queue for its engine (about 3 s of
+        # them), so the kill finds members in flight; with all at once, the groups of a run were
+        # scored as fast as they assembled and one CI run's kill came after its victim's last answer.
+        engine=EngineConfig(kind="scripted", scripted=ScriptedEngineOptions(per_prompt_s=0.05, jitter=0.2,
+                                                                            max_concurrent_prompts=1)),
         replicas=ReplicaSettings(num_replicas=3, num_cpus=0.5, gpus_per_rank=0, max_ongoing_requests=1024,
                                  health_check_period_s=2.0),
         # Members split while the routers' views of the replica set differ meet when re-sent after a
