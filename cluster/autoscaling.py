@@ -263,7 +263,12 @@ def decide_replicas(
     kept_asleep = 0
     if settings.idle == "sleep":
         kept_asleep = min(current, replicas_for_demand(demands, now, per_group_s, settings, break_even_s(settings)))
-    wanted = min(settings.max_replicas, max(settings.min_replicas, for_work, for_demand, kept_asleep))
+    # With min_replicas 0, the last replica stays while members wait on it for their group-mates: dropping
+    # it would answer them "shutting down" and their re-sends would start a replica again (a cold start).
+    # It never adds one: a pool at 0 has no replica whose members wait.
+    holding_members = 1 if any(load.members_waiting for load in loads) else 0
+    wanted = min(settings.max_replicas,
+                 max(settings.min_replicas, holding_members, for_work, for_demand, kept_asleep))
     details = dict(engine_work_s=engine_work_s, for_work=for_work, for_demand=for_demand, kept_asleep=kept_asleep,
                    sleeping=sum(1 for load in loads if load.sleeping))
     # Idle between announced phases: nothing for the engines, no member waiting for its group-mates (a

@@ -40,6 +40,21 @@ def test_members_that_only_wait_add_no_replica():
     assert decision.engine_work_s == 0.0
 
 
+def test_with_min_replicas_zero_the_last_replica_stays_while_members_wait_on_it_and_goes_when_idle():
+    settings = dataclasses.replace(SETTINGS, min_replicas=0, downscale_delay_s=5.0)
+    waiting = [ReplicaLoad(members_waiting=3.0, seconds_per_group=1.0)]
+    state = None
+    for second in range(30):
+        decision = decide(float(second), 1, waiting, state=state, settings=settings)
+        state = decision.state
+        assert decision.replicas == 1  # kept, never more: waiting members are a forecast, not load
+    idle = [ReplicaLoad(seconds_per_group=1.0)]
+    first = decide(30.0, 1, idle, state=state, settings=settings)
+    assert decide(35.0, 1, idle, state=first.state, settings=settings).replicas == 0
+    # A pool at zero with nothing queued at callers and nothing announced stays at zero.
+    assert decide(40.0, 0, [], settings=settings).replicas == 0
+
+
 def test_queued_engine_work_adds_replicas_after_the_upscale_delay():
     loads = [ReplicaLoad(groups_waiting=30, groups_running=4, queued_work_s=35.0, seconds_per_group=1.0)]
     first = decide(100.0, 1, loads)

@@ -39,9 +39,10 @@ def app_config(engine: ScriptedEngineOptions, **autoscaling) -> AppConfig:
         engine=EngineConfig(kind="scripted", scripted=engine),
         replicas=ReplicaSettings(
             num_cpus=0.1, gpus_per_rank=0,
-            autoscaling=AutoscalingSettings(min_replicas=1, max_replicas=4, upscale_delay_s=0, metrics_interval_s=0.5,
-                                            look_back_period_s=2, cold_start_s=0, demand_headroom=1.0,
-                                            demand_grace_s=0, **autoscaling)),
+            autoscaling=AutoscalingSettings(**{
+                "min_replicas": 1, "max_replicas": 4, "upscale_delay_s": 0, "metrics_interval_s": 0.5,
+                "look_back_period_s": 2, "cold_start_s": 0, "demand_headroom": 1.0, "demand_grace_s": 0,
+                **autoscaling})),
         assembly_timeout_s=ASSEMBLY_TIMEOUT_S,
     )
 
@@ -200,3 +201,56 @@ def test_complete_groups_queued_for_one_engine_move_to_the_replicas_the_pool_add
         assert sum(a["groups_scored"] for a in counters) == QUEUED_GROUPS
     finally:
         serve.delete(QUEUED_APP)
+
+
+ZERO_APP = "scaling_zero"
+
+
+def test_a_pool_with_min_replicas_zero_starts_for_work_keeps_its_replica_for_waiting_members_and_empties(
+        serve_instance, capsys):
+    config = app_config(ScriptedEngineOptions(per_prompt_s=0.05), min_replicas=0, max_replicas=2,
+                        downscale_delay_s=1, default_seconds_per_group=1.0)
+    serve.run(build_app(config), name=ZERO_APP, route_prefix=f"/{ZERO_APP}")
+    try:
+        assert running_replicas(ZERO_APP) == 0
+
+        async def score(tag: str, before_last=None) -> tuple[list, float]:
+            """A group's first members, then (after ``before_last()``) its last; the answers and the
+            seconds from the first member to the last answer."""
+            client = RewardClient(ClientConfig(transport="http", http_url=f"{serve_instance}/{ZERO_APP}",
+                                               deadline_s=120))
+            try:
+                started = time.monotonic()
+                group = members(tag, 0)
+                first = [asyncio.create_task(client.score_member(one)) for one in group[:-1]]
+                if before_last is not None:
+                    await before_last()
+                answers = await asyncio.gather(*first, client.score_member(group[-1]))
+                return answers, time.monotonic() - started
+            finally:
+                await client.aclose()
+
+        # Work at an empty pool waits at the callers' handles; the policy counts it and starts a replica.
+        answers, from_zero_s = asyncio.run(score("z"))
+        check_scored_once(answers, "z", groups=1)
+        # Idle, nothing announced: the pool empties again after the downscale delay.
+        wait_until(lambda: running_replicas(ZERO_APP) == 0, "the pool back at zero", timeout_s=60)
+
+        held_by: list[str] = []
+
+        async def hold_past_the_downscale_delay() -> None:
+            # Members waiting for their last group-mate hold the one replica they wait on, far past the
+            # downscale delay (1 s); the group is scored there when the last comes.
+            await asyncio.to_thread(wait_until, lambda: running_replicas(ZERO_APP) == 1, "a replica for the members")
+            held_by.extend(replica_actor_names(ZERO_APP))
+            await asyncio.sleep(8.0)
+            assert running_replicas(ZERO_APP) == 1 and list(replica_actor_names(ZERO_APP)) == held_by
+
+        answers, _ = asyncio.run(score("w", hold_past_the_downscale_delay))
+        assert {replica for verdicts in check_scored_once(answers, "w", groups=1).values()
+                for replica, _ in verdicts} == set(held_by)
+        with capsys.disabled():
+            print(f"\nmin_replicas 0: first group scored {from_zero_s:.1f} s after its first member "
+                  "(a replica started)")
+    finally:
+        serve.delete(ZERO_APP)
