@@ -43,11 +43,13 @@ POLICIES = ("fixed", "serve_default", "serve_default_16", "serve_default_4", "se
 SERVE_DEFAULT_TARGET = 64  # ongoing requests a replica, as grrm.yaml had it
 
 
-def engine_work_peak(policy: str, load: Workload) -> int:
-    """The most replicas of ``engine_work`` (the workload's max) or ``engine_work_<N>`` (N): a lower
+def engine_work_bounds(policy: str, load: Workload) -> tuple[int, int]:
+    """The fewest and most replicas of ``engine_work[_min0][_<N>]``: ``min0`` lets the pool empty
+    between steps (``min_replicas`` 0; else 1), ``N`` caps its peak (else the workload's max): a lower
     peak exposes more, for a comparison with Serve's policy at its exposure."""
-    suffix = policy.removeprefix("engine_work").removeprefix("_")
-    return int(suffix) if suffix else load.max_replicas
+    parts = policy.removeprefix("engine_work").split("_")[1:]
+    peaks = [int(part) for part in parts if part.isdigit()]
+    return (0 if "min0" in parts else 1), (peaks[0] if peaks else load.max_replicas)
 
 
 def serve_target(policy: str) -> int:
@@ -95,7 +97,7 @@ def app_config(policy: str, load: Workload):
             policy="engine_work", upscale_delay_s=0.0, downscale_delay_s=4.0, idle_downscale_delay_s=1.0,
             target_backlog_s=2.0,
             cold_start_s=load.start_s + 4.0, default_seconds_per_group=load.per_group_s, demand_grace_s=2.0,
-            **{**common, "max_replicas": engine_work_peak(policy, load)})
+            **{**common, **dict(zip(("min_replicas", "max_replicas"), engine_work_bounds(policy, load)))})
     return AppConfig(
         engine=EngineConfig(kind="scripted", scripted=ScriptedEngineOptions(
             per_prompt_s=load.per_group_s, max_concurrent_prompts=1, start_s=load.start_s)),
@@ -201,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=Workload.steps)
     parser.add_argument("--policies", default=",".join(POLICIES),
-                        help="comma-separated, of " + ", ".join(POLICIES) + " (any serve_default_<target>)")
+                        help="comma-separated, of " + ", ".join(POLICIES) + " (any serve_default_<target>, "
+                             "engine_work_<most replicas>, engine_work_min0[_<most>]: min_replicas 0)")
     parser.add_argument("--quick", action="store_true", help="2 short steps, engine_work only (CI)")
     args = parser.parse_args(argv)
     load = Workload(steps=args.steps)
