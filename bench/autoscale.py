@@ -48,8 +48,11 @@ def engine_work_bounds(policy: str, load: Workload) -> tuple[int, int]:
     between steps (``min_replicas`` 0; else 1), ``N`` caps its peak (else the workload's max): a lower
     peak exposes more, for a comparison with Serve's policy at its exposure."""
     parts = policy.removeprefix("engine_work").split("_")[1:]
-    peaks = [int(part) for part in parts if part.isdigit()]
-    return (0 if "min0" in parts else 1), (peaks[0] if peaks else load.max_replicas)
+    empties = parts[:1] == ["min0"]
+    peak = parts[1:] if empties else parts
+    if len(peak) > 1 or (peak and not peak[0].isdigit()):
+        raise ValueError(f"policy: {policy!r} is not engine_work[_min0][_<most replicas>]")
+    return (0 if empties else 1), (int(peak[0]) if peak else load.max_replicas)
 
 
 def serve_target(policy: str) -> int:
@@ -93,11 +96,12 @@ def app_config(policy: str, load: Workload):
             policy="serve_default", target_ongoing_requests=serve_target(policy), upscale_delay_s=2.0,
             downscale_delay_s=4.0, **common)
     else:
+        lowest, most = engine_work_bounds(policy, load)
         replicas["autoscaling"] = AutoscalingSettings(
             policy="engine_work", upscale_delay_s=0.0, downscale_delay_s=4.0, idle_downscale_delay_s=1.0,
             target_backlog_s=2.0,
             cold_start_s=load.start_s + 4.0, default_seconds_per_group=load.per_group_s, demand_grace_s=2.0,
-            **{**common, **dict(zip(("min_replicas", "max_replicas"), engine_work_bounds(policy, load)))})
+            **{**common, "min_replicas": lowest, "max_replicas": most})
     return AppConfig(
         engine=EngineConfig(kind="scripted", scripted=ScriptedEngineOptions(
             per_prompt_s=load.per_group_s, max_concurrent_prompts=1, start_s=load.start_s)),

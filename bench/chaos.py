@@ -79,7 +79,8 @@ def chaos_config(model: str | Path, assembly_timeout_s: float | None = None, ten
 # ------------------------------------------------------------------------------ the replicas
 
 
-async def replica_infos(handle, app: str, timeout_s: float = 10, replicas: list[str] | None = None) -> dict[str, dict]:
+async def replica_infos(handle, app: str, timeout_s: float = 10,
+                        replicas: list[str] | None = None) -> dict[str, dict]:
     """``info()`` of every scorer replica (or of ``replicas``) that answers within ``timeout_s``, asked
     at once: one snapshot, not one replica's view after another's."""
 

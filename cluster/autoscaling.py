@@ -266,15 +266,15 @@ def decide_replicas(
     # With min_replicas 0, the last replica stays while members wait on it for their group-mates: dropping
     # it would answer them "shutting down" and their re-sends would start a replica again (a cold start).
     # It never adds one: a pool at 0 has no replica whose members wait.
-    holding_members = 1 if any(load.members_waiting for load in loads) else 0
+    members_waiting = any(load.members_waiting for load in loads)
     wanted = min(settings.max_replicas,
-                 max(settings.min_replicas, holding_members, for_work, for_demand, kept_asleep))
+                 max(settings.min_replicas, int(members_waiting), for_work, for_demand, kept_asleep))
     details = dict(engine_work_s=engine_work_s, for_work=for_work, for_demand=for_demand, kept_asleep=kept_asleep,
                    sleeping=sum(1 for load in loads if load.sleeping))
     # Idle between announced phases: nothing for the engines, no member waiting for its group-mates (a
     # group on its way), nothing queued at callers, and a trainer has said when its work comes next.
     idle = (bool(loads) and bool(demands) and engine_work_s == 0 and queued_at_callers == 0
-            and not any(load.members_waiting for load in loads))
+            and not members_waiting)
     idle_for = now - state.setdefault("idle_since", now) if idle else 0.0
     if not idle:
         state.pop("idle_since", None)
