@@ -14,7 +14,12 @@ member of its prompt's group), then a quiet training phase. Three pools, one aft
    step while the trainer starts, each step as its generation phase starts, and the next one ahead
    of it (a trainer knows when its next generation phase begins), each with the profile of when in
    the phase its groups complete (learned from the step before); ``engine_work_<N>`` the same with
-   at most N replicas (2: about the exposure of Serve's policy at target 64, to compare costs at it).
+   at most N replicas (2: about the exposure of Serve's policy at target 64, to compare costs at it);
+   ``engine_work_min0[_<N>]`` with ``min_replicas`` 0: the pool empties while the trainer trains and
+   starts again a cold start ahead of the next announced phase (the application-level policy hears
+   the announcement through the ingress while no scorer replica runs).
+
+Every pool is deployed as ``serve run deployments/grrm.yaml`` deploys it (``deployments/declared.py``).
 
 Reported per pool: replica-seconds (running replicas integrated over the run), exposed reward per
 step (last reward minus last member sent, ``docs/exposure.md``), the peak replica count, and
@@ -39,7 +44,7 @@ from cluster.engines import EngineConfig, ScriptedEngineOptions
 from cluster.schema import MemberRequest
 
 POLICIES = ("fixed", "serve_default", "serve_default_16", "serve_default_4", "serve_default_1", "engine_work",
-            "engine_work_2")
+            "engine_work_2", "engine_work_min0", "engine_work_min0_2")
 SERVE_DEFAULT_TARGET = 64  # ongoing requests a replica, as grrm.yaml had it
 
 
@@ -219,13 +224,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from ray import serve
 
-    from deployments.app import build_app
+    from deployments.declared import deploy_declared
 
     runs = []
     with local_serve() as url:
         for policy in policies:
             app = f"autoscale-{policy.replace('_', '-')}"
-            serve.run(build_app(app_config(policy, load)), name=app, route_prefix=f"/{app}")
+            # As `serve run deployments/grrm.yaml` deploys: the project's policy at application level,
+            # which hears announcements through the ingress while the scorer pool is empty.
+            deploy_declared(app_config(policy, load), app, f"/{app}")
             runs.append(asyncio.run(grpo_run(url, serve, app, policy, load, seed=7)))
             serve.delete(app)
     fixed = next((run for run in runs if run["policy"] == "fixed"), None)

@@ -95,6 +95,25 @@ def build_app(args: AppConfig) -> Application:
         name=config.ingress_deployment_name,
         max_ongoing_requests=100_000,  # backpressure belongs to the replicas (503 from there)
         **shared_options(config),
-        **config.ingress.serve_options(env_vars=config.http.env_vars),
+        **ingress_options(config),
     )
     return ingress.bind(replicas, config)
+
+
+def ingress_options(config: AppConfig) -> dict[str, Any]:
+    """Serve deployment options of the HTTP ingress.
+
+    Where the scorers scale on the project's policy, the ingress reports the demand announcements it
+    took (``GRRMIngress.record_autoscaling_stats``), which Serve collects only from a deployment with
+    an autoscaling config: it gets one that holds it at its replica count (min = max), and the
+    application-level policy (:data:`~deployments.autoscaling_policy.APPLICATION_POLICY_PATH`) reads
+    the reports, so that a scorer pool at 0 replicas still grows ahead of announced work."""
+    options = config.ingress.serve_options(env_vars=config.http.env_vars)
+    scaling = config.replicas.autoscaling
+    if scaling is not None and scaling.policy == "engine_work":
+        count = options.pop("num_replicas")
+        options["autoscaling_config"] = {
+            "min_replicas": count, "max_replicas": count, "initial_replicas": count,
+            "metrics_interval_s": scaling.metrics_interval_s, "look_back_period_s": scaling.look_back_period_s,
+        }
+    return options

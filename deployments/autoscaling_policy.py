@@ -16,10 +16,20 @@ from typing import Any
 
 from cluster.autoscaling import Demand, ReplicaLoad, ScalingSettings, decide_replicas
 
-__all__ = ["EngineWorkPolicy", "POLICY_PATH", "autoscaling_stats", "demands_of", "loads_of"]
+__all__ = [
+    "APPLICATION_POLICY_PATH",
+    "ApplicationEngineWorkPolicy",
+    "EngineWorkPolicy",
+    "POLICY_PATH",
+    "autoscaling_stats",
+    "demand_stats",
+    "demands_of",
+    "loads_of",
+]
 
 logger = logging.getLogger("ray.serve")
 POLICY_PATH = "deployments.autoscaling_policy:EngineWorkPolicy"
+APPLICATION_POLICY_PATH = "deployments.autoscaling_policy:ApplicationEngineWorkPolicy"
 # Report keys: a replica's load, and each announced demand as three keys under its tenant.
 # Counts (0 when unreported), a flag, and measurements a replica may not have yet (None when unreported).
 COUNT_KEYS = ("groups_waiting", "groups_running", "queued_work_s", "members_waiting")
@@ -31,6 +41,13 @@ DEMAND_PREFIX = "demand/"
 def autoscaling_stats(load: ReplicaLoad, demands: list[Demand]) -> dict[str, float]:
     """A replica's report, as Serve's ``record_autoscaling_stats`` wants it (flat names, numbers)."""
     stats = {key: float(getattr(load, key)) for key in LOAD_KEYS if getattr(load, key) is not None}
+    return {**stats, **demand_stats(demands)}
+
+
+def demand_stats(demands: list[Demand]) -> dict[str, float]:
+    """Announced demands as report keys: a scorer replica's, or the HTTP ingress's (which keeps every
+    announcement it took, so the application's policy sees them while no scorer replica runs)."""
+    stats: dict[str, float] = {}
     for demand in demands:
         stats[f"{DEMAND_PREFIX}{demand.tenant}/groups"] = float(demand.groups)
         stats[f"{DEMAND_PREFIX}{demand.tenant}/starts_at"] = demand.starts_at
@@ -96,13 +113,18 @@ class EngineWorkPolicy:
         self.last_reason = ""
 
     def __call__(self, context: Any) -> tuple[int, dict[str, Any]]:
+        return self.decide(context)
+
+    def decide(self, context: Any, announcements: dict[Any, dict[str, float]] | None = None) -> tuple[int, dict[str, Any]]:
+        """The replica count for ``context``'s deployment, from its replicas' reports and the demands
+        in ``announcements`` (other deployments' reports: the ingress's) besides theirs."""
         now = context.current_time or time.time()
         reports = _latest(context.raw_metrics or {})
         decision = decide_replicas(
             now=now,
             current=context.target_num_replicas,
             loads=loads_of(reports),
-            demands=demands_of(reports, now, self.settings.demand_grace_s),
+            demands=demands_of({**reports, **(announcements or {})}, now, self.settings.demand_grace_s),
             settings=self.settings,
             state=dict(context.policy_state or {}),
             queued_at_callers=float(context.total_queued_requests or 0.0),
@@ -114,3 +136,35 @@ class EngineWorkPolicy:
                         decision.sleeping)
         self.last_reason = decision.reason
         return decision.replicas, decision.state
+
+
+class ApplicationEngineWorkPolicy:
+    """The application-level policy (``autoscaling_policy`` of a ``serve run`` config's application,
+    as ``deployments/grrm.yaml`` sets it): the scorer deployment scaled as :class:`EngineWorkPolicy`
+    scales it, with the demands the HTTP ingress took as well.
+
+    A deployment's own policy sees only its own replicas' reports, so a scorer pool at 0 replicas
+    (``min_replicas: 0``) hears of no announcement and grows only when work reaches its callers; the
+    ingress, which always runs, reports every announcement it took, and this policy reads them. Each
+    deployment whose own policy is :class:`EngineWorkPolicy` is decided here with its settings (its
+    ``policy_kwargs``); every other one with an autoscaling config keeps its target (the ingress's
+    is fixed: min = max)."""
+
+    def __init__(self) -> None:
+        self.policies: dict[Any, EngineWorkPolicy] = {}
+
+    def __call__(self, contexts: dict[Any, Any]) -> tuple[dict[Any, int], dict[Any, dict[str, Any]]]:
+        announcements: dict[Any, dict[str, float]] = {}
+        for context in contexts.values():
+            announcements.update(_latest(context.raw_metrics or {}))
+        decisions: dict[Any, int] = {}
+        states: dict[Any, dict[str, Any]] = {}
+        for deployment, context in contexts.items():
+            policy = getattr(context.config, "policy", None)
+            if getattr(policy, "policy_function", None) not in (POLICY_PATH, EngineWorkPolicy):
+                decisions[deployment], states[deployment] = context.target_num_replicas, dict(context.policy_state or {})
+                continue
+            if deployment not in self.policies:
+                self.policies[deployment] = EngineWorkPolicy(**policy.policy_kwargs)
+            decisions[deployment], states[deployment] = self.policies[deployment].decide(context, announcements)
+        return decisions, states

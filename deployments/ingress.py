@@ -13,12 +13,15 @@ forbidden, 409 conflicting member, 503 overloaded, shutting down, unavailable or
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from typing import Any
 
 from fastapi import FastAPI, Query, Request
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from cluster.announced_demand import AnnouncedDemands, demand_of
 from cluster.failures import kind_of
 from cluster.schema import (
     DEFAULT_TENANT,
@@ -28,6 +31,7 @@ from cluster.schema import (
     MemberRequest,
     MemberResult,
 )
+from deployments.autoscaling_policy import demand_stats
 from deployments.client import ScorerClient
 from deployments.config import AppConfig
 from deployments.http.errors import HTTPProblem, error_response, install_error_handlers, unanswered
@@ -38,6 +42,7 @@ from deployments.replica_list import replica_actor_names
 from grrm_client.availability import Availability
 from grrm_client.handle_send import UNANSWERED_ERRORS
 
+logger = logging.getLogger("ray.serve")
 app = FastAPI(
     title="GRRM Cluster",
     version="0.1.0",
@@ -60,6 +65,14 @@ class GRRMIngress:
         self.config = config
         self.client = ScorerClient(replicas)
         app.state.config = config
+        # Every announcement this ingress replica took, reported to the application's autoscaling policy
+        # (deployments/autoscaling_policy.py): it hears of them while no scorer replica runs.
+        self.demands = AnnouncedDemands()
+        self._forwards: set[asyncio.Task] = set()
+        try:
+            self.name = serve.get_replica_context().replica_id.unique_id
+        except Exception:  # noqa: BLE001 - outside Serve (unit use) there is no replica context
+            self.name = "ingress"
 
     @app.post(
         "/v1/score",
@@ -154,10 +167,35 @@ class GRRMIngress:
         autoscaling policy has the replicas for them when they come. Advisory: nothing waits on it."""
         announcement = announcement.model_copy(
             update={"tenant": tenant_of(request.state, announcement.tenant, self.config)})
+        return await self.take_demand(announcement)
+
+    async def take_demand(self, announcement: DemandAnnouncement, attempt: int = 0) -> DemandAccepted:
+        """Keep an announcement (a tenant's latest counts) for the application's autoscaling policy,
+        and hand a copy to a scorer replica in the background (its engine's sleep decisions use it,
+        and a pool scaled by the scorer deployment's own policy reads it there) where one runs. The handle
+        transport calls this directly; the HTTP route after deciding the tenant."""
+        self.demands.keep(demand_of(announcement, time.time()))
+        forward = asyncio.create_task(self._forward_demand(announcement))
+        self._forwards.add(forward)
+        forward.add_done_callback(self._forwards.discard)
+        return DemandAccepted(replica=self.name, tenant=announcement.tenant, groups=announcement.groups)
+
+    async def _forward_demand(self, announcement: DemandAnnouncement) -> None:
         try:
-            return await self.client.announce_demand(announcement)
-        except UNANSWERED_ERRORS as error:
-            raise unanswered(error) from None
+            # Not to a pool with no replica running: the call would wait there and start one at once,
+            # where the application's policy starts replicas when the announced work needs them. Read
+            # anew (announcements are a few a step): a stale count would just have let one through.
+            verdict = await self._scorer_verdict(fresh=True)
+            if verdict is not None and verdict.running > 0:
+                await self.client.announce_demand(announcement)
+        except Exception as error:  # noqa: BLE001 - advisory: the ingress's own copy still counts
+            logger.warning("ingress %s: handing an announcement of %s to a scorer replica failed: %r",
+                           self.name, announcement.tenant, error)
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """The announcements this ingress replica took, for the application's autoscaling policy
+        (Serve calls this where the ingress deployment has an autoscaling config: ``deployments/app.py``)."""
+        return demand_stats(self.demands.current(time.time(), self.config.replicas.demand_grace_s()))
 
     @app.get("/v1/tenants", responses={503: {"model": ErrorResponse}})
     async def tenants(self) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from cluster.assembly import GroupAssembler
+from cluster.announced_demand import AnnouncedDemands, demand_of
 from cluster.autoscaling import Demand, EngineWorkMeter
 from cluster.engine_sleep import EngineSleeper
 from cluster.engines import EngineDeadError, SleepingEngine, make_engine
@@ -60,8 +61,6 @@ ENGINE_STOP_TIMEOUT_S = 5.0
 MAX_HAND_OFFS = 3
 # How long a replica waits for another to answer a probe before it hands it nothing.
 PROBE_TIMEOUT_S = 5.0
-# How long a withdrawn announcement is reported (it outweighs the tenant's older ones elsewhere).
-WITHDRAWAL_KEPT_S = 3600.0
 # Exit status of a replica process that ended because its engine died.
 ENGINE_LOST_EXIT_CODE = 3
 # How often a replica whose idle engine sleeps (replicas.autoscaling.idle: sleep) looks whether it should
@@ -139,7 +138,7 @@ class GRRMReplica:
         self._queued_for_engine: set[str] = set()  # assembled groups (scoped ids) waiting at the gate
         # What the engine has to do, for the autoscaling policy; members that only wait are not in it.
         self.engine_work = EngineWorkMeter()
-        self.demands: dict[str, Demand] = {}  # tenant -> the work it announced (autoscaling forecast)
+        self.demands = AnnouncedDemands()  # the work tenants announced (autoscaling forecast)
         # The routers' ring as the controller last broadcast it (None: not known yet, or outside
         # Serve): a group it places on another replica is handed there (see _on_replica_set).
         self._ring: HashRing | None = None
@@ -349,7 +348,7 @@ class GRRMReplica:
             await asyncio.sleep(SLEEP_CHECK_S)
             pending = self.engine_work.waiting > 0  # members assembling are a forecast, not work
             try:
-                await self.sleeper.check(pending=pending, demands=list(self.demands.values()))
+                await self.sleeper.check(pending=pending, demands=list(self.demands))
             except EngineDeadError as error:
                 self._lose_engine(error)
                 return
@@ -364,34 +363,23 @@ class GRRMReplica:
     def record_autoscaling_stats(self) -> dict[str, float]:
         """What the autoscaling policy decides on (``deployments/autoscaling_policy.py``): this engine's
         queued and running work, members that only wait (apart), and the demand announced here."""
-        now = time.time()
-        grace_s = self.config.replicas.demand_grace_s()
-        for tenant in [name for name, demand in self.demands.items()
-                       if max(demand.ends_at + grace_s, demand.announced_at + WITHDRAWAL_KEPT_S) < now]:
-            del self.demands[tenant]  # over (a client that announced and never came), or long withdrawn
         load = self.engine_work.load(time.monotonic(), self.assembler.members_waiting())
         load = dataclasses.replace(load, cold_start_s=self.cold_start_s,
                                    sleeping=self.sleeper is not None and self.sleeper.sleeping)
-        return autoscaling_stats(load, list(self.demands.values()))
+        return autoscaling_stats(load, self.demands.current(time.time(), self.config.replicas.demand_grace_s()))
 
     def announce_demand(self, announcement: DemandAnnouncement, attempt: int = 0,
                         target_replica: str | None = None) -> DemandAccepted:
         """Remember work a tenant expects to send (its next generation phase), for the autoscaling
         policy. A tenant's announcements go to one replica (its ring owner) and the latest counts
         wherever earlier ones are kept; one of 0 groups withdraws them (kept as such for a while)."""
-        now = time.time()
-        starts_at = now + announcement.starts_in_s
-        ends_at = starts_at + announcement.lasts_s if announcement.groups else now
-        self.keep_demand(Demand(announcement.tenant, announcement.groups, starts_at, ends_at, announced_at=now,
-                                profile=tuple(announcement.profile)))
+        self.keep_demand(demand_of(announcement, time.time()))
         return DemandAccepted(replica=self.name, tenant=announcement.tenant, groups=announcement.groups)
 
     def keep_demand(self, demand: Demand, target_replica: str | None = None) -> None:
         """Keep a tenant's announced demand unless a later one is kept already (a replica handing on
         the demands the new ring places here calls this; ``target_replica`` is read by the router)."""
-        known = self.demands.get(demand.tenant)
-        if known is None or demand.announced_at >= known.announced_at:
-            self.demands[demand.tenant] = demand
+        self.demands.keep(demand)
 
     def _watch_replica_set(self) -> ReplicaSetWatch | None:
         try:
@@ -412,7 +400,7 @@ class GRRMReplica:
         self._gone &= set(replicas)  # a dead replica the controller still lists stays passed over
         self._probes.clear()
         released = self.assembler.hand_off(self._owner_elsewhere, self._queued_for_engine)
-        for tenant in list(self.demands):
+        for tenant in self.demands.tenants():
             owner = self._owner_elsewhere(demand_route_key(tenant))
             if owner is not None:  # handed on like a group: one replica reports a tenant's demand
                 self._in_background(self._peers().ask_replica("keep_demand", owner, self.demands.pop(tenant)))

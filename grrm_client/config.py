@@ -32,6 +32,9 @@ class ClientConfig(BaseModel):
     app_name: str = Field("grrm", description="Name of the Serve application, for the handle transport.")
     replica_deployment: str = Field("GRRMReplica", description="Name of the application's scorer deployment, for "
                                                                "the handle transport.")
+    ingress_deployment: str = Field("GRRMIngress", description="Name of the application's HTTP ingress deployment, "
+                                                               "which keeps demand announcements, for the handle "
+                                                               "transport.")
     http_url: str = Field("http://127.0.0.1:8000", description="Base URL of the application (its route prefix "
                                                                "included), for the HTTP transport.")
     token_env: str | None = Field("GRRM_API_TOKEN", description="Environment variable holding the bearer token "

@@ -81,6 +81,7 @@ class HandleTransport:
         self.config = config
         self._handle = handle
         self._sender: Any = None
+        self._announce_to: tuple[Any, str] | None = None  # the sender and method that take announcements
         if handle is not None:
             self._send_with()  # its router set up now, not at a first call that may meet a GCS outage
 
@@ -103,12 +104,28 @@ class HandleTransport:
         return await self._send("score_group", group, attempt)
 
     async def announce(self, announcement: DemandAnnouncement, timeout_s: float) -> DemandAccepted:
-        return await self._send("announce_demand", announcement, 0)
+        sender, method = self._announce_with()
+        return await self._send(method, announcement, 0, sender)
 
-    async def _send(self, method: str, request: Any, attempt: int) -> Any:
+    def _announce_with(self) -> tuple[Any, str]:
+        """The application's ingress, which keeps announcements where the autoscaling policy reads them
+        while no scorer replica runs; a scorer replica where the application has no such ingress."""
+        if self._announce_to is None:
+            from ray import serve
+
+            from grrm_client.handle_send import HandleSender
+
+            try:
+                ingress = serve.get_deployment_handle(self.config.ingress_deployment, app_name=self.config.app_name)
+                self._announce_to = (HandleSender(ingress), "take_demand")
+            except Exception:  # noqa: BLE001 - no such deployment (an application of scorers only)
+                self._announce_to = (self._send_with(), "announce_demand")
+        return self._announce_to
+
+    async def _send(self, method: str, request: Any, attempt: int, sender: Any = None) -> Any:
         from grrm_client.handle_send import REPLICA_GONE_ERRORS, UNANSWERED_ERRORS, unanswered_code
 
-        sender = self._send_with()
+        sender = sender or self._send_with()
         try:
             return await sender.send(method, request, attempt)
         except UNANSWERED_ERRORS as error:
@@ -119,6 +136,7 @@ class HandleTransport:
 
     async def aclose(self) -> None:
         self._sender = None
+        self._announce_to = None
 
 
 class HTTPTransport:

@@ -7,9 +7,12 @@ from pathlib import Path
 import pytest
 import yaml
 from pydantic import ValidationError
+from ray.serve.schema import ServeDeploySchema
 
-from deployments.app import build_app, replica_options, resolve_model_path
+from deployments.app import build_app, ingress_options, replica_options, resolve_model_path
+from deployments.autoscaling_policy import APPLICATION_POLICY_PATH
 from deployments.config import AppConfig, application_args, load_app_config
+from deployments.declared import application_policy
 
 DEPLOYMENTS = Path(__file__).resolve().parent.parent / "deployments"
 
@@ -34,6 +37,15 @@ def test_production_config_validates_and_places_tensor_parallel_replicas():
     assert options["request_router_config"].request_router_class == "deployments.router:GroupAwareRequestRouter"
     # A hub id stays a hub id.
     assert resolve_model_path(config).engine.model == "double7/GRRM-Qwen2.5-7B"
+    # Serve's application-level policy (only a config file can name it): the ingress reports the
+    # announcements it took, from a fixed-size autoscaling config, so an empty scorer pool hears of them.
+    document = yaml.safe_load((DEPLOYMENTS / "grrm.yaml").read_text())
+    [application] = ServeDeploySchema.model_validate(document).applications
+    assert application.autoscaling_policy == application_policy(config)
+    assert application.autoscaling_policy["policy_function"] == APPLICATION_POLICY_PATH
+    ingress = ingress_options(config)
+    assert "num_replicas" not in ingress and ingress["autoscaling_config"]["min_replicas"] == \
+        ingress["autoscaling_config"]["max_replicas"] == config.ingress.num_replicas
 
 
 def test_local_config_is_cpu_only_with_two_replicas_and_an_absolute_model_path():

@@ -18,7 +18,17 @@ from cluster.autoscaling import (
     engine_work,
     replicas_for_demand,
 )
-from deployments.autoscaling_policy import EngineWorkPolicy, autoscaling_stats, demands_of, loads_of
+from cluster.announced_demand import WITHDRAWAL_KEPT_S, AnnouncedDemands, demand_of
+from cluster.schema import DemandAnnouncement
+from deployments.autoscaling_policy import (
+    POLICY_PATH,
+    ApplicationEngineWorkPolicy,
+    EngineWorkPolicy,
+    autoscaling_stats,
+    demand_stats,
+    demands_of,
+    loads_of,
+)
 
 SETTINGS = ScalingSettings(min_replicas=1, max_replicas=4, target_backlog_s=10.0, upscale_delay_s=2.0,
                            downscale_delay_s=30.0, cold_start_s=20.0, default_seconds_per_group=1.0)
@@ -394,3 +404,62 @@ def test_the_simulated_shared_pool_costs_less_than_serves_default_policy_and_exp
     assert all(result["exposed_s_mean"] > 1.2 * elastic["exposed_s_mean"] for result in serve.values())
     assert serve[64]["exposed_s_mean"] > serve[16]["exposed_s_mean"] > serve[4]["exposed_s_mean"]
     assert serve[4]["replica_seconds"] > 5 * elastic["replica_seconds"]
+
+
+def _raw(reports: dict[str, dict[str, float]]) -> dict:
+    """Serve's raw metrics (key -> replica -> time series) of flat reports."""
+    raw: dict = {}
+    for replica, report in reports.items():
+        for key, value in report.items():
+            raw.setdefault(key, {})[replica] = _series(value)
+    return raw
+
+
+def test_the_application_policy_starts_an_empty_scorer_pool_for_what_its_ingress_was_told_and_keeps_the_rest():
+    """At 0 scorer replicas nobody in the scorer deployment reports: the announcement the ingress took
+    (its own report) is what grows the pool a cold start before the phase, and back once withdrawn."""
+    settings = dict(min_replicas=0, max_replicas=8, default_seconds_per_group=1.0, demand_headroom=1.0,
+                    cold_start_s=30.0, upscale_delay_s=0.0, downscale_delay_s=0.0, demand_grace_s=0.0)
+    scorer_config = SimpleNamespace(policy=SimpleNamespace(policy_function=POLICY_PATH, policy_kwargs=settings))
+    ingress_config = SimpleNamespace(policy=SimpleNamespace(policy_function="ray.serve.autoscaling_policy:default",
+                                                            policy_kwargs={}))
+    policy = ApplicationEngineWorkPolicy()
+
+    def decide(now: float, ingress_reports: dict, scorers: int = 0) -> dict:
+        contexts = {
+            "scorer": SimpleNamespace(current_time=now, target_num_replicas=scorers, raw_metrics={}, policy_state={},
+                                      total_queued_requests=0.0, config=scorer_config),
+            "ingress": SimpleNamespace(current_time=now, target_num_replicas=2, raw_metrics=_raw(ingress_reports),
+                                       policy_state={"kept": 1}, total_queued_requests=0.0, config=ingress_config),
+        }
+        decisions, states = policy(contexts)
+        assert states["ingress"] == {"kept": 1}
+        return decisions
+
+    # Nothing announced: the pool stays empty, the ingress at its size.
+    assert decide(1000.0, {}) == {"scorer": 0, "ingress": 2}
+    # 120 groups over 60 s (2 a second, 1 s each: 2 replicas), starting in 100 s: not yet (cold start 30 s) ...
+    announced = {"ingress-1": demand_stats([Demand("run-a", 120, 1100.0, 1160.0, announced_at=1000.0)])}
+    assert decide(1000.0, announced)["scorer"] == 0
+    # ... but a cold start before it, without a member sent or a scorer replica to report it.
+    assert decide(1075.0, announced)["scorer"] == 2
+    # The other ingress replica took the tenant's withdrawal later: it wins, and the pool empties.
+    announced["ingress-2"] = demand_stats([Demand("run-a", 0, 1080.0, 1080.0, announced_at=1080.0)])
+    assert decide(1085.0, announced, scorers=2)["scorer"] == 0
+
+
+def test_announcements_kept_are_the_latest_per_tenant_and_are_forgotten_once_over():
+    book = AnnouncedDemands()
+    announcement = DemandAnnouncement(tenant="run-a", groups=40, starts_in_s=20, lasts_s=10, profile=[0.2, 0.8])
+    book.keep(demand_of(announcement, now=1000.0))
+    assert book.current(1000.0, grace_s=5.0) == [Demand("run-a", 40, 1020.0, 1030.0, 1000.0, (0.2, 0.8))]
+    book.keep(Demand("run-a", 10, 990.0, 995.0, announced_at=990.0))  # an older copy handed on: ignored
+    assert [demand.groups for demand in book] == [40]
+    withdrawal = demand_of(DemandAnnouncement(tenant="run-a", groups=0, lasts_s=1), now=1001.0)
+    assert (withdrawal.groups, withdrawal.ends_at) == (0, 1001.0)
+    book.keep(withdrawal)
+    assert book.current(1002.0, grace_s=5.0) == [withdrawal]  # kept: it outweighs older copies elsewhere
+    assert book.current(1001.0 + WITHDRAWAL_KEPT_S + 1, grace_s=5.0) == []
+    book.keep(demand_of(announcement, now=2000.0))  # announced and never came: forgotten 5 s after its end
+    assert len(book.current(2035.0, grace_s=5.0)) == 1
+    assert book.current(2035.1, grace_s=5.0) == [] and len(book) == 0

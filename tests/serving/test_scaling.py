@@ -19,6 +19,7 @@ from cluster.engines import EngineConfig, ScriptedEngineOptions
 from cluster.schema import MemberRequest
 from deployments.app import build_app
 from deployments.config import AppConfig, AutoscalingSettings, ReplicaSettings
+from deployments.declared import deploy_declared
 from deployments.replica_list import replica_actor_names
 from grrm_client import ClientConfig, RewardClient
 
@@ -254,3 +255,54 @@ def test_a_pool_with_min_replicas_zero_starts_for_work_keeps_its_replica_for_wai
                   "(a replica started)")
     finally:
         serve.delete(ZERO_APP)
+
+
+DECLARED_APP = "scaling_declared"
+# The announced phase starts this far ahead; the policy starts replicas a cold start (configured) before it.
+STARTS_IN_S, COLD_START_S = 20.0, 8.0
+
+
+def test_an_empty_pool_deployed_as_grrm_yaml_starts_ahead_of_work_announced_over_either_transport(
+        serve_instance, capsys):
+    """Deployed as `serve run deployments/grrm.yaml` deploys (Serve's application-level policy), a scorer
+    pool at 0 replicas hears of a trainer's announcement through the ingress, which always runs: no scorer
+    replica starts when it is announced, one does a cold start before the announced phase, and a withdrawal
+    empties the pool again. The same over HTTP and over the handle transport (verl's bridge)."""
+    config = app_config(ScriptedEngineOptions(per_prompt_s=0.05), min_replicas=0, max_replicas=2,
+                        downscale_delay_s=1, default_seconds_per_group=1.0, cold_start_s=COLD_START_S)
+    deploy_declared(config, DECLARED_APP, f"/{DECLARED_APP}")
+    ahead_s: dict[str, float] = {}
+    try:
+        for transport in ("http", "handle"):
+            assert running_replicas(DECLARED_APP) == 0
+
+            async def announce_then_score(transport: str = transport) -> list:
+                client = RewardClient(ClientConfig(transport=transport, http_url=f"{serve_instance}/{DECLARED_APP}",
+                                                   app_name=DECLARED_APP, deadline_s=120, tenant=f"run-{transport}"))
+                try:
+                    # 20 groups in 10 s at 1 s each: 2 replicas, STARTS_IN_S from now.
+                    assert await client.announce_demand(groups=20, lasts_s=10, starts_in_s=STARTS_IN_S)
+                    announced = time.monotonic()
+                    # Not at the announcement (a call waiting at the empty pool would start one at once) ...
+                    await asyncio.sleep(4)
+                    assert running_replicas(DECLARED_APP) == 0
+                    # ... but ahead of the phase, with not one member sent.
+                    await asyncio.to_thread(wait_until, lambda: running_replicas(DECLARED_APP) >= 1,
+                                            "a replica for the announced phase", STARTS_IN_S + 30)
+                    ahead_s[transport] = STARTS_IN_S - (time.monotonic() - announced)
+                    answers = await asyncio.gather(*(client.score_member(one) for one in members(transport, 0)))
+                    assert await client.announce_demand(groups=0, lasts_s=1)  # withdrawn: nothing comes
+                    return answers
+                finally:
+                    await client.aclose()
+
+            check_scored_once(asyncio.run(announce_then_score()), transport, groups=1)
+            wait_until(lambda: running_replicas(DECLARED_APP) == 0, "the pool back at zero", timeout_s=60)
+        with capsys.disabled():
+            print("\nscale ahead from zero: a replica running "
+                  + ", ".join(f"{seconds:.1f} s ({transport})" for transport, seconds in ahead_s.items())
+                  + f" before the announced phase (cold start configured {COLD_START_S:.0f} s)")
+        # Before the phase starts (the replica itself took seconds to start on this machine).
+        assert all(seconds > 0 for seconds in ahead_s.values()), ahead_s
+    finally:
+        serve.delete(DECLARED_APP)

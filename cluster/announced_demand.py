@@ -1,0 +1,68 @@
+"""The demands trainers announced, per tenant: what the HTTP ingress and the scorer replicas keep and
+report to the autoscaling policy (pure, no Ray).
+
+A tenant's latest announcement counts wherever earlier ones are kept (Unix ``announced_at`` decides:
+the keepers may be several); one of 0 groups withdraws the tenant's demand and is kept as such for
+a while, so that an older copy elsewhere does not count again. An announcement that is over (its
+phase ended ``grace_s`` ago: a client that announced and never came) is forgotten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from cluster.autoscaling import Demand
+from cluster.schema import DemandAnnouncement
+
+__all__ = ["WITHDRAWAL_KEPT_S", "AnnouncedDemands", "demand_of"]
+
+# How long a withdrawal (0 groups) is kept, so that an older announcement kept elsewhere stays withdrawn.
+WITHDRAWAL_KEPT_S = 3600.0
+
+
+def demand_of(announcement: DemandAnnouncement, now: float) -> Demand:
+    """An announcement received at ``now`` (Unix seconds), on the receiver's clock (no clock is shared)."""
+    starts_at = now + announcement.starts_in_s
+    ends_at = starts_at + announcement.lasts_s if announcement.groups else now
+    return Demand(announcement.tenant, announcement.groups, starts_at, ends_at, announced_at=now,
+                  profile=tuple(announcement.profile))
+
+
+def _forgotten_at(demand: Demand, grace_s: float) -> float:
+    """When a kept announcement stops counting: a withdrawal after :data:`WITHDRAWAL_KEPT_S`, work
+    ``grace_s`` after its phase's end."""
+    return demand.announced_at + WITHDRAWAL_KEPT_S if demand.groups == 0 else demand.ends_at + grace_s
+
+
+class AnnouncedDemands:
+    """Each tenant's latest announced :class:`Demand`."""
+
+    def __init__(self) -> None:
+        self._by_tenant: dict[str, Demand] = {}
+
+    def keep(self, demand: Demand) -> None:
+        """Keep ``demand`` unless a later announcement of its tenant is kept already."""
+        known = self._by_tenant.get(demand.tenant)
+        if known is None or demand.announced_at >= known.announced_at:
+            self._by_tenant[demand.tenant] = demand
+
+    def pop(self, tenant: str) -> Demand:
+        """Remove and return ``tenant``'s demand (handed on to another keeper)."""
+        return self._by_tenant.pop(tenant)
+
+    def tenants(self) -> list[str]:
+        """The tenants with an announcement kept (withdrawn ones included)."""
+        return list(self._by_tenant)
+
+    def current(self, now: float, grace_s: float) -> list[Demand]:
+        """The kept announcements (withdrawals included: they cancel older copies elsewhere), after
+        forgetting those over for ``grace_s`` and withdrawals older than :data:`WITHDRAWAL_KEPT_S`."""
+        for tenant in [tenant for tenant, demand in self._by_tenant.items() if _forgotten_at(demand, grace_s) < now]:
+            del self._by_tenant[tenant]
+        return list(self._by_tenant.values())
+
+    def __iter__(self) -> Iterator[Demand]:
+        return iter(list(self._by_tenant.values()))
+
+    def __len__(self) -> int:
+        return len(self._by_tenant)
