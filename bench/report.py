@@ -17,6 +17,21 @@ from bench.fair_share import VERL_COLUMNS as FAIR_SHARE_VERL_COLUMNS
 OUT = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 
 
+
+def against_serve_default(rows: list[dict]) -> str:
+    """The project's pools against Serve's default policy (target 64) of the same run: how many times
+    fewer replica-seconds, at what exposure (issue 29's target: >= 1.5x fewer at <= 1x the exposure)."""
+    serve = next((row for row in rows if row["policy"] == "serve_default"), None)
+    ours = [row for row in rows if row["policy"].startswith("engine_work")]
+    if serve is None or not ours:
+        return ""
+    compared = [{"policy": row["policy"],
+                 "replica_seconds_serve_default_vs_this": serve["replica_seconds"] / row["replica_seconds"],
+                 "exposed_this_vs_serve_default": row["exposed_s_mean"] / serve["exposed_s_mean"]} for row in ours]
+    return ("\n\nThe project's pools against Serve's default policy (target 64) in the same run: how many times "
+            "fewer replica-seconds, at what share of its exposure:\n\n"
+            + table(compared, ["policy", "replica_seconds_serve_default_vs_this", "exposed_this_vs_serve_default"]))
+
 def load(name: str) -> Any | None:
     path = results_dir() / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else None
@@ -184,7 +199,8 @@ def main() -> int:
             + table([{"policy": run["policy"], **{f"step {step['step']}": step["exposed_s"] for step in run["steps"]}}
                      for run in autoscaling["runs"]],
                     ["policy", *[f"step {step}" for step in range(workload["steps"])]])
-            + "\n\nReplicas over time: `bench/results/autoscale.png`.",
+            + against_serve_default(autoscaling["rows"])
+            + "\n\nReplicas over time (`bench/results/autoscale.png`):\n\n![replicas over time](bench/results/autoscale.png)",
             "autoscale",
             f"SIMULATED engine (scripted: {workload['per_group_s']} s a group, one at a time per replica, "
             f"{workload['start_s']} s engine start), real Ray Serve and HTTP. A GRPO run of {workload['steps']} "
@@ -201,8 +217,12 @@ def main() -> int:
             "its groups complete (the step before's; before any, rollouts assumed even), the pool sized for the "
             "busiest slice a cold start ahead (down delay 4 s; 1 s once the pool is idle between announced "
             "phases: no group queued or running, no member waiting); `engine_work_2` the same with at most 2 "
-            "replicas, to compare costs with Serve's policy at about its exposure. Replica-seconds count running "
-            "replicas (a starting one is not counted). Ratios within this run.",
+            "replicas, to compare costs with Serve's policy at about its exposure; `engine_work_min0[_2]` the same "
+            "with `min_replicas` 0: the pool empties while the trainer trains and starts again a cold start ahead "
+            "of the next announced phase (the application-level policy, which hears the announcement through the "
+            "HTTP ingress while no scorer replica runs; every pool is deployed as `serve run "
+            "deployments/grrm.yaml` deploys). Replica-seconds count running replicas (a starting one is not "
+            "counted). Ratios within this run.",
         ))
     simulation = load("autoscaling_sim")
     if simulation:
@@ -212,7 +232,8 @@ def main() -> int:
             ".venv/bin/python -m bench.autoscaling_sim",
             table(simulation["rows"], ["demand_headroom", "runs", "fixed_pool_per_run", "replica_seconds_fixed_vs_elastic",
                                        "fixed_exposed_s_mean", "elastic_exposed_s_mean", "exposed_elastic_vs_fixed"])
-            + "\n\nReplicas over time against the groups waiting, 4 runs: `bench/results/autoscaling_sim.png`."
+            + "\n\nReplicas over time against the groups waiting, 4 runs (`bench/results/autoscaling_sim.png`):\n\n"
+            + "![replicas over time, simulated](bench/results/autoscaling_sim.png)"
             + ("\n\nThe same runs on one pool scaled by a model of Serve's default policy (ongoing requests, waiting "
                "members included, over `serve_target` a replica; up after 30 s, down after 300 s, as grrm.yaml had "
                f"it), against the project's pool at demand_headroom {inputs['demand_headroom']} and the fixed pools:\n\n"

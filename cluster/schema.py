@@ -260,7 +260,8 @@ class DemandAnnouncement(BaseModel):
 class DemandAccepted(BaseModel):
     """The answer to a :class:`DemandAnnouncement`: which replica keeps it for the autoscaling policy."""
 
-    replica: str = Field(description="The replica that reports the announcement to the autoscaling policy.")
+    replica: str = Field(description="The replica that reports the announcement to the autoscaling policy (the "
+                                     "HTTP ingress's, which hands a copy to a running scorer replica).")
     tenant: str = Field(description="The tenant it counts for.")
     groups: int = Field(description="The groups announced (0: the tenant's announcement was withdrawn).")
 
