@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from cluster.autoscaling import Demand
 from cluster.schema import DemandAnnouncement
 
-__all__ = ["WITHDRAWAL_KEPT_S", "AnnouncedDemands", "demand_of"]
+__all__ = ["WITHDRAWAL_KEPT_S", "AnnouncedDemands", "copy_delay_s", "demand_of", "seen_later"]
 
 # How long a withdrawal (0 groups) is kept, so that an older announcement kept elsewhere stays withdrawn.
 WITHDRAWAL_KEPT_S = 3600.0
@@ -26,6 +26,28 @@ def demand_of(announcement: DemandAnnouncement, now: float) -> Demand:
     ends_at = starts_at + announcement.lasts_s if announcement.groups else now
     return Demand(announcement.tenant, announcement.groups, starts_at, ends_at, announced_at=now,
                   profile=tuple(announcement.profile))
+
+
+def copy_delay_s(announcement: DemandAnnouncement, pool_may_empty: bool) -> float:
+    """How long the HTTP ingress waits before it hands a copy of ``announcement`` to a scorer replica.
+
+    At once where the scorer pool never empties. Where it may (``min_replicas`` 0), a copy sent while
+    the pool is being emptied waits at the callers' handle and starts a replica at once, which is
+    what the policy avoids between steps: so the copy of announced work goes when its phase starts (the
+    policy has started replicas for it by then, from the ingress's own copy); a withdrawal at once."""
+    return announcement.starts_in_s if pool_may_empty and announcement.groups else 0.0
+
+
+def seen_later(announcement: DemandAnnouncement, elapsed_s: float) -> DemandAnnouncement | None:
+    """``announcement`` as its receiver would have said it ``elapsed_s`` later (times are relative to
+    the receiver's clock): its start that much nearer, its phase shorter once begun; None once over."""
+    if not announcement.groups:
+        return announcement  # a withdrawal has no times that matter
+    starts_in_s = announcement.starts_in_s - elapsed_s
+    lasts_s = announcement.lasts_s + min(0.0, starts_in_s)
+    if lasts_s <= 0:
+        return None
+    return announcement.model_copy(update={"starts_in_s": max(0.0, starts_in_s), "lasts_s": lasts_s})
 
 
 def _forgotten_at(demand: Demand, grace_s: float) -> float:

@@ -13,6 +13,7 @@ forbidden, 409 conflicting member, 503 overloaded, shutting down, unavailable or
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import Any
@@ -21,7 +22,7 @@ from fastapi import FastAPI, Query, Request
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from cluster.announced_demand import AnnouncedDemands, demand_of
+from cluster.announced_demand import AnnouncedDemands, copy_delay_s, demand_of, seen_later
 from cluster.failures import kind_of
 from cluster.schema import (
     DEFAULT_TENANT,
@@ -68,7 +69,7 @@ class GRRMIngress:
         # Every announcement this ingress replica took, reported to the application's autoscaling policy
         # (deployments/autoscaling_policy.py): it hears of them while no scorer replica runs.
         self.demands = AnnouncedDemands()
-        self._forwards: set[asyncio.Task] = set()
+        self._forwards: dict[str, asyncio.Task] = {}  # tenant -> its announcement's copy on its way
         try:
             self.name = serve.get_replica_context().replica_id.unique_id
         except Exception:  # noqa: BLE001 - outside Serve (unit use) there is no replica context
@@ -172,22 +173,36 @@ class GRRMIngress:
     async def take_demand(self, announcement: DemandAnnouncement, attempt: int = 0) -> DemandAccepted:
         """Keep an announcement (a tenant's latest counts) for the application's autoscaling policy,
         and hand a copy to a scorer replica in the background (its engine's sleep decisions use it,
-        and a pool scaled by the scorer deployment's own policy reads it there) where one runs. The handle
-        transport calls this directly; the HTTP route after deciding the tenant."""
+        and a pool scaled by the scorer deployment's own policy reads it there) where one runs, when
+        :func:`~cluster.announced_demand.copy_delay_s` says. The handle transport calls this directly;
+        the HTTP route after deciding the tenant."""
         self.demands.keep(demand_of(announcement, time.time()))
-        forward = asyncio.create_task(self._forward_demand(announcement))
-        self._forwards.add(forward)
-        forward.add_done_callback(self._forwards.discard)
+        scaling = self.config.replicas.autoscaling
+        delay_s = copy_delay_s(announcement, pool_may_empty=scaling is not None and scaling.min_replicas == 0)
+        earlier = self._forwards.pop(announcement.tenant, None)
+        if earlier is not None:
+            earlier.cancel()  # the tenant's later announcement replaces it
+        forward = asyncio.create_task(self._forward_demand(announcement, delay_s))
+        self._forwards[announcement.tenant] = forward
+        forward.add_done_callback(functools.partial(self._forwarded, announcement.tenant))
         return DemandAccepted(replica=self.name, tenant=announcement.tenant, groups=announcement.groups)
 
-    async def _forward_demand(self, announcement: DemandAnnouncement) -> None:
+    def _forwarded(self, tenant: str, task: asyncio.Task) -> None:
+        if self._forwards.get(tenant) is task:
+            del self._forwards[tenant]
+
+    async def _forward_demand(self, announcement: DemandAnnouncement, delay_s: float) -> None:
         try:
-            # Not to a pool with no replica running: the call would wait there and start one at once,
+            await asyncio.sleep(delay_s)
+            copy = seen_later(announcement, delay_s)
+            # Never to a pool with no replica running: the call would wait there and start one at once,
             # where the application's policy starts replicas when the announced work needs them. Read
-            # anew (announcements are a few a step): a stale count would just have let one through.
+            # anew (announcements are a few a step): a stale count would let one through.
             verdict = await self._scorer_verdict(fresh=True)
-            if verdict is not None and verdict.running > 0:
-                await self.client.announce_demand(announcement)
+            if copy is not None and verdict is not None and verdict.running > 0:
+                await self.client.announce_demand(copy)
+        except asyncio.CancelledError:
+            raise
         except Exception as error:  # noqa: BLE001 - advisory: the ingress's own copy still counts
             logger.warning("ingress %s: handing an announcement of %s to a scorer replica failed: %r",
                            self.name, announcement.tenant, error)

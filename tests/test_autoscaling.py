@@ -18,7 +18,7 @@ from cluster.autoscaling import (
     engine_work,
     replicas_for_demand,
 )
-from cluster.announced_demand import WITHDRAWAL_KEPT_S, AnnouncedDemands, demand_of
+from cluster.announced_demand import WITHDRAWAL_KEPT_S, AnnouncedDemands, copy_delay_s, demand_of, seen_later
 from cluster.schema import DemandAnnouncement
 from deployments.autoscaling_policy import (
     POLICY_PATH,
@@ -463,3 +463,16 @@ def test_announcements_kept_are_the_latest_per_tenant_and_are_forgotten_once_ove
     book.keep(demand_of(announcement, now=2000.0))  # announced and never came: forgotten 5 s after its end
     assert len(book.current(2035.0, grace_s=5.0)) == 1
     assert book.current(2035.1, grace_s=5.0) == [] and len(book) == 0
+
+
+def test_the_ingress_copies_announced_work_to_a_pool_that_may_empty_when_its_phase_starts_as_then_seen():
+    later = DemandAnnouncement(tenant="run-a", groups=40, starts_in_s=24, lasts_s=8)
+    withdrawal = DemandAnnouncement(tenant="run-a", groups=0, lasts_s=1)
+    assert copy_delay_s(later, pool_may_empty=False) == 0.0  # a pool that never empties: at once
+    assert copy_delay_s(later, pool_may_empty=True) == 24.0  # else when the phase starts
+    assert copy_delay_s(withdrawal, pool_may_empty=True) == 0.0
+    seen = seen_later(later, 24.0)
+    assert (seen.starts_in_s, seen.lasts_s, seen.groups) == (0.0, 8.0, 40)
+    assert (seen_later(later, 10.0).starts_in_s, seen_later(later, 27.0).lasts_s) == (14.0, 5.0)
+    assert seen_later(later, 32.0) is None  # over: nothing to hand on
+    assert seen_later(withdrawal, 100.0) == withdrawal
