@@ -200,7 +200,7 @@ def main() -> int:
                      for run in autoscaling["runs"]],
                     ["policy", *[f"step {step}" for step in range(workload["steps"])]])
             + against_serve_default(autoscaling["rows"])
-            + "\n\nReplicas over time (`bench/results/autoscale.png`):\n\n![replicas over time](bench/results/autoscale.png)",
+            + "\n\nReplicas over time: `bench/results/autoscale.png`.",
             "autoscale",
             f"SIMULATED engine (scripted: {workload['per_group_s']} s a group, one at a time per replica, "
             f"{workload['start_s']} s engine start), real Ray Serve and HTTP. A GRPO run of {workload['steps']} "
@@ -232,8 +232,7 @@ def main() -> int:
             ".venv/bin/python -m bench.autoscaling_sim",
             table(simulation["rows"], ["demand_headroom", "runs", "fixed_pool_per_run", "replica_seconds_fixed_vs_elastic",
                                        "fixed_exposed_s_mean", "elastic_exposed_s_mean", "exposed_elastic_vs_fixed"])
-            + "\n\nReplicas over time against the groups waiting, 4 runs (`bench/results/autoscaling_sim.png`):\n\n"
-            + "![replicas over time, simulated](bench/results/autoscaling_sim.png)"
+            + "\n\nReplicas over time against the groups waiting, 4 runs: `bench/results/autoscaling_sim.png`."
             + ("\n\nThe same runs on one pool scaled by a model of Serve's default policy (ongoing requests, waiting "
                "members included, over `serve_target` a replica; up after 30 s, down after 300 s, as grrm.yaml had "
                f"it), against the project's pool at demand_headroom {inputs['demand_headroom']} and the fixed pools:\n\n"
