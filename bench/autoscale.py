@@ -215,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated, of " + ", ".join(POLICIES) + " (any serve_default_<target>, "
                              "engine_work_<most replicas>, engine_work_min0[_<most>]: min_replicas 0)")
     parser.add_argument("--quick", action="store_true", help="2 short steps, engine_work only (CI)")
+    parser.add_argument("--name", default="autoscale",
+                        help="results file name (bench/results/<name>.json and .png): a run of other policies beside "
+                             "the default set's")
     args = parser.parse_args(argv)
     load = Workload(steps=args.steps)
     policies = args.policies.split(",")
@@ -245,10 +248,10 @@ def main(argv: list[str] | None = None) -> int:
             row["exposed_vs_fixed"] = run["exposed_s_mean"] / fixed["exposed_s_mean"]
         rows.append(row)
     print_table(rows, list(rows[0]))
-    write_json("autoscale", {"simulated": True, "workload": load.__dict__, "rows": rows, "runs": runs},
+    write_json(args.name, {"simulated": True, "workload": load.__dict__, "rows": rows, "runs": runs},
                {"machine": machine()})
-    plot(runs, results_dir() / "autoscale.png")
-    print(f"wrote {results_dir() / 'autoscale.json'} and {results_dir() / 'autoscale.png'}")
+    plot(runs, results_dir() / f"{args.name}.png")
+    print(f"wrote {results_dir() / args.name}.json and .png")
     return 0 if all(run["members_lost"] == 0 for run in runs) else 1
 
 

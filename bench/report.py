@@ -18,6 +18,19 @@ OUT = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 
 
 
+def autoscale_tables(autoscaling: dict, name: str) -> str:
+    """bench.autoscale's tables: the pools' costs and exposures, the exposure per step, the project's
+    pools against Serve's default, and where the plot is."""
+    steps = autoscaling["workload"]["steps"]
+    return (table(autoscaling["rows"], ["policy", "replica_seconds", "replica_seconds_vs_fixed", "exposed_s_mean",
+                                        "exposed_vs_fixed", "exposed_s_max", "peak_replicas", "members_lost"])
+            + "\n\nExposed reward per step (last reward minus last member sent):\n\n"
+            + table([{"policy": run["policy"], **{f"step {step['step']}": step["exposed_s"] for step in run["steps"]}}
+                     for run in autoscaling["runs"]], ["policy", *[f"step {step}" for step in range(steps)]])
+            + against_serve_default(autoscaling["rows"])
+            + f"\n\nReplicas over time: `bench/results/{name}.png`.")
+
+
 def against_serve_default(rows: list[dict]) -> str:
     """The project's pools against Serve's default policy (target 64) of the same run: how many times
     fewer replica-seconds, at what exposure (issue 29's target: >= 1.5x fewer at <= 1x the exposure)."""
@@ -193,14 +206,7 @@ def main() -> int:
         sections.append(section(
             "4. Autoscaling under GRPO steps: a fixed pool, Serve's policy, the project's",
             ".venv/bin/python -m bench.autoscale",
-            table(autoscaling["rows"], ["policy", "replica_seconds", "replica_seconds_vs_fixed", "exposed_s_mean",
-                                        "exposed_vs_fixed", "exposed_s_max", "peak_replicas", "members_lost"])
-            + "\n\nExposed reward per step (last reward minus last member sent):\n\n"
-            + table([{"policy": run["policy"], **{f"step {step['step']}": step["exposed_s"] for step in run["steps"]}}
-                     for run in autoscaling["runs"]],
-                    ["policy", *[f"step {step}" for step in range(workload["steps"])]])
-            + against_serve_default(autoscaling["rows"])
-            + "\n\nReplicas over time: `bench/results/autoscale.png`.",
+            autoscale_tables(autoscaling, "autoscale"),
             "autoscale",
             f"SIMULATED engine (scripted: {workload['per_group_s']} s a group, one at a time per replica, "
             f"{workload['start_s']} s engine start), real Ray Serve and HTTP. A GRPO run of {workload['steps']} "
@@ -223,6 +229,19 @@ def main() -> int:
             "HTTP ingress while no scorer replica runs; every pool is deployed as `serve run "
             "deployments/grrm.yaml` deploys). Replica-seconds count running replicas (a starting one is not "
             "counted). Ratios within this run.",
+        ))
+    from_zero = load("autoscale_min0")
+    if from_zero:
+        sections.append(section(
+            "4a. Autoscaling from zero, ahead of each announced step",
+            ".venv/bin/python -m bench.autoscale --steps 10 --name autoscale_min0 "
+            "--policies fixed,serve_default,engine_work_min0,engine_work_min0_2",
+            autoscale_tables(from_zero, "autoscale_min0"),
+            "autoscale_min0",
+            "Section 4's workload and pools, a run of its own: the project's policy with `min_replicas` 0 "
+            "against the fixed pool and Serve's default, after the HTTP ingress hands its copy of announced "
+            "work to a scorer replica when the phase starts (section 4's run, before that, started a replica "
+            "for about 2 s after each step). Ratios within this run.",
         ))
     simulation = load("autoscaling_sim")
     if simulation:
