@@ -160,9 +160,10 @@ class GRRMIngress:
                                            f"({self.config.limits.max_candidates_per_group})")
         return await openrlhf_rewards(body, n, self.client, self.config, tenant_of(request.state, tenant, self.config))
 
+    # No 503: the ingress keeps the announcement itself; its copy to a scorer replica goes in the background.
     @app.post("/v1/demand", response_model=DemandAccepted,
               responses={401: {"model": ErrorResponse}, 403: {"model": ErrorResponse},
-                         422: {"model": ErrorResponse}, 503: {"model": ErrorResponse}})
+                         422: {"model": ErrorResponse}})
     async def announce_demand(self, announcement: DemandAnnouncement, request: Request) -> DemandAccepted:
         """Announce the groups a run is about to send (a GRPO step's generation phase), so that the
         autoscaling policy has the replicas for them when they come. Advisory: nothing waits on it."""
