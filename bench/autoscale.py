@@ -21,7 +21,8 @@ member of its prompt's group), then a quiet training phase. Three pools, one aft
 
 Every pool is deployed as ``serve run deployments/grrm.yaml`` deploys it (``deployments/declared.py``).
 
-Reported per pool: replica-seconds (running replicas integrated over the run), exposed reward per
+Reported per pool: replica-seconds (replicas that hold their resources, starting, running or stopping,
+integrated over the run; serving ones apart), exposed reward per
 step (last reward minus last member sent, ``docs/exposure.md``), the peak replica count, and
 members lost (must be 0); ratios against the fixed pool; a plot of replicas over time.
 
@@ -81,12 +82,20 @@ class Workload:
     trainer_start_s: float = 8.0
 
 
-def running_replicas(serve, app: str) -> int:
+def replica_counts(serve, app: str) -> tuple[int, int]:
+    """(replicas that hold their resources: starting, running or stopping; replicas serving: running).
+    A replica holds its GPU while its engine loads and while it drains, so both count as cost."""
     status = serve.status().applications.get(app)
     if status is None or "GRRMReplica" not in status.deployments:
-        return 0
-    states = status.deployments["GRRMReplica"].replica_states
-    return sum(count for state, count in states.items() if str(state).endswith("RUNNING"))
+        return 0, 0
+    states = {str(state).rsplit(".", 1)[-1]: count
+              for state, count in status.deployments["GRRMReplica"].replica_states.items()}
+    return sum(count for state, count in states.items() if state != "STOPPED"), states.get("RUNNING", 0)
+
+
+def running_replicas(serve, app: str) -> int:
+    """Replicas of ``app``'s scorer deployment that serve (running)."""
+    return replica_counts(serve, app)[1]
 
 
 def app_config(policy: str, load: Workload):
@@ -126,8 +135,8 @@ async def grpo_run(url: str, serve, app: str, policy: str, load: Workload, seed:
 
     async def sample() -> None:
         while True:
-            timeline.append({"t_s": time.monotonic() - started,
-                             "replicas": await asyncio.to_thread(running_replicas, serve, app)})
+            held, serving = await asyncio.to_thread(replica_counts, serve, app)
+            timeline.append({"t_s": time.monotonic() - started, "replicas": held, "serving": serving})
             await asyncio.sleep(0.5)
 
     async def member(step: int, group: int, index: int, delay_s: float, sent: list[float]):
@@ -174,10 +183,13 @@ async def grpo_run(url: str, serve, app: str, policy: str, load: Workload, seed:
     finally:
         sampler.cancel()
         await client.aclose()
+    # Replica-seconds: every replica that holds its resources (a starting replica loads its engine on its
+    # GPU, a stopping one drains), as a GPU bill counts them; serving ones apart.
     replica_seconds = sum(0.5 * point["replicas"] for point in timeline)
     return {
         "policy": policy,
         "replica_seconds": replica_seconds,
+        "serving_replica_seconds": sum(0.5 * point["serving"] for point in timeline),
         # What a pool of max_replicas would have cost over the same run.
         "peak_pool_replica_seconds": 0.5 * len(timeline) * load.max_replicas,
         "exposed_s_mean": statistics.mean(step["exposed_s"] for step in steps),
@@ -241,8 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     fixed = next((run for run in runs if run["policy"] == "fixed"), None)
     rows = []
     for run in runs:
-        row = {key: run[key] for key in ("policy", "replica_seconds", "exposed_s_mean", "exposed_s_max",
-                                         "peak_replicas", "members_lost")}
+        row = {key: run[key] for key in ("policy", "replica_seconds", "serving_replica_seconds", "exposed_s_mean",
+                                         "exposed_s_max", "peak_replicas", "members_lost")}
         if fixed is not None:
             row["replica_seconds_vs_fixed"] = fixed["replica_seconds"] / run["replica_seconds"]
             row["exposed_vs_fixed"] = run["exposed_s_mean"] / fixed["exposed_s_mean"]
