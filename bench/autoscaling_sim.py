@@ -211,7 +211,7 @@ def simulate(runs: list[Run], replicas_of, seconds_per_group: float, cold_start_
                                    members_waiting=members_waiting(pool["runs"], now),
                                    seconds_per_group=seconds_per_group)
                 decision = decide_replicas(now=now, current=running, loads=[load], demands=demands(pool["runs"], now),
-                                           settings=settings, state=pool["state"])
+                                           settings=settings, state=pool["state"], serving=len(pool["free_at"]))
                 pool["state"] = decision.state
                 resize(pool, decision.replicas, now, cold_start_s)
             elif serve_default is not None:

@@ -11,7 +11,10 @@ policy counts only what the engines have to do, and what the trainers say is com
 - **announced demand**: a trainer knows at the start of a generation phase how many groups are
   coming and roughly when the phase ends (:class:`Demand`). The pool grows *before* the burst so
   that groups arriving at that rate are scored as they come, and keeps that size until the phase
-  is over, counting a replica's cold start.
+  is over, counting a replica's cold start. A phase counts from when its expected work reaches
+  ``target_backlog_s`` (its first groups, fewer than a replica may hold queued, start none ahead),
+  and the cold start is the one the policy measured (from asking for replicas to one serving) once
+  it has, the configured ``cold_start_s`` before.
 - members waiting for group-mates are reported apart (``members_waiting``): a forecast, never load.
 
 Scaling up happens as soon as it is needed; scaling down only after the lower count has been
@@ -52,6 +55,7 @@ __all__ = [
     "break_even_s",
     "cold_start_s",
     "decide_replicas",
+    "measured_leads",
     "replicas_for_demand",
 ]
 
@@ -116,6 +120,25 @@ class Demand:
                 expected += share / total * overlap / slice_s
         return self.groups * expected
 
+    def reaches(self, groups: float) -> float:
+        """When the expected groups since the phase's start first reach ``groups`` (inf: never, the whole
+        phase expects fewer)."""
+        if groups <= 0:
+            return self.starts_at
+        if groups > self.groups:
+            return math.inf
+        length = self.span_s()
+        total = sum(self.profile)
+        if not self.profile or total <= 0:
+            return self.starts_at + length * groups / self.groups
+        slice_s, before = length / len(self.profile), 0.0
+        for position, share in enumerate(self.profile):
+            expected = self.groups * share / total
+            if expected > 0 and before + expected >= groups:
+                return self.starts_at + slice_s * (position + (groups - before) / expected)
+            before += expected
+        return self.starts_at + length
+
     def peak_rate(self, start: float, end: float) -> float:
         """The highest arrival rate (groups per second) in any slice of the phase that overlaps
         [start, end]; 0 when none does."""
@@ -175,6 +198,7 @@ class ScalingDecision:
     for_demand: int = 0
     kept_asleep: int = 0  # replicas kept (asleep while idle) for an announced need within the break-even horizon
     sleeping: int = 0  # replicas that report a sleeping engine
+    cold_start_s: float = 0.0  # the cold start announced work was planned with (measured, or configured)
 
 
 def _median(values: list[float]) -> float:
@@ -189,13 +213,49 @@ def seconds_per_group(loads: Iterable[ReplicaLoad], default: float) -> float:
     return _median(measured) if measured else default
 
 
-def cold_start_s(loads: Iterable[ReplicaLoad], configured: float) -> float:
-    """How long a new replica takes to serve: the configured ``cold_start_s``, or the median the
-    replicas measured where that is longer. A replica measures only its own construction (mostly its
-    engine's load), not the scheduling before it (a node to add, an image to pull), so the configured
-    value is the floor and a measurement can only raise it."""
+MEASURED_LEADS = 3  # the pool's last measured cold starts kept (the longest counts)
+
+
+def cold_start_s(loads: Iterable[ReplicaLoad], configured: float, leads: Iterable[float] = ()) -> float:
+    """How long a new replica takes to serve.
+
+    ``leads``: what the policy measured itself, from asking for more replicas to the first new one
+    serving (scheduling, a node to add, the engine's load: all of it); the longest of them, once there is
+    one, replaces the configured ``cold_start_s`` (a replica late for a burst delays every group queued
+    meanwhile, one early costs only its own seconds). Before, the configured value, or the median the replicas
+    measured of their own construction where that is longer (a replica sees only its own load, not the
+    scheduling before it, so there the configured value is the floor). Either way the replicas' own
+    measurement can only raise it."""
     measured = [load.cold_start_s for load in loads if load.cold_start_s]
-    return max(configured, _median(measured)) if measured else configured
+    leads = list(leads)
+    base = max(leads) if leads else configured
+    return max(base, _median(measured)) if measured else base
+
+
+def measured_leads(state: dict[str, float]) -> list[float]:
+    """The cold starts the policy measured, kept in its state (``lead/<n>``)."""
+    return [value for key, value in state.items() if key.startswith("lead/")]
+
+
+def _measure_lead(state: dict[str, float], now: float, serving: int) -> None:
+    """If the pool asked for more replicas and one more serves now, keep how long that took (the oldest
+    of ``MEASURED_LEADS`` kept gives way)."""
+    if "asked_at" in state and serving > state.get("asked_serving", math.inf):
+        count = int(state.get("leads_measured", 0))
+        state[f"lead/{count % MEASURED_LEADS}"] = now - state.pop("asked_at")
+        state["leads_measured"] = count + 1
+        state.pop("asked_serving", None)
+
+
+def _note_ask(state: dict[str, float], now: float, current: int, serving: int, replicas: int) -> None:
+    """Start timing a cold start when the pool asks for more than serves while every replica it asked
+    for before serves (one still starting would be timed from the wrong moment); stop when it no longer
+    waits for one."""
+    if replicas <= serving:
+        state.pop("asked_at", None)
+        state.pop("asked_serving", None)
+    elif replicas > current and serving >= current and "asked_at" not in state:
+        state["asked_at"], state["asked_serving"] = now, serving
 
 
 def engine_work(load: ReplicaLoad, per_group_s: float) -> float:
@@ -211,12 +271,23 @@ def replicas_for_demand(demands: Iterable[Demand], now: float, per_group_s: floa
     """Replicas that score the announced groups as they arrive: for each phase, its busiest slice
     from now until ``ahead_s`` ahead (default a cold start: a replica asked for now serves from then
     on, so it is asked for one cold start before its slice), and after the phase's end, for
-    ``demand_grace_s``, the rate of its last slice (its last groups)."""
+    ``demand_grace_s``, the rate of its last slice (its last groups).
+
+    A phase counts only from when its expected work (with ``demand_headroom``) reaches
+    ``target_backlog_s``: what comes before is less than one replica may hold queued, so no replica is
+    started ahead for it (a GRPO phase's first groups are few: they would keep replicas idle through
+    its quiet start). A phase whose whole work is less counts for nothing; its groups are scored as
+    they come, as unannounced work is."""
     ahead_s = settings.cold_start_s if ahead_s is None else ahead_s
+    backlog_groups = settings.target_backlog_s / (per_group_s * settings.demand_headroom)
     engine_seconds_per_second = 0.0
     for demand in demands:
-        if now <= demand.ends_at:
-            rate = demand.peak_rate(now, now + ahead_s)
+        counts_from = demand.reaches(backlog_groups)
+        if counts_from == math.inf:
+            rate = 0.0
+        elif now <= demand.ends_at:
+            begins = max(now, counts_from)
+            rate = demand.peak_rate(begins, now + ahead_s) if begins <= now + ahead_s else 0.0
         elif now <= demand.ends_at + settings.demand_grace_s:
             rate = demand.peak_rate(demand.ends_at, demand.ends_at)
         else:
@@ -243,17 +314,30 @@ def decide_replicas(
     settings: ScalingSettings,
     state: dict[str, float] | None = None,
     queued_at_callers: float = 0.0,
+    serving: int | None = None,
 ) -> ScalingDecision:
     """The replica count for the pool now (see the module docstring).
 
-    ``current`` is the count the deployment targets now; ``queued_at_callers`` requests queued in
+    ``current`` is the count the deployment targets now; ``serving`` how many of its replicas serve
+    (default: one per load reported); ``queued_at_callers`` requests queued in
     callers' handles because every replica was at max_ongoing_requests (each counted as a group's
     work: they have reached no replica to tell); ``state`` what the previous decision
     returned (empty after a controller restart: the policy then waits a full downscale delay
-    before it drops replicas, and rebuilds the rest from the replicas' reports).
+    before it drops replicas, and measures its cold start again, and rebuilds the rest from the
+    replicas' reports).
     """
     state = dict(state or {})
-    settings = dataclasses.replace(settings, cold_start_s=cold_start_s(loads, settings.cold_start_s))
+    serving = len(loads) if serving is None else serving
+    _measure_lead(state, now, serving)
+    decision = _decide(now, current, loads, demands, settings, state, queued_at_callers)
+    _note_ask(decision.state, now, current, serving, decision.replicas)
+    return decision
+
+
+def _decide(now: float, current: int, loads: list[ReplicaLoad], demands: list[Demand], settings: ScalingSettings,
+            state: dict[str, float], queued_at_callers: float) -> ScalingDecision:
+    settings = dataclasses.replace(settings, cold_start_s=cold_start_s(loads, settings.cold_start_s,
+                                                                       measured_leads(state)))
     per_group_s = seconds_per_group(loads, settings.default_seconds_per_group)
     engine_work_s = sum(engine_work(load, per_group_s) for load in loads) + queued_at_callers * per_group_s
     for_work = math.ceil(engine_work_s / settings.target_backlog_s - 1e-9)
@@ -270,7 +354,7 @@ def decide_replicas(
     wanted = min(settings.max_replicas,
                  max(settings.min_replicas, int(members_waiting), for_work, for_demand, kept_asleep))
     details = dict(engine_work_s=engine_work_s, for_work=for_work, for_demand=for_demand, kept_asleep=kept_asleep,
-                   sleeping=sum(1 for load in loads if load.sleeping))
+                   sleeping=sum(1 for load in loads if load.sleeping), cold_start_s=settings.cold_start_s)
     # Idle between announced phases: nothing for the engines, no member waiting for its group-mates (a
     # group on its way), nothing queued at callers, and a trainer has said when its work comes next.
     idle = (bool(loads) and bool(demands) and engine_work_s == 0 and queued_at_callers == 0

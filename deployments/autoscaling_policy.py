@@ -115,11 +115,13 @@ class EngineWorkPolicy:
     def __call__(self, context: Any) -> tuple[int, dict[str, Any]]:
         return self.decide(context)
 
-    def decide(self, context: Any, announcements: dict[Any, dict[str, float]] | None = None) -> tuple[int, dict[str, Any]]:
-        """The replica count for ``context``'s deployment, from its replicas' reports and the demands
-        in ``announcements`` (other deployments' reports: the ingress's) besides theirs."""
+    def decide(self, context: Any, announcements: dict[Any, dict[str, float]] | None = None,
+               reports: dict[Any, dict[str, float]] | None = None) -> tuple[int, dict[str, Any]]:
+        """The replica count for ``context``'s deployment, from its replicas' reports (``reports``: read
+        from ``context`` unless given) and the demands in ``announcements`` (other deployments' reports:
+        the ingress's) besides theirs."""
         now = context.current_time or time.time()
-        reports = _latest(context.raw_metrics or {})
+        reports = _latest(context.raw_metrics or {}) if reports is None else reports
         decision = decide_replicas(
             now=now,
             current=context.target_num_replicas,
@@ -128,12 +130,13 @@ class EngineWorkPolicy:
             settings=self.settings,
             state=dict(context.policy_state or {}),
             queued_at_callers=float(context.total_queued_requests or 0.0),
+            serving=context.current_num_replicas,
         )
         if decision.reason != self.last_reason:  # the controller's log says why the pool is the size it is
             logger.info("engine_work autoscaling of %s: %s (engine work %.1f s, for work %d, for demand %d, "
-                        "%d reporting, %d asleep)", getattr(context, "deployment_name", "?"), decision.reason,
-                        decision.engine_work_s, decision.for_work, decision.for_demand, len(reports),
-                        decision.sleeping)
+                        "%d reporting, %d asleep, cold start %.1f s)", getattr(context, "deployment_name", "?"),
+                        decision.reason, decision.engine_work_s, decision.for_work, decision.for_demand, len(reports),
+                        decision.sleeping, decision.cold_start_s)
         self.last_reason = decision.reason
         return decision.replicas, decision.state
 
@@ -154,9 +157,7 @@ class ApplicationEngineWorkPolicy:
         self.policies: dict[Any, EngineWorkPolicy] = {}
 
     def __call__(self, contexts: dict[Any, Any]) -> tuple[dict[Any, int], dict[Any, dict[str, Any]]]:
-        announcements: dict[Any, dict[str, float]] = {}
-        for context in contexts.values():
-            announcements.update(_latest(context.raw_metrics or {}))
+        reports = {deployment: _latest(context.raw_metrics or {}) for deployment, context in contexts.items()}
         decisions: dict[Any, int] = {}
         states: dict[Any, dict[str, Any]] = {}
         for deployment, context in contexts.items():
@@ -166,5 +167,9 @@ class ApplicationEngineWorkPolicy:
                 continue
             if deployment not in self.policies:
                 self.policies[deployment] = EngineWorkPolicy(**policy.policy_kwargs)
-            decisions[deployment], states[deployment] = self.policies[deployment].decide(context, announcements)
+            # Its own replicas' reports are its load; the other deployments' (the ingress's) bring announcements.
+            others = {replica: report for other, by_replica in reports.items() if other != deployment
+                      for replica, report in by_replica.items()}
+            decisions[deployment], states[deployment] = self.policies[deployment].decide(context, others,
+                                                                                         reports[deployment])
         return decisions, states

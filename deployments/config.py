@@ -42,11 +42,15 @@ class AutoscalingSettings(_Strict):
     initial_replicas: int | None = Field(None, ge=0, description="Replicas started when the application is deployed "
                                                                  "(None: min_replicas).")
     target_backlog_s: float = Field(10.0, gt=0, description="engine_work: seconds of queued engine work one replica "
-                                                            "may hold before another is started.")
+                                                            "may hold before another is started; an announced phase "
+                                                            "starts replicas ahead only from when its expected work "
+                                                            "reaches this.")
     cold_start_s: float = Field(60.0, ge=0, description="engine_work: how long a new replica takes to serve (node, "
                                                         "scheduling and engine load included); announced work starting "
-                                                        "within this gets its replicas now. The replicas measure their "
-                                                        "own construction: a longer median raises it.")
+                                                        "within this gets its replicas now. Once the policy has timed "
+                                                        "its own (asking for replicas to one serving; the longest of "
+                                                        "the last three), that counts instead; the replicas' measured "
+                                                        "construction, where longer, raises either.")
     default_seconds_per_group: float = Field(2.0, gt=0, description="engine_work: engine seconds per group assumed "
                                                                     "until the replicas have measured theirs.")
     demand_headroom: float = Field(1.5, ge=1, description="engine_work: capacity over the announced rate of a phase's "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -14,6 +15,7 @@ from cluster.autoscaling import (
     ScalingSettings,
     break_even_s,
     cold_start_s,
+    measured_leads,
     decide_replicas,
     engine_work,
     replicas_for_demand,
@@ -34,9 +36,10 @@ SETTINGS = ScalingSettings(min_replicas=1, max_replicas=4, target_backlog_s=10.0
                            downscale_delay_s=30.0, cold_start_s=20.0, default_seconds_per_group=1.0)
 
 
-def decide(now: float, current: int, loads=(), demands=(), state=None, settings=SETTINGS, queued_at_callers=0.0):
+def decide(now: float, current: int, loads=(), demands=(), state=None, settings=SETTINGS, queued_at_callers=0.0,
+           serving=None):
     return decide_replicas(now=now, current=current, loads=list(loads), demands=list(demands), settings=settings,
-                           state=state, queued_at_callers=queued_at_callers)
+                           state=state, queued_at_callers=queued_at_callers, serving=serving)
 
 
 def test_members_that_only_wait_add_no_replica():
@@ -111,9 +114,12 @@ def test_an_idle_pool_between_announced_phases_drops_after_the_idle_delay_not_th
     state = decide(0.0, 4, idle, [next_phase], settings=settings).state
     state = decide(1.0, 4, busy, [next_phase], state=state, settings=settings).state
     assert decide(2.5, 4, idle, [next_phase], state=state, settings=settings).replicas == 4
-    # Never below what the announced phase needs a cold start ahead: 40 groups in 40 s at 1 s, headroom 1.5.
+    # Never below what the announced phase needs a cold start ahead: 40 groups in 40 s at 1 s, headroom 1.5,
+    # counted from when its expected work reaches target_backlog_s (10 s: 6.7 groups, 6.7 s in, at 126.7).
     state = decide(100.0, 4, idle, [next_phase], settings=settings).state
-    assert decide(102.0, 4, idle, [next_phase], state=state, settings=settings).replicas == 2
+    assert decide(102.0, 4, idle, [next_phase], state=state, settings=settings).replicas == 1
+    state = decide(105.0, 4, idle, [next_phase], settings=settings).state
+    assert decide(107.0, 4, idle, [next_phase], state=state, settings=settings).replicas == 2
 
 
 def test_requests_queued_at_callers_count_as_work():
@@ -134,7 +140,10 @@ def test_announced_demand_scales_ahead_within_a_cold_start_and_is_capped():
     # 120 groups in 60 s at 2 s each: 4 engine-seconds per second, 4 replicas.
     step = Demand("run-a", 120, starts_at=100.0, ends_at=160.0)
     assert replicas_for_demand([step], 70.0, 2.0, settings) == 0  # too early: a replica would idle
-    assert replicas_for_demand([step], 80.0, 2.0, settings) == 4  # one cold start ahead
+    # Its first 5 groups are 10 s of work (target_backlog_s: what one replica may hold queued): they start
+    # no replica ahead; from 2.5 s into the phase it needs 4, asked for one cold start before.
+    assert replicas_for_demand([step], 80.0, 2.0, settings) == 0
+    assert replicas_for_demand([step], 82.5, 2.0, settings) == 4
     assert replicas_for_demand([step], 165.0, 2.0, settings) == 4  # its last groups, within the grace
     assert replicas_for_demand([step], 171.0, 2.0, settings) == 0  # over
     # Two runs' phases overlap: their rates add up.
@@ -154,13 +163,20 @@ def test_a_profiled_phase_adds_replicas_a_cold_start_before_its_crowd_not_before
     crowded = Demand("run-a", 100, starts_at=100.0, ends_at=200.0, profile=(0.0,) * 8 + (0.2, 0.8))
     assert crowded.peak_rate(100.0, 150.0) == 0.0 and crowded.peak_rate(180.0, 181.0) == pytest.approx(2.0)
     assert replicas_for_demand([crowded], 80.0, 1.0, settings) == 0  # its start is a cold start away: none yet
-    assert replicas_for_demand([crowded], 160.0, 1.0, settings) == 2  # the 9th slice (20 groups in 10 s) ahead
+    # Its expected work reaches target_backlog_s (10 groups at 1 s) halfway through the 9th slice (20 groups in
+    # 10 s): 2 replicas from then, asked for a cold start before.
+    assert crowded.reaches(10) == pytest.approx(185.0)
+    assert replicas_for_demand([crowded], 160.0, 1.0, settings) == 0
+    assert replicas_for_demand([crowded], 165.0, 1.0, settings) == 2
     assert replicas_for_demand([crowded], 170.0, 1.0, settings) == 8  # the last slice is a cold start away
     assert replicas_for_demand([crowded], 204.0, 1.0, settings) == 8  # its last groups, within the grace
     assert replicas_for_demand([crowded], 206.0, 1.0, settings) == 0
-    # The same phase announced evenly: 1 replica from a cold start before its start to its end.
+    # The same phase announced evenly: 1 replica from a cold start before its 10th group (at 110) to its end.
     even = Demand("run-a", 100, starts_at=100.0, ends_at=200.0)
-    assert [replicas_for_demand([even], t, 1.0, settings) for t in (80.0, 170.0)] == [1, 1]
+    assert [replicas_for_demand([even], t, 1.0, settings) for t in (80.0, 90.0, 170.0)] == [0, 1, 1]
+    # A phase whose whole work is less than target_backlog_s starts nothing ahead: scored as it comes.
+    assert Demand("run-a", 5, starts_at=100.0, ends_at=110.0).reaches(10) == math.inf
+    assert replicas_for_demand([Demand("run-a", 5, starts_at=100.0, ends_at=110.0)], 100.0, 1.0, settings) == 0
 
 
 def test_a_measured_cold_start_longer_than_configured_brings_announced_replicas_earlier():
@@ -173,6 +189,37 @@ def test_a_measured_cold_start_longer_than_configured_brings_announced_replicas_
     assert decide(70.0, 2, slow, [step], settings=settings).replicas == 4  # engines that load in 45 s start now
     report = autoscaling_stats(slow[0], [])
     assert loads_of({"a": report}) == [slow[0]]
+
+
+def test_the_policy_measures_its_cold_start_from_asking_to_serving_and_announced_replicas_come_that_late():
+    """The configured cold start is a guess (here 20 s); the policy times its own: from asking for more
+    replicas to the first new one serving. The longest of the last three then says how far ahead announced
+    work is started."""
+    settings = ScalingSettings(min_replicas=0, max_replicas=8, cold_start_s=20.0, demand_headroom=1.0,
+                               target_backlog_s=2.0, upscale_delay_s=0.0, default_seconds_per_group=2.0)
+    step = Demand("run-a", 120, starts_at=100.0, ends_at=160.0)  # 4 replicas at 2 s a group, counted from 100.5
+    asked = decide(80.5, 0, [], [step], settings=settings)
+    assert asked.replicas == 4 and asked.state["asked_at"] == 80.5
+    # A replica still starting: nothing measured; the first one serving 6 s after the ask: measured.
+    assert measured_leads(decide(83.0, 4, [], [step], state=asked.state, settings=settings, serving=0).state) == []
+    served = decide(86.5, 4, [ReplicaLoad()], [step], state=asked.state, settings=settings)
+    assert measured_leads(served.state) == [6.0] and "asked_at" not in served.state
+    # The next phase (a minute later) gets its replicas 6 s ahead, not 20 s.
+    later = Demand("run-a", 120, starts_at=200.0, ends_at=260.0)
+    idle = dict(served.state)
+    assert decide(190.0, 0, [], [later], state=idle, settings=settings).replicas == 0
+    ahead = decide(194.5, 0, [], [later], state=idle, settings=settings)
+    assert ahead.replicas == 4 and ahead.cold_start_s == 6.0
+    # Only the last MEASURED_LEADS count, the longest; the replicas' own longer construction still raises it.
+    state = dict(served.state)
+    for ask, serves in ((300.0, 309.0), (400.0, 407.0), (500.0, 505.0)):
+        state = decide(ask, 0, [], [Demand("run-a", 120, ask + 1, ask + 61)], state=state, settings=settings).state
+        state = decide(serves, 4, [ReplicaLoad()], state=state, settings=settings).state
+    assert sorted(measured_leads(state)) == [5.0, 7.0, 9.0]  # the first (6 s) gave way
+    assert cold_start_s([], 20.0, measured_leads(state)) == 9.0
+    assert cold_start_s([ReplicaLoad(cold_start_s=12.0)], 20.0, measured_leads(state)) == 12.0
+    # A controller restart loses the measurements: the configured value counts again.
+    assert decide(190.0, 0, [], [later], settings=settings).replicas == 4
 
 
 def test_the_next_announced_step_keeps_its_replicas_through_a_training_phase():
@@ -298,8 +345,8 @@ def test_the_serve_policy_reads_the_latest_reports_and_decides():
             raw.setdefault(key, {})[replica] = _series(value)
     policy = EngineWorkPolicy(min_replicas=1, max_replicas=8, target_backlog_s=10.0, upscale_delay_s=0.0,
                               default_seconds_per_group=1.0, demand_headroom=1.0, cold_start_s=30.0)
-    context = SimpleNamespace(current_time=1000.0, target_num_replicas=1, raw_metrics=raw, policy_state={},
-                              total_queued_requests=0.0)
+    context = SimpleNamespace(current_time=1000.0, target_num_replicas=1, current_num_replicas=1, raw_metrics=raw,
+                              policy_state={}, total_queued_requests=0.0)
     replicas, state = policy(context)
     # 30 s of queued work at target 10 s: 3; the announced 1 group/s at 1.5 s each: 2. Waiting members: none.
     assert replicas == 3 and "queued engine work" in policy.last_reason
@@ -427,10 +474,11 @@ def test_the_application_policy_starts_an_empty_scorer_pool_for_what_its_ingress
 
     def decide(now: float, ingress_reports: dict, scorers: int = 0) -> dict:
         contexts = {
-            "scorer": SimpleNamespace(current_time=now, target_num_replicas=scorers, raw_metrics={}, policy_state={},
-                                      total_queued_requests=0.0, config=scorer_config),
-            "ingress": SimpleNamespace(current_time=now, target_num_replicas=2, raw_metrics=_raw(ingress_reports),
-                                       policy_state={"kept": 1}, total_queued_requests=0.0, config=ingress_config),
+            "scorer": SimpleNamespace(current_time=now, target_num_replicas=scorers, current_num_replicas=scorers,
+                                      raw_metrics={}, policy_state={}, total_queued_requests=0.0, config=scorer_config),
+            "ingress": SimpleNamespace(current_time=now, target_num_replicas=2, current_num_replicas=2,
+                                       raw_metrics=_raw(ingress_reports), policy_state={"kept": 1},
+                                       total_queued_requests=0.0, config=ingress_config),
         }
         decisions, states = policy(contexts)
         assert states["ingress"] == {"kept": 1}
