@@ -22,8 +22,11 @@ def autoscale_tables(autoscaling: dict, name: str) -> str:
     """bench.autoscale's tables: the pools' costs and exposures, the exposure per step, the project's
     pools against Serve's default, and where the plot is."""
     steps = autoscaling["workload"]["steps"]
-    return (table(autoscaling["rows"], ["policy", "replica_seconds", "replica_seconds_vs_fixed", "exposed_s_mean",
-                                        "exposed_vs_fixed", "exposed_s_max", "peak_replicas", "members_lost"])
+    # Runs that counted starting and stopping replicas as well report the serving ones apart.
+    serving = ["serving_replica_seconds"] if "serving_replica_seconds" in autoscaling["rows"][0] else []
+    return (table(autoscaling["rows"], ["policy", "replica_seconds", *serving, "replica_seconds_vs_fixed",
+                                        "exposed_s_mean", "exposed_vs_fixed", "exposed_s_max", "peak_replicas",
+                                        "members_lost"])
             + "\n\nExposed reward per step (last reward minus last member sent):\n\n"
             + table([{"policy": run["policy"], **{f"step {step['step']}": step["exposed_s"] for step in run["steps"]}}
                      for run in autoscaling["runs"]], ["policy", *[f"step {step}" for step in range(steps)]])
@@ -44,6 +47,17 @@ def against_serve_default(rows: list[dict]) -> str:
     return ("\n\nThe project's pools against Serve's default policy (target 64) in the same run: how many times "
             "fewer replica-seconds, at what share of its exposure:\n\n"
             + table(compared, ["policy", "replica_seconds_serve_default_vs_this", "exposed_this_vs_serve_default"]))
+
+def from_zero_simulation(simulation: dict | None) -> str:
+    """4b's simulation with ``min_replicas`` 0 (``bench.autoscaling_sim --min-replicas 0``), where it ran."""
+    if not simulation:
+        return ""
+    return ("\n\nThe same with `min_replicas` 0 (`.venv/bin/python -m bench.autoscaling_sim --min-replicas 0`): the "
+            "shared pool empties while every run trains:\n\n"
+            + table(simulation["rows"], ["demand_headroom", "runs", "fixed_pool_per_run",
+                                         "replica_seconds_fixed_vs_elastic", "fixed_exposed_s_mean",
+                                         "elastic_exposed_s_mean", "exposed_elastic_vs_fixed"]))
+
 
 def load(name: str) -> Any | None:
     path = results_dir() / f"{name}.json"
@@ -258,7 +272,8 @@ def main() -> int:
                + table(simulation["serve_default_rows"],
                        ["runs", "serve_target", "replica_seconds_serve_vs_elastic", "replica_seconds_fixed_vs_serve",
                         "serve_exposed_s_mean", "exposed_serve_vs_elastic"])
-               if simulation.get("serve_default_rows") else ""),
+               if simulation.get("serve_default_rows") else "")
+            + from_zero_simulation(load("autoscaling_sim_min0")),
             "autoscaling_sim",
             f"SIMULATED (no Ray, no engine): the project's decision function itself sizes the shared pool every "
             f"second. Inputs (assumptions): {inputs['seconds_per_group']} engine seconds a group on one replica, "
@@ -294,6 +309,23 @@ def main() -> int:
             "its memory). `cost` = awake replica-seconds + sleeping_cost x asleep ones; `fixed` is 4b's pool per run; "
             "`cost_stop_vs_this` against `stop` at the same headroom. A replica woken in seconds instead of started "
             "in a cold start lets the pool run with less headroom at the same exposure.",
+        ))
+    later = load("autoscale_lazy")
+    if later:
+        sections.append(section(
+            "4d. Replicas started when a phase's work needs them, at the cold start the pool measured",
+            ".venv/bin/python -m bench.autoscale --steps 10 --name autoscale_lazy "
+            "--policies fixed,serve_default,engine_work,engine_work_min0,engine_work_min0_2",
+            autoscale_tables(later, "autoscale_lazy"),
+            "autoscale_lazy",
+            "Section 4's workload and pools, a run of its own, after two changes to the policy: an announced "
+            "phase counts only from when its expected work reaches `target_backlog_s` (its first few groups "
+            "start no replica ahead), and the cold start it plans with is the one it timed (asking for "
+            "replicas to one serving: here 3.5-5.5 s by the timelines, 2 to 4 replicas starting at once on "
+            "2 cores, against the 6 s configured). Replica-seconds here count "
+            "every replica that holds its resources, starting and stopping ones too (a replica loads its "
+            "engine on its GPU), `serving_replica_seconds` the running ones; sections 4 and 4a counted running "
+            "replicas only. Ratios within this run.",
         ))
     cost = load("gqm_vs_sqm")
     if cost:
