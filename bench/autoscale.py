@@ -212,7 +212,7 @@ def plot(runs: list[dict], path) -> None:
         axis.step([p["t_s"] for p in run["timeline"]], [p["replicas"] for p in run["timeline"]], where="post",
                   label=f"{run['policy']} ({run['replica_seconds']:.0f} replica-s)")
     axis.set_xlabel("seconds")
-    axis.set_ylabel("running replicas")
+    axis.set_ylabel("replicas (starting, running, stopping)", fontsize=8)
     axis.set_title("Reward pool under GRPO steps: generation bursts, then training (simulated engine, real Serve)",
                    fontsize=9)
     axis.legend(fontsize=7)
