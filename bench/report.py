@@ -15,6 +15,9 @@ from bench.common import results_dir
 from bench.fair_share import VERL_COLUMNS as FAIR_SHARE_VERL_COLUMNS
 
 OUT = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
+# bench.autoscaling_sim's table: an elastic pool against a fixed pool per run (4b, and its min_replicas 0 run).
+SIMULATION_COLUMNS = ["demand_headroom", "runs", "fixed_pool_per_run", "replica_seconds_fixed_vs_elastic",
+                      "fixed_exposed_s_mean", "elastic_exposed_s_mean", "exposed_elastic_vs_fixed"]
 
 
 
@@ -54,9 +57,7 @@ def from_zero_simulation(simulation: dict | None) -> str:
         return ""
     return ("\n\nThe same with `min_replicas` 0 (`.venv/bin/python -m bench.autoscaling_sim --min-replicas 0`): the "
             "shared pool empties while every run trains:\n\n"
-            + table(simulation["rows"], ["demand_headroom", "runs", "fixed_pool_per_run",
-                                         "replica_seconds_fixed_vs_elastic", "fixed_exposed_s_mean",
-                                         "elastic_exposed_s_mean", "exposed_elastic_vs_fixed"]))
+            + table(simulation["rows"], SIMULATION_COLUMNS))
 
 
 def load(name: str) -> Any | None:
@@ -263,8 +264,7 @@ def main() -> int:
         sections.append(section(
             "4b. SIMULATED: one elastic pool for 1-4 runs against a fixed pool per run, at 64 GPUs",
             ".venv/bin/python -m bench.autoscaling_sim",
-            table(simulation["rows"], ["demand_headroom", "runs", "fixed_pool_per_run", "replica_seconds_fixed_vs_elastic",
-                                       "fixed_exposed_s_mean", "elastic_exposed_s_mean", "exposed_elastic_vs_fixed"])
+            table(simulation["rows"], SIMULATION_COLUMNS)
             + "\n\nReplicas over time against the groups waiting, 4 runs: `bench/results/autoscaling_sim.png`."
             + ("\n\nThe same runs on one pool scaled by a model of Serve's default policy (ongoing requests, waiting "
                "members included, over `serve_target` a replica; up after 30 s, down after 300 s, as grrm.yaml had "

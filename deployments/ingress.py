@@ -202,8 +202,6 @@ class GRRMIngress:
             verdict = await self._scorer_verdict(fresh=True)
             if copy is not None and verdict is not None and verdict.running > 0:
                 await self.client.announce_demand(copy)
-        except asyncio.CancelledError:
-            raise
         except Exception as error:  # noqa: BLE001 - advisory: the ingress's own copy still counts
             logger.warning("ingress %s: handing an announcement of %s to a scorer replica failed: %r",
                            self.name, announcement.tenant, error)

@@ -15,6 +15,7 @@ import time
 import pytest
 from ray import serve
 
+from bench.autoscale import replica_counts
 from cluster.engines import EngineConfig, ScriptedEngineOptions
 from cluster.schema import MemberRequest
 from deployments.app import build_app
@@ -57,14 +58,12 @@ def url(serve_instance):
 
 
 def running_replicas(app: str = APP) -> int:
-    deployment = serve.status().applications[app].deployments["GRRMReplica"]
-    return sum(count for state, count in deployment.replica_states.items() if str(state).endswith("RUNNING"))
+    return replica_counts(serve, app)[1]
 
 
 def held_replicas(app: str = APP) -> int:
     """Replicas asked for and not yet gone: starting, running or stopping."""
-    deployment = serve.status().applications[app].deployments["GRRMReplica"]
-    return sum(count for state, count in deployment.replica_states.items() if not str(state).endswith("STOPPED"))
+    return replica_counts(serve, app)[0]
 
 
 def assemblers(app: str = APP) -> list[dict]:
