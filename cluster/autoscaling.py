@@ -12,19 +12,22 @@ policy counts only what the engines have to do, and what the trainers say is com
   coming and roughly when the phase ends (:class:`Demand`). The pool grows *before* the burst so
   that groups arriving at that rate are scored as they come, and keeps that size until the phase
   is over, counting a replica's cold start. A phase counts from when its expected work reaches
-  ``target_backlog_s`` (its first groups, fewer than a replica may hold queued, start none ahead),
-  and the cold start is the one the policy measured (from asking for replicas to one serving) once
-  it has, the configured ``cold_start_s`` before.
+  ``target_backlog_s`` (its first groups, fewer than a replica may hold queued, start none ahead
+  beyond one: a pool that may empty has one replica serving by a phase's first group), and the
+  cold start is the one the policy measured (from asking for replicas to one serving) once it has,
+  the configured ``cold_start_s`` before.
 - members waiting for group-mates are reported apart (``members_waiting``): a forecast, never load.
 
 Scaling up happens as soon as it is needed; scaling down only after the lower count has been
 enough for ``downscale_delay_s`` and never below what an announced phase starting within a cold
 start needs. One exception to the delay: while a trainer's announcement says when its work comes
-next, a pool that has been idle (no group queued or running, no member waiting for group-mates) for
-``idle_downscale_delay_s`` drops what that demand does not need at once. The downscale delay guards
-against a noisy load signal; an idle pool between announced phases is not noise, and holding its
-replicas for the delay after every step costs replica-seconds each step. A pool no trainer
-announces to keeps the full delay.
+next, an idle pool (no group queued or running, no member waiting for group-mates) drops what that
+demand does not need at once when every announced phase is still ahead (a trainer announces its next
+phase once its current one is done), and after ``idle_downscale_delay_s`` within an announced phase
+(its quiet start, a lull); either way it keeps what announced work needs within two cold starts (a
+replica dropped just before it is asked for again saves little and churns the pool). The downscale delay guards against a noisy load signal; an idle pool
+between announced phases is not noise, and holding its replicas for the delay after every step
+costs replica-seconds each step. A pool no trainer announces to keeps the full delay.
 
 With ``idle="sleep"`` a replica the pool no longer needs may sleep instead of being removed (its
 engine's weights offloaded and KV cache freed, woken in ``wake_s``; the replicas put their engines to
@@ -138,6 +141,10 @@ class Demand:
                 return self.starts_at + slice_s * (position + (groups - before) / expected)
             before += expected
         return self.starts_at + length
+
+    def in_progress(self, now: float, grace_s: float) -> bool:
+        """Whether the phase is on at ``now``: started, and not more than ``grace_s`` past its end."""
+        return self.starts_at <= now <= self.ends_at + grace_s
 
     def peak_rate(self, start: float, end: float) -> float:
         """The highest arrival rate (groups per second) in any slice of the phase that overlaps
@@ -277,11 +284,18 @@ def replicas_for_demand(demands: Iterable[Demand], now: float, per_group_s: floa
     ``target_backlog_s``: what comes before is less than one replica may hold queued, so no replica is
     started ahead for it (a GRPO phase's first groups are few: they would keep replicas idle through
     its quiet start). A phase whose whole work is less counts for nothing; its groups are scored as
-    they come, as unannounced work is."""
+    they come, as unannounced work is.
+
+    Whatever its size, a phase has one replica serving by its first expected group: a pool that may
+    empty (``min_replicas`` 0) starts it a cold start ahead, so no announced group waits for a cold
+    start (those first groups would then be queued work when the crowd comes, and delay its last reward)."""
     ahead_s = settings.cold_start_s if ahead_s is None else ahead_s
     backlog_groups = settings.target_backlog_s / (per_group_s * settings.demand_headroom)
     engine_seconds_per_second = 0.0
+    first_groups = False  # a phase's first group comes within ahead_s (or it is on): one replica at least
     for demand in demands:
+        if demand.groups > 0 and demand.reaches(1) - ahead_s <= now <= demand.ends_at + settings.demand_grace_s:
+            first_groups = True
         counts_from = demand.reaches(backlog_groups)
         if counts_from == math.inf:
             rate = 0.0
@@ -293,7 +307,7 @@ def replicas_for_demand(demands: Iterable[Demand], now: float, per_group_s: floa
         else:
             rate = 0.0
         engine_seconds_per_second += rate * per_group_s
-    return math.ceil(engine_seconds_per_second * settings.demand_headroom - 1e-9)
+    return max(int(first_groups), math.ceil(engine_seconds_per_second * settings.demand_headroom - 1e-9))
 
 
 def break_even_s(settings: ScalingSettings) -> float:
@@ -362,6 +376,11 @@ def _decide(now: float, current: int, loads: list[ReplicaLoad], demands: list[De
     idle_for = now - state.setdefault("idle_since", now) if idle else 0.0
     if not idle:
         state.pop("idle_since", None)
+    # Idle while every announced phase is still ahead: the trainers have said their work comes later (a
+    # trainer announces its next phase once this one is done), so the pool drops what that does not need at
+    # once. Idle within a phase (its quiet start, a lull between groups) waits idle_downscale_delay_s.
+    in_phase = any(demand.in_progress(now, settings.demand_grace_s) for demand in demands)
+    idle_delay_s = settings.idle_downscale_delay_s if in_phase else 0.0
     if wanted > current:
         state.pop("lower_since", None)
         since = state.setdefault("higher_since", now)
@@ -372,10 +391,15 @@ def _decide(now: float, current: int, loads: list[ReplicaLoad], demands: list[De
     state.pop("higher_since", None)
     if wanted < current:
         since = state.setdefault("lower_since", now)
-        if idle and idle_for >= settings.idle_downscale_delay_s:
+        # Never below what announced work needs within two cold starts, though: a replica dropped that shortly
+        # before it is asked for again saves little of its cold start, and churns the pool.
+        soon = min(current, replicas_for_demand(demands, now, per_group_s, settings, 2 * settings.cold_start_s))
+        if idle and idle_for >= idle_delay_s and max(wanted, soon) < current:
             state.pop("lower_since", None)
-            return ScalingDecision(wanted, f"{_why(wanted, for_work, for_demand, engine_work_s, kept_asleep)}; "
-                                           f"idle for {idle_for:.0f} s between announced phases", state, **details)
+            lower = max(wanted, soon)
+            return ScalingDecision(lower, f"{_why(lower, for_work, for_demand, engine_work_s, kept_asleep)}; "
+                                          + (f"idle for {idle_for:.0f} s within an announced phase" if in_phase
+                                             else "idle until the next announced phase"), state, **details)
         if now - since >= settings.downscale_delay_s:
             state.pop("lower_since", None)
             return ScalingDecision(wanted, _why(wanted, for_work, for_demand, engine_work_s, kept_asleep), state,

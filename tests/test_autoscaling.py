@@ -94,32 +94,36 @@ def test_scaling_down_waits_for_the_downscale_delay_and_a_controller_restart_sta
     assert decide(31.0, 4, idle, state={}).replicas == 4
 
 
-def test_an_idle_pool_between_announced_phases_drops_after_the_idle_delay_not_the_downscale_delay():
+def test_an_idle_pool_between_announced_phases_drops_at_once_and_within_a_phase_after_the_idle_delay():
     settings = dataclasses.replace(SETTINGS, idle_downscale_delay_s=2.0)
     idle = [ReplicaLoad(seconds_per_group=1.0)] * 4
-    # The run's next phase opens in 120 s: announced, far beyond a cold start (20 s), so it needs none now.
+    # The run's next phase opens in 120 s: announced, far beyond a cold start (20 s), so it needs none now, and
+    # no announced phase is on: the trainer has said its work comes later, so the pool drops at once.
     next_phase = Demand("run-a", 40, starts_at=120.0, ends_at=160.0)
-    first = decide(0.0, 4, idle, [next_phase], settings=settings)
-    assert first.replicas == 4  # just became idle: held for the idle delay
-    dropped = decide(2.0, 4, idle, [next_phase], state=first.state, settings=settings)
-    assert dropped.replicas == 1 and "idle" in dropped.reason
+    dropped = decide(0.0, 4, idle, [next_phase], settings=settings)
+    assert dropped.replicas == 1 and "until the next announced phase" in dropped.reason
+    # Within an announced phase (here run-b's: 40 groups in 40 s at 1 s, headroom 1.5: 2 replicas) an idle
+    # moment may be a lull: the pool holds for the idle delay, then drops to what the phase needs.
+    on_now = Demand("run-b", 40, starts_at=-10.0, ends_at=30.0)
+    first = decide(0.0, 4, idle, [on_now, next_phase], settings=settings)
+    assert first.replicas == 4
+    after = decide(2.0, 4, idle, [on_now, next_phase], state=first.state, settings=settings)
+    assert after.replicas == 2 and "within an announced phase" in after.reason
+    # Work between two idle moments restarts the idle clock.
+    busy = [ReplicaLoad(groups_running=1, queued_work_s=1.0, seconds_per_group=1.0)] + idle[1:]
+    state = decide(0.0, 4, idle, [on_now], settings=settings).state
+    state = decide(1.0, 4, busy, [on_now], state=state, settings=settings).state
+    assert decide(2.5, 4, idle, [on_now], state=state, settings=settings).replicas == 4
     # A pool nobody announces to keeps the whole downscale delay (served as before announcements existed).
     assert decide(2.0, 4, idle, state=decide(0.0, 4, idle, settings=settings).state, settings=settings).replicas == 4
     # Members waiting for their group-mates are groups on their way: not idle, the downscale delay holds.
     waiting = [ReplicaLoad(seconds_per_group=1.0, members_waiting=3.0)] + idle[1:]
     state = decide(0.0, 4, waiting, [next_phase], settings=settings).state
     assert decide(2.0, 4, waiting, [next_phase], state=state, settings=settings).replicas == 4
-    # Work between two idle moments restarts the idle clock.
-    busy = [ReplicaLoad(groups_running=1, queued_work_s=1.0, seconds_per_group=1.0)] + idle[1:]
-    state = decide(0.0, 4, idle, [next_phase], settings=settings).state
-    state = decide(1.0, 4, busy, [next_phase], state=state, settings=settings).state
-    assert decide(2.5, 4, idle, [next_phase], state=state, settings=settings).replicas == 4
-    # Never below what the announced phase needs a cold start ahead: 40 groups in 40 s at 1 s, headroom 1.5,
-    # counted from when its expected work reaches target_backlog_s (10 s: 6.7 groups, 6.7 s in, at 126.7).
-    state = decide(100.0, 4, idle, [next_phase], settings=settings).state
-    assert decide(102.0, 4, idle, [next_phase], state=state, settings=settings).replicas == 1
-    state = decide(105.0, 4, idle, [next_phase], settings=settings).state
-    assert decide(107.0, 4, idle, [next_phase], state=state, settings=settings).replicas == 2
+    # Never below what the announced phase needs within two cold starts (40 s): 40 groups in 40 s at 1 s, headroom
+    # 1.5, counted from when its expected work reaches target_backlog_s (10 s: 6.7 groups, 6.7 s in, at 126.7).
+    assert decide(86.0, 4, idle, [next_phase], settings=settings).replicas == 1
+    assert decide(87.0, 4, idle, [next_phase], settings=settings).replicas == 2
 
 
 def test_requests_queued_at_callers_count_as_work():
@@ -174,9 +178,11 @@ def test_a_profiled_phase_adds_replicas_a_cold_start_before_its_crowd_not_before
     # The same phase announced evenly: 1 replica from a cold start before its 10th group (at 110) to its end.
     even = Demand("run-a", 100, starts_at=100.0, ends_at=200.0)
     assert [replicas_for_demand([even], t, 1.0, settings) for t in (80.0, 90.0, 170.0)] == [0, 1, 1]
-    # A phase whose whole work is less than target_backlog_s starts nothing ahead: scored as it comes.
-    assert Demand("run-a", 5, starts_at=100.0, ends_at=110.0).reaches(10) == math.inf
-    assert replicas_for_demand([Demand("run-a", 5, starts_at=100.0, ends_at=110.0)], 100.0, 1.0, settings) == 0
+    # A phase whose whole work is less than target_backlog_s starts no more than one replica ahead (one serves by
+    # its first group, at 102, asked for a cold start before: a pool that may empty has it), scored as it comes.
+    small = Demand("run-a", 5, starts_at=100.0, ends_at=110.0)
+    assert small.reaches(10) == math.inf and small.reaches(1) == pytest.approx(102.0)
+    assert [replicas_for_demand([small], t, 1.0, settings) for t in (81.0, 82.0, 100.0, 115.0, 116.0)] == [0, 1, 1, 1, 0]
 
 
 def test_a_measured_cold_start_longer_than_configured_brings_announced_replicas_earlier():

@@ -263,10 +263,10 @@ def test_a_pool_with_min_replicas_zero_starts_for_work_keeps_its_replica_for_wai
 
 
 DECLARED_APP = "scaling_declared"
-# The announced phase starts this far ahead; its work reaches target_backlog_s (5 groups of 20 at 1 s) 2.5 s
-# in, and the policy starts replicas a cold start before that: first the configured one (14 s, far more than a
+# The announced phase starts this far ahead; its first group is expected 0.5 s in (20 groups evenly in 10 s),
+# and the policy starts a replica a cold start before that: first the configured one (14 s, far more than a
 # replica takes here), then the one it measured at that first start.
-STARTS_IN_S, COLD_START_S, NEEDED_FROM_S = 20.0, 14.0, 22.5
+STARTS_IN_S, COLD_START_S, NEEDED_FROM_S = 20.0, 14.0, 20.5
 
 
 def test_an_empty_pool_deployed_as_grrm_yaml_starts_ahead_of_work_announced_over_either_transport(
@@ -315,7 +315,7 @@ def test_an_empty_pool_deployed_as_grrm_yaml_starts_ahead_of_work_announced_over
             print("\nscale ahead from zero: a replica asked for / serving "
                   + ", ".join(f"{asked_after_s[transport]:.1f} / {serving_after_s[transport]:.1f} s ({transport})"
                               for transport in serving_after_s)
-                  + f" after the announcement, its work needed from {NEEDED_FROM_S:.1f} s (cold start configured "
+                  + f" after the announcement, its first group expected at {NEEDED_FROM_S:.1f} s (cold start configured "
                   f"{COLD_START_S:.0f} s, then measured {measured_s:.1f} s)")
         # The first start was planned with the configured cold start, the second with the one the first measured
         # (its start took seconds here, however long: the second is asked for that long before the need).
