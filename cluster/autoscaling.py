@@ -14,8 +14,8 @@ policy counts only what the engines have to do, and what the trainers say is com
   is over, counting a replica's cold start. A phase counts from when its expected work reaches
   ``target_backlog_s`` (its first groups, fewer than a replica may hold queued, start none ahead
   beyond one: a pool that may empty has one replica serving by a phase's first group), and the
-  cold start is the one the policy measured (from asking for replicas to one serving) once it has,
-  the configured ``cold_start_s`` before.
+  cold start is the one the policy measured (from asking for replicas to all of them serving) once
+  it has, the configured ``cold_start_s`` before.
 - members waiting for group-mates are reported apart (``members_waiting``): a forecast, never load.
 
 Scaling up happens as soon as it is needed; scaling down only after the lower count has been
@@ -226,8 +226,8 @@ MEASURED_LEADS = 3  # the pool's last measured cold starts kept (the longest cou
 def cold_start_s(loads: Iterable[ReplicaLoad], configured: float, leads: Iterable[float] = ()) -> float:
     """How long a new replica takes to serve.
 
-    ``leads``: what the policy measured itself, from asking for more replicas to the first new one
-    serving (scheduling, a node to add, the engine's load: all of it); the longest of them, once there is
+    ``leads``: what the policy measured itself, from asking for more replicas to all of them serving
+    (scheduling, a node to add, the engines' load: all of it); the longest of them, once there is
     one, replaces the configured ``cold_start_s`` (a replica late for a burst delays every group queued
     meanwhile, one early costs only its own seconds). Before, the configured value, or the median the replicas
     measured of their own construction where that is longer (a replica sees only its own load, not the
@@ -244,25 +244,27 @@ def measured_leads(state: dict[str, float]) -> list[float]:
     return [value for key, value in state.items() if key.startswith("lead/")]
 
 
+ASKED = "asked/"  # policy state: asked/<count> = when the pool asked for that many replicas, until they serve
+
+
 def _measure_lead(state: dict[str, float], now: float, serving: int) -> None:
-    """If the pool asked for more replicas and one more serves now, keep how long that took (the oldest
-    of ``MEASURED_LEADS`` kept gives way)."""
-    if "asked_at" in state and serving > state.get("asked_serving", math.inf):
-        count = int(state.get("leads_measured", 0))
-        state[f"lead/{count % MEASURED_LEADS}"] = now - state.pop("asked_at")
-        state["leads_measured"] = count + 1
-        state.pop("asked_serving", None)
+    """For each replica count the pool asked for that now serves, keep how long that took (the oldest of
+    ``MEASURED_LEADS`` kept gives way): a burst needs all the replicas asked for, and several starting at once
+    take longer than one (on a node's shared CPUs, disks and network)."""
+    for key in [key for key in state if key.startswith(ASKED)]:
+        if serving >= int(key[len(ASKED):]):
+            count = int(state.get("leads_measured", 0))
+            state[f"lead/{count % MEASURED_LEADS}"] = now - state.pop(key)
+            state["leads_measured"] = count + 1
 
 
 def _note_ask(state: dict[str, float], now: float, current: int, serving: int, replicas: int) -> None:
-    """Start timing a cold start when the pool asks for more than serves while every replica it asked
-    for before serves (one still starting would be timed from the wrong moment); stop when it no longer
-    waits for one."""
-    if replicas <= serving:
-        state.pop("asked_at", None)
-        state.pop("asked_serving", None)
-    elif replicas > current and serving >= current and "asked_at" not in state:
-        state["asked_at"], state["asked_serving"] = now, serving
+    """Start timing a cold start when the pool asks for more replicas than it has and than serve; stop timing
+    counts it no longer asks for (it asked for fewer meanwhile)."""
+    for key in [key for key in state if key.startswith(ASKED) and int(key[len(ASKED):]) > replicas]:
+        state.pop(key)
+    if replicas > current and replicas > serving:
+        state.setdefault(f"{ASKED}{replicas}", now)
 
 
 def engine_work(load: ReplicaLoad, per_group_s: float) -> float:

@@ -48,7 +48,7 @@ class AutoscalingSettings(_Strict):
     cold_start_s: float = Field(60.0, ge=0, description="engine_work: how long a new replica takes to serve (node, "
                                                         "scheduling and engine load included); announced work starting "
                                                         "within this gets its replicas now. Once the policy has timed "
-                                                        "its own (asking for replicas to one serving; the longest of "
+                                                        "its own (asking for replicas to all serving; the longest of "
                                                         "the last three), that counts instead; the replicas' measured "
                                                         "construction, where longer, raises either.")
     default_seconds_per_group: float = Field(2.0, gt=0, description="engine_work: engine seconds per group assumed "
@@ -78,11 +78,14 @@ class AutoscalingSettings(_Strict):
                                                            "they are started.")
     downscale_delay_s: float = Field(120.0, ge=0, description="How long, in seconds, fewer replicas must do before "
                                                               "replicas are stopped.")
-    idle_downscale_delay_s: float = Field(5.0, ge=0, description="engine_work: while a trainer's announcement says "
-                                                                 "when its work comes next, how long the pool must be "
+    idle_downscale_delay_s: float = Field(5.0, ge=0, description="engine_work: while an announced phase is on (its "
+                                                                 "quiet start, a lull), how long the pool must be "
                                                                  "idle (no group queued or running, no member waiting "
-                                                                 "for group-mates) before it drops the replicas that "
-                                                                 "demand does not need, instead of downscale_delay_s. "
+                                                                 "for group-mates) before it drops the replicas the "
+                                                                 "announced demand does not need, instead of "
+                                                                 "downscale_delay_s; idle while every announced phase "
+                                                                 "is ahead, it drops them at once. Either way it keeps "
+                                                                 "what announced work needs within two cold starts. "
                                                                  "A pool nobody announces to keeps downscale_delay_s.")
     metrics_interval_s: float = Field(2.0, gt=0, description="How often, in seconds, replicas report the load "
                                                              "autoscaling decides on.")

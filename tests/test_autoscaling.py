@@ -199,17 +199,18 @@ def test_a_measured_cold_start_longer_than_configured_brings_announced_replicas_
 
 def test_the_policy_measures_its_cold_start_from_asking_to_serving_and_announced_replicas_come_that_late():
     """The configured cold start is a guess (here 20 s); the policy times its own: from asking for more
-    replicas to the first new one serving. The longest of the last three then says how far ahead announced
+    replicas to all of them serving. The longest of the last three then says how far ahead announced
     work is started."""
     settings = ScalingSettings(min_replicas=0, max_replicas=8, cold_start_s=20.0, demand_headroom=1.0,
                                target_backlog_s=2.0, upscale_delay_s=0.0, default_seconds_per_group=2.0)
     step = Demand("run-a", 120, starts_at=100.0, ends_at=160.0)  # 4 replicas at 2 s a group, counted from 100.5
     asked = decide(80.5, 0, [], [step], settings=settings)
-    assert asked.replicas == 4 and asked.state["asked_at"] == 80.5
-    # A replica still starting: nothing measured; the first one serving 6 s after the ask: measured.
+    assert asked.replicas == 4 and asked.state["asked/4"] == 80.5
+    # Replicas still starting, or some of them serving: nothing measured; all four serving 6 s after the ask.
     assert measured_leads(decide(83.0, 4, [], [step], state=asked.state, settings=settings, serving=0).state) == []
-    served = decide(86.5, 4, [ReplicaLoad()], [step], state=asked.state, settings=settings)
-    assert measured_leads(served.state) == [6.0] and "asked_at" not in served.state
+    assert measured_leads(decide(84.0, 4, [ReplicaLoad()] * 3, [step], state=asked.state, settings=settings).state) == []
+    served = decide(86.5, 4, [ReplicaLoad()] * 4, [step], state=asked.state, settings=settings)
+    assert measured_leads(served.state) == [6.0] and "asked/4" not in served.state
     # The next phase (a minute later) gets its replicas 6 s ahead, not 20 s.
     later = Demand("run-a", 120, starts_at=200.0, ends_at=260.0)
     idle = dict(served.state)
@@ -220,12 +221,34 @@ def test_the_policy_measures_its_cold_start_from_asking_to_serving_and_announced
     state = dict(served.state)
     for ask, serves in ((300.0, 309.0), (400.0, 407.0), (500.0, 505.0)):
         state = decide(ask, 0, [], [Demand("run-a", 120, ask + 1, ask + 61)], state=state, settings=settings).state
-        state = decide(serves, 4, [ReplicaLoad()], state=state, settings=settings).state
+        state = decide(serves, 4, [ReplicaLoad()] * 4, state=state, settings=settings).state
     assert sorted(measured_leads(state)) == [5.0, 7.0, 9.0]  # the first (6 s) gave way
     assert cold_start_s([], 20.0, measured_leads(state)) == 9.0
     assert cold_start_s([ReplicaLoad(cold_start_s=12.0)], 20.0, measured_leads(state)) == 12.0
     # A controller restart loses the measurements: the configured value counts again.
     assert decide(190.0, 0, [], [later], settings=settings).replicas == 4
+
+
+def test_each_count_asked_for_is_timed_from_its_own_ask_to_all_of_it_serving():
+    settings = ScalingSettings(min_replicas=0, max_replicas=8, cold_start_s=20.0, upscale_delay_s=0.0)
+    one = Demand("run-a", 1, starts_at=100.0, ends_at=101.0)  # one group, at 101: one replica by then
+    state = decide(81.0, 0, [], [one], settings=settings).state
+    assert state["asked/1"] == 81.0
+    # Work queued at the callers meanwhile (35 s): 4 asked for at 82 while the first still starts, timed apart.
+    state = decide(82.0, 1, [], [one], settings=settings, queued_at_callers=35, state=state, serving=0).state
+    assert state["asked/1"] == 81.0 and state["asked/4"] == 82.0
+    queued = [ReplicaLoad(groups_waiting=35, queued_work_s=35.0, seconds_per_group=1.0)]
+    state = decide(84.0, 4, queued, [one], settings=settings, state=state).state  # the first serves: 3 s
+    assert measured_leads(state) == [3.0] and "asked/4" in state
+    idle = [ReplicaLoad(seconds_per_group=1.0)]
+    state = decide(89.0, 4, idle * 4, [one], settings=settings, state=state).state  # all four: 7 s
+    assert sorted(measured_leads(state)) == [3.0, 7.0] and not any(key.startswith("asked/") for key in state)
+    # A count no longer asked for is no longer timed (it would never serve).
+    state = decide(200.0, 1, queued, settings=settings).state
+    assert state["asked/4"] == 200.0
+    state = decide(201.0, 4, idle, settings=settings, state=state).state
+    assert "asked/4" in state  # still asked for (the downscale delay holds the pool): timed on
+    assert "asked/4" not in decide(262.0, 4, idle, settings=settings, state=state).state
 
 
 def test_the_next_announced_step_keeps_its_replicas_through_a_training_phase():
