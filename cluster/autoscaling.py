@@ -25,9 +25,10 @@ next, an idle pool (no group queued or running, no member waiting for group-mate
 demand does not need at once when every announced phase is still ahead (a trainer announces its next
 phase once its current one is done), and after ``idle_downscale_delay_s`` within an announced phase
 (its quiet start, a lull); either way it keeps what announced work needs within two cold starts (a
-replica dropped just before it is asked for again saves little and churns the pool). The downscale delay guards against a noisy load signal; an idle pool
-between announced phases is not noise, and holding its replicas for the delay after every step
-costs replica-seconds each step. A pool no trainer announces to keeps the full delay.
+replica dropped just before it is asked for again saves little and churns the pool). The downscale
+delay guards against a noisy load signal; an idle pool between announced phases is not noise, and
+holding its replicas for the delay after every step costs replica-seconds each step. A pool no
+trainer announces to keeps the full delay.
 
 With ``idle="sleep"`` a replica the pool no longer needs may sleep instead of being removed (its
 engine's weights offloaded and KV cache freed, woken in ``wake_s``; the replicas put their engines to

@@ -182,7 +182,8 @@ def test_a_profiled_phase_adds_replicas_a_cold_start_before_its_crowd_not_before
     # its first group, at 102, asked for a cold start before: a pool that may empty has it), scored as it comes.
     small = Demand("run-a", 5, starts_at=100.0, ends_at=110.0)
     assert small.reaches(10) == math.inf and small.reaches(1) == pytest.approx(102.0)
-    assert [replicas_for_demand([small], t, 1.0, settings) for t in (81.0, 82.0, 100.0, 115.0, 116.0)] == [0, 1, 1, 1, 0]
+    times = (81.0, 82.0, 100.0, 115.0, 116.0)
+    assert [replicas_for_demand([small], t, 1.0, settings) for t in times] == [0, 1, 1, 1, 0]
 
 
 def test_a_measured_cold_start_longer_than_configured_brings_announced_replicas_earlier():
@@ -208,7 +209,8 @@ def test_the_policy_measures_its_cold_start_from_asking_to_serving_and_announced
     assert asked.replicas == 4 and asked.state["asked/4"] == 80.5
     # Replicas still starting, or some of them serving: nothing measured; all four serving 6 s after the ask.
     assert measured_leads(decide(83.0, 4, [], [step], state=asked.state, settings=settings, serving=0).state) == []
-    assert measured_leads(decide(84.0, 4, [ReplicaLoad()] * 3, [step], state=asked.state, settings=settings).state) == []
+    three = decide(84.0, 4, [ReplicaLoad()] * 3, [step], state=asked.state, settings=settings)
+    assert measured_leads(three.state) == []
     served = decide(86.5, 4, [ReplicaLoad()] * 4, [step], state=asked.state, settings=settings)
     assert measured_leads(served.state) == [6.0] and "asked/4" not in served.state
     # The next phase (a minute later) gets its replicas 6 s ahead, not 20 s.

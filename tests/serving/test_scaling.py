@@ -315,8 +315,8 @@ def test_an_empty_pool_deployed_as_grrm_yaml_starts_ahead_of_work_announced_over
             print("\nscale ahead from zero: a replica asked for / serving "
                   + ", ".join(f"{asked_after_s[transport]:.1f} / {serving_after_s[transport]:.1f} s ({transport})"
                               for transport in serving_after_s)
-                  + f" after the announcement, its first group expected at {NEEDED_FROM_S:.1f} s (cold start configured "
-                  f"{COLD_START_S:.0f} s, then measured {measured_s:.1f} s)")
+                  + f" after the announcement, its first group expected at {NEEDED_FROM_S:.1f} s (cold start "
+                  f"configured {COLD_START_S:.0f} s, then measured {measured_s:.1f} s)")
         # The first start was planned with the configured cold start, the second with the one the first measured
         # (its start took seconds here, however long: the second is asked for that long before the need).
         assert abs(asked_after_s["http"] - (NEEDED_FROM_S - COLD_START_S)) < 2.5, asked_after_s
