@@ -52,9 +52,11 @@ def against_serve_default(rows: list[dict]) -> str:
             "fewer replica-seconds, at what share of its exposure:\n\n"
             + table(compared, ["policy", "replica_seconds_serve_default_vs_this", "exposed_this_vs_serve_default"]))
 
-def repeated_run(repeat: dict | None) -> str:
-    """A second run of some of a section's pools (exposure is noisy on a shared 2-core machine: one slow
-    step moves a 10-step mean by a tenth), with each pool's median step beside the mean."""
+def repeated_run(name: str) -> str:
+    """bench.autoscale's results ``name``, where they exist: a second run of some of a section's pools
+    (exposure is noisy on a shared 2-core machine: one slow step moves a 10-step mean by a tenth), with
+    each pool's median step beside the mean."""
+    repeat = load(name)
     if not repeat:
         return ""
     policies = ",".join(row["policy"] for row in repeat["rows"])
@@ -64,8 +66,8 @@ def repeated_run(repeat: dict | None) -> str:
                                           "exposed_vs_fixed")},
              "exposed_s_median": medians[row["policy"]],
              "median_exposed_vs_fixed": medians[row["policy"]] / fixed if fixed else None} for row in repeat["rows"]]
-    return (f"\n\nA second run of the same workload, another time (`--policies {policies} --name "
-            "autoscale_phase_ahead_repeat`), ratios within it; the median step's exposure beside the mean:\n\n"
+    return (f"\n\nA second run of the same workload, another time (`--policies {policies} --name {name}`), "
+            "ratios within it; the median step's exposure beside the mean:\n\n"
             + table(rows, list(rows[0])))
 
 
@@ -351,7 +353,7 @@ def main() -> int:
             "4e. A replica by each phase's first group, an idle pool dropped at once between phases",
             ".venv/bin/python -m bench.autoscale --steps 10 --name autoscale_phase_ahead "
             "--policies fixed,serve_default,engine_work,engine_work_min0,engine_work_min0_2",
-            autoscale_tables(ahead, "autoscale_phase_ahead") + repeated_run(load("autoscale_phase_ahead_repeat")),
+            autoscale_tables(ahead, "autoscale_phase_ahead") + repeated_run("autoscale_phase_ahead_repeat"),
             "autoscale_phase_ahead",
             "Section 4d's workload, pools and count (replicas starting, running and stopping), a run of its own, "
             "after three changes to the policy: an announced phase has one replica serving by its first expected "

@@ -248,12 +248,17 @@ def measured_leads(state: dict[str, float]) -> list[float]:
 ASKED = "asked/"  # policy state: asked/<count> = when the pool asked for that many replicas, until they serve
 
 
+def _asked(state: dict[str, float]) -> dict[str, int]:
+    """The counts the pool asked for and is timing, by their state key."""
+    return {key: int(key[len(ASKED):]) for key in state if key.startswith(ASKED)}
+
+
 def _measure_lead(state: dict[str, float], now: float, serving: int) -> None:
     """For each replica count the pool asked for that now serves, keep how long that took (the oldest of
     ``MEASURED_LEADS`` kept gives way): a burst needs all the replicas asked for, and several starting at once
     take longer than one (on a node's shared CPUs, disks and network)."""
-    for key in [key for key in state if key.startswith(ASKED)]:
-        if serving >= int(key[len(ASKED):]):
+    for key, asked in _asked(state).items():
+        if serving >= asked:
             count = int(state.get("leads_measured", 0))
             state[f"lead/{count % MEASURED_LEADS}"] = now - state.pop(key)
             state["leads_measured"] = count + 1
@@ -262,8 +267,9 @@ def _measure_lead(state: dict[str, float], now: float, serving: int) -> None:
 def _note_ask(state: dict[str, float], now: float, current: int, serving: int, replicas: int) -> None:
     """Start timing a cold start when the pool asks for more replicas than it has and than serve; stop timing
     counts it no longer asks for (it asked for fewer meanwhile)."""
-    for key in [key for key in state if key.startswith(ASKED) and int(key[len(ASKED):]) > replicas]:
-        state.pop(key)
+    for key, asked in _asked(state).items():
+        if asked > replicas:
+            state.pop(key)
     if replicas > current and replicas > serving:
         state.setdefault(f"{ASKED}{replicas}", now)
 
@@ -372,18 +378,13 @@ def _decide(now: float, current: int, loads: list[ReplicaLoad], demands: list[De
                  max(settings.min_replicas, int(members_waiting), for_work, for_demand, kept_asleep))
     details = dict(engine_work_s=engine_work_s, for_work=for_work, for_demand=for_demand, kept_asleep=kept_asleep,
                    sleeping=sum(1 for load in loads if load.sleeping), cold_start_s=settings.cold_start_s)
-    # Idle between announced phases: nothing for the engines, no member waiting for its group-mates (a
-    # group on its way), nothing queued at callers, and a trainer has said when its work comes next.
+    # Idle: nothing for the engines, no member waiting for its group-mates (a group on its way), nothing queued
+    # at callers, and a trainer has said when its work comes (between its phases, or in a lull of one).
     idle = (bool(loads) and bool(demands) and engine_work_s == 0 and queued_at_callers == 0
             and not members_waiting)
     idle_for = now - state.setdefault("idle_since", now) if idle else 0.0
     if not idle:
         state.pop("idle_since", None)
-    # Idle while every announced phase is still ahead: the trainers have said their work comes later (a
-    # trainer announces its next phase once this one is done), so the pool drops what that does not need at
-    # once. Idle within a phase (its quiet start, a lull between groups) waits idle_downscale_delay_s.
-    in_phase = any(demand.in_progress(now, settings.demand_grace_s) for demand in demands)
-    idle_delay_s = settings.idle_downscale_delay_s if in_phase else 0.0
     if wanted > current:
         state.pop("lower_since", None)
         since = state.setdefault("higher_since", now)
@@ -394,15 +395,20 @@ def _decide(now: float, current: int, loads: list[ReplicaLoad], demands: list[De
     state.pop("higher_since", None)
     if wanted < current:
         since = state.setdefault("lower_since", now)
-        # Never below what announced work needs within two cold starts, though: a replica dropped that shortly
-        # before it is asked for again saves little of its cold start, and churns the pool.
-        soon = min(current, replicas_for_demand(demands, now, per_group_s, settings, 2 * settings.cold_start_s))
-        if idle and idle_for >= idle_delay_s and max(wanted, soon) < current:
-            state.pop("lower_since", None)
-            lower = max(wanted, soon)
-            return ScalingDecision(lower, f"{_why(lower, for_work, for_demand, engine_work_s, kept_asleep)}; "
-                                          + (f"idle for {idle_for:.0f} s within an announced phase" if in_phase
-                                             else "idle until the next announced phase"), state, **details)
+        # Idle while every announced phase is still ahead: the trainers have said their work comes later (a
+        # trainer announces its next phase once this one is done), so the pool drops what that does not need at
+        # once. Idle within a phase (its quiet start, a lull between groups) waits idle_downscale_delay_s.
+        in_phase = any(demand.in_progress(now, settings.demand_grace_s) for demand in demands)
+        if idle and idle_for >= (settings.idle_downscale_delay_s if in_phase else 0.0):
+            # Never below what announced work needs within two cold starts, though: a replica dropped that
+            # shortly before it is asked for again saves little of its cold start, and churns the pool.
+            lower = max(wanted, min(current, replicas_for_demand(demands, now, per_group_s, settings,
+                                                                 2 * settings.cold_start_s)))
+            if lower < current:
+                state.pop("lower_since", None)
+                return ScalingDecision(lower, f"{_why(lower, for_work, for_demand, engine_work_s, kept_asleep)}; "
+                                              + (f"idle for {idle_for:.0f} s within an announced phase" if in_phase
+                                                 else "idle until the next announced phase"), state, **details)
         if now - since >= settings.downscale_delay_s:
             state.pop("lower_since", None)
             return ScalingDecision(wanted, _why(wanted, for_work, for_demand, engine_work_s, kept_asleep), state,
