@@ -194,7 +194,7 @@ def pair_rows(engine: str, dtype: str, case: Case, totals: dict[str, list], roun
 def vllm_config(model_dir: str, dtype: str) -> EngineConfig:
     # As deployments/local.yaml runs vLLM-CPU; no prefix caching, so no side reuses a prompt's work.
     return EngineConfig(kind="vllm", model=model_dir, dtype=dtype, max_model_len=4096, enable_prefix_caching=False,
-                        engine_kwargs={"enforce_eager": True, "max_num_batched_tokens": 8192})
+                        max_num_batched_tokens=8192, engine_kwargs={"enforce_eager": True})
 
 
 async def vllm_side(side: str, model_dir: str, args: argparse.Namespace) -> list[dict[str, Any]]:

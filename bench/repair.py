@@ -35,8 +35,8 @@ def groups(count: int, size: int) -> list[GroupRequest]:
 async def run(args) -> list[dict]:
     """The comparison on a fresh engine (the CPU build of vLLM on the tiny model)."""
     engine = make_engine(EngineConfig(kind="vllm", model=str(ensure_tiny_model(args.model)), dtype="float32",
-                                      max_model_len=8192, engine_kwargs={"enforce_eager": True,
-                                                                         "max_num_batched_tokens": 16384}))
+                                      max_model_len=8192, max_num_batched_tokens=16384,
+                                      engine_kwargs={"enforce_eager": True}))
     await engine.start()
     try:
         return await compare(engine, args)

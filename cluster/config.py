@@ -74,6 +74,19 @@ class ScoringConfig(BaseModel):
     max_prompts_per_group: int = Field(64, ge=1, description="A group whose plan needs more prompts than this is "
                                                              "refused (`rejected`).")
 
+    def sequence_tokens(self) -> int:
+        """The most tokens one engine sequence holds: the longest prompt and answer, and a verdict repair
+        (which continues from the prompt and the analysis) where it is on."""
+        return self.max_prompt_tokens + self.max_answer_tokens + (self.repair_max_tokens if self.verdict_repair else 0)
+
+    def sequence_tokens_text(self) -> str:
+        """:meth:`sequence_tokens` as the sum of the fields it adds, for error messages."""
+        terms = [f"scoring.max_prompt_tokens ({self.max_prompt_tokens})",
+                 f"scoring.max_answer_tokens ({self.max_answer_tokens})"]
+        if self.verdict_repair:
+            terms.append(f"scoring.repair_max_tokens ({self.repair_max_tokens}, verdict_repair is on)")
+        return " + ".join(terms) + f" = {self.sequence_tokens()}"
+
     @model_validator(mode="after")
     def _subgroups_fit(self) -> ScoringConfig:
         if self.split_subgroup_size is not None and self.split_subgroup_size > self.max_group_size:

@@ -32,7 +32,7 @@ def resolve_model_path(config: AppConfig) -> AppConfig:
     if local.exists() or config.build_tiny_model_if_missing or model.startswith("."):
         engine = config.engine.model_copy(update={"model": str(local)})
         return config.model_copy(update={"engine": engine})
-    return config  # a hub id such as double7/GRRM-Qwen2.5-7B
+    return config  # a hub id such as double7/Qwen2.5-7B-GRRM
 
 
 def shared_options(config: AppConfig) -> dict[str, Any]:

