@@ -1,7 +1,7 @@
 """The SGLang engine: a thin adapter over SGLang's offline engine (``sglang.Engine``).
 
 SGLang (and torch, CUDA) exist only on GPU nodes, so ``sglang`` and ``transformers`` are
-imported inside :meth:`SGLangEngine.start`; importing this module needs neither. The pure
+imported when :meth:`SGLangEngine.start` runs; importing this module needs neither. The pure
 conversions are module-level functions, tested without SGLang:
 
 * :func:`sglang_engine_kwargs`: :class:`EngineConfig` -> ``sglang.Engine(**kwargs)``
@@ -24,30 +24,53 @@ finish-reason classes' ``to_json``; the pinned version is ``sglang==0.5.23``):
   reproducible with ``enable_deterministic_inference=True``; pass that through
   ``engine_kwargs`` where reproducible sampling matters);
 * output ``{"text": str, "meta_info": {"prompt_tokens", "completion_tokens", "finish_reason":
-  {"type": "stop" | "length" | "abort", ...}, "cached_tokens", ...}}``.
+  {"type": "stop" | "length" | "abort", ...}, "cached_tokens", ...}}``;
+* ``engine.get_all_child_pids()`` (the scheduler, or data-parallel controller and its schedulers,
+  and the detokenizer processes) and ``engine.tokenizer_manager``, whose ``async
+  get_internal_state()`` and ``gracefully_exit`` the health checks use (:meth:`SGLangEngine.check_health`).
+
+Threads (checked in SGLang 0.5.23's ``entrypoints/engine.py``, ``managers/scheduler.py`` and
+``managers/detokenizer_manager.py``): the constructor returns once the model is loaded (minutes for a
+7B), so it runs off the event loop, on a thread of the engine's own that lives until
+:meth:`SGLangEngine.stop`, not on a shared pool's (``asyncio.to_thread``), whose threads are not
+ours to keep: the scheduler and detokenizer processes ask for SIGKILL when their parent ends
+(``kill_itself_when_parent_died``, Linux's PR_SET_PDEATHSIG), and Linux takes as that parent the
+*thread* that started them. Signal handlers do not tie the constructor to the calling thread:
+``_set_envs_and_config`` installs its SIGQUIT handler (``launch_phase_sigquit_handler``, which kills
+this process and its children) only on the main thread, and a Ray async actor's event loop never
+runs there (Ray 2.60: the thread "AsyncIO Thread: default"; Serve's user code: a thread of its
+own), so it is skipped either way. SIGQUIT then keeps its default action: when a child fails, the
+child or SGLang's ``SubprocessWatchdog`` (within a second) sends this process SIGQUIT, which ends
+the replica's process at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
-from typing import Any
+import concurrent.futures
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from cluster.engines.base import EngineError, FinishReason, Generation, SamplingSettings, Tokenizer
+from cluster.engines.base import EngineDeadError, EngineError, FinishReason, Generation, SamplingSettings, Tokenizer
 from cluster.engines.config import EngineConfig
 
 __all__ = [
     "HEALTH_PROBE_TIMEOUT_S",
+    "LIVENESS_POLL_S",
     "SGLangEngine",
     "generation_from_sglang_output",
     "sglang_engine_kwargs",
     "sglang_sampling_params",
 ]
 
-# A health probe is one 1-token generation; it queues behind real work, hence the generous limit.
-HEALTH_PROBE_TIMEOUT_S = 120.0
-_HEALTH_PROBE_PROMPT = "Hello"
+# A health probe is a round trip to the scheduler, answered between two scheduler steps.
+HEALTH_PROBE_TIMEOUT_S = 30.0
+# How often a call waiting on SGLang looks whether SGLang's processes still live: an engine request
+# waits without a limit for a scheduler that died (TokenizerManager._stream_one_response).
+LIVENESS_POLL_S = 1.0
 
+_T = TypeVar("_T")
 
 
 class _TokenizerNotReadyError(EngineError, AttributeError):
@@ -81,6 +104,11 @@ def sglang_engine_kwargs(config: EngineConfig) -> dict[str, Any]:
         kwargs["tokenizer_path"] = config.tokenizer
     if config.max_model_len is not None:
         kwargs["context_length"] = config.max_model_len
+    # The batch, under SGLang's names (0.5.23: srt/arg_groups/fields/schedule.py).
+    if config.max_num_seqs is not None:
+        kwargs["max_running_requests"] = config.max_num_seqs
+    if config.max_num_batched_tokens is not None:
+        kwargs["chunked_prefill_size"] = config.max_num_batched_tokens
     kwargs.update(config.engine_kwargs)
     return kwargs
 
@@ -147,6 +175,77 @@ def generation_from_sglang_output(output: Mapping[str, Any]) -> Generation:
     )
 
 
+def _start_sglang(kwargs: dict[str, Any], load_tokenizer: Callable[[], Tokenizer]) -> tuple[Any, list[Any], Tokenizer]:
+    """Import SGLang, load the tokenizer, build ``sglang.Engine(**kwargs)`` and find its child
+    processes (``psutil.Process``, which tells a recycled pid apart); runs on the engine's own
+    thread (see the module docstring)."""
+    try:
+        import sglang
+    except ImportError as exc:
+        raise EngineError(
+            "SGLang is not installed: the 'sglang' engine needs the sglang package on a GPU node "
+            "(pip install 'grrm-cluster[sglang]'); use kind 'vllm' or 'transformers' elsewhere"
+        ) from exc
+    import psutil  # a dependency of SGLang
+
+    tokenizer = load_tokenizer()  # first: a wrong path fails in seconds, not after the model loaded
+    engine = sglang.Engine(**kwargs)
+    try:
+        return engine, [psutil.Process(pid) for pid in engine.get_all_child_pids()], tokenizer
+    except Exception:  # a child gone already: this engine cannot serve
+        engine.shutdown()
+        raise
+
+
+def _shutdown_if_built(build: concurrent.futures.Future[tuple[Any, list[Any], Tokenizer]]) -> None:
+    """Shut down the engine of a start that was cancelled while SGLang loaded."""
+    if not build.cancelled() and build.exception() is None:
+        build.result()[0].shutdown()
+
+
+@dataclass
+class _Started:
+    """A started ``sglang.Engine``, the thread that owns it, and its processes (``psutil.Process``)."""
+
+    engine: Any
+    owner: concurrent.futures.ThreadPoolExecutor
+    children: list[Any]
+
+    def raise_if_dead(self, cause: BaseException | None = None) -> None:
+        """Raise :class:`EngineDeadError` when SGLang can serve nothing more: one of its processes
+        ended (a zombie not yet reaped included), or its tokenizer manager is exiting
+        (``gracefully_exit``: set on SIGTERM, after which it drains and shuts the schedulers down)."""
+        import psutil
+
+        reason = None
+        for child in self.children:
+            try:
+                alive = child.is_running() and child.status() != psutil.STATUS_ZOMBIE
+            except psutil.Error:
+                alive = False
+            if not alive:
+                reason = f"its process {child.pid} (scheduler or detokenizer) is gone"
+                break
+        if reason is None and getattr(self.engine.tokenizer_manager, "gracefully_exit", False):
+            reason = "its tokenizer manager is exiting (gracefully_exit)"
+        if reason is not None:
+            detail = f" ({cause!r})" if cause is not None else ""
+            raise EngineDeadError(f"the SGLang engine is dead: {reason}{detail}") from cause
+
+    async def while_alive(self, call: Awaitable[_T]) -> _T:
+        """Await a call to SGLang, or raise :class:`EngineDeadError` once SGLang's processes are
+        gone: SGLang's own request would wait for a dead scheduler forever."""
+        task = asyncio.ensure_future(call)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=LIVENESS_POLL_S)
+                if done:
+                    return task.result()
+                self.raise_if_dead()
+        finally:
+            task.cancel()  # a no-op once done
+
+
 class SGLangEngine:
     """An :class:`~cluster.engines.base.Engine` over ``sglang.Engine`` (SGLang batches itself)."""
 
@@ -154,29 +253,33 @@ class SGLangEngine:
 
     def __init__(self, config: EngineConfig):
         self.config = config
-        self._engine: Any = None
+        self._started: _Started | None = None
         self._tokenizer: Tokenizer | None = None
+        # Serializes start/stop (an asyncio.Lock binds to the loop of its first use).
+        self._lifecycle_lock = asyncio.Lock()
 
     async def start(self) -> None:
-        if self._engine is not None:
-            return
-        try:
-            import sglang
-        except ImportError as exc:
-            raise EngineError(
-                "SGLang is not installed: the 'sglang' engine needs the sglang package on a GPU node "
-                "(pip install 'grrm-cluster[sglang]'); use kind 'vllm' or 'transformers' elsewhere"
-            ) from exc
-        kwargs = sglang_engine_kwargs(self.config)
-        tokenizer = self._load_tokenizer()
-        # sglang.Engine launches its scheduler and detokenizer processes and loads the model
-        # synchronously; it installs signal handlers, so it is built on the calling thread.
-        try:
-            engine = sglang.Engine(**kwargs)
-        except Exception as exc:
-            raise EngineError(f"SGLang failed to start for model {self.config.model!r}: {exc}") from exc
-        self._tokenizer = tokenizer
-        self._engine = engine
+        """Load the tokenizer and build ``sglang.Engine`` on a thread of the engine's own (the event
+        loop serves on meanwhile); idempotent."""
+        async with self._lifecycle_lock:
+            if self._started is not None:
+                return
+            kwargs = sglang_engine_kwargs(self.config)
+            # One worker thread, kept until owner.shutdown(): the parent of SGLang's processes.
+            owner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sglang-engine")
+            build = owner.submit(_start_sglang, kwargs, self._load_tokenizer)
+            try:
+                engine, children, tokenizer = await asyncio.wrap_future(build)
+            except BaseException as exc:
+                # A cancelled start shuts its engine down once the constructor returns; then the owner
+                # thread ends, and with it any process that a failed constructor left running.
+                owner.submit(_shutdown_if_built, build)
+                owner.shutdown(wait=False)
+                if isinstance(exc, Exception) and not isinstance(exc, EngineError):
+                    raise EngineError(f"SGLang failed to start for model {self.config.model!r}: {exc}") from exc
+                raise
+            self._tokenizer = tokenizer
+            self._started = _Started(engine, owner, children)
 
     def _load_tokenizer(self) -> Tokenizer:
         try:
@@ -192,9 +295,17 @@ class SGLangEngine:
             raise EngineError(f"could not load the tokenizer {path!r}: {exc}") from exc
 
     async def stop(self) -> None:
-        engine, self._engine = self._engine, None
-        if engine is not None:
-            engine.shutdown()
+        """Shut SGLang down off the event loop; idempotent."""
+        async with self._lifecycle_lock:
+            started, self._started = self._started, None
+            if started is None:
+                return
+            try:
+                # Engine.shutdown() SIGKILLs every descendant of this process (kill_process_tree) and
+                # waits up to 60 s for them; on the owner thread, which may end only after that.
+                await asyncio.get_running_loop().run_in_executor(started.owner, started.engine.shutdown)
+            finally:
+                started.owner.shutdown(wait=False)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -202,22 +313,28 @@ class SGLangEngine:
             raise _TokenizerNotReadyError("tokenizer: call start() first")
         return self._tokenizer
 
-    def _require_engine(self) -> Any:
-        if self._engine is None:
+    def _require_started(self) -> _Started:
+        if self._started is None:
             raise EngineError("the SGLang engine is not started (or was stopped)")
-        return self._engine
+        return self._started
 
     async def generate(self, prompts: Sequence[str], sampling: SamplingSettings, priority: int = 0) -> list[Generation]:
-        engine = self._require_engine()
+        started = self._require_started()
         if isinstance(prompts, str):
             raise TypeError("prompts: pass a list of prompt strings, not a string")
         prompts = list(prompts)
         if not prompts:
             return []
+        started.raise_if_dead()
         params = sglang_sampling_params(sampling)
         try:
-            outputs = await engine.async_generate(prompt=prompts, sampling_params=[dict(params) for _ in prompts])
+            outputs = await started.while_alive(
+                started.engine.async_generate(prompt=prompts, sampling_params=[dict(params) for _ in prompts])
+            )
+        except EngineDeadError:
+            raise
         except Exception as exc:
+            started.raise_if_dead(exc)
             raise EngineError(f"SGLang generation failed: {exc}") from exc
         if isinstance(outputs, Mapping):  # defensive: a single dict for a one-prompt batch
             outputs = [outputs]
@@ -227,18 +344,22 @@ class SGLangEngine:
         return [generation_from_sglang_output(output) for output in outputs]
 
     async def check_health(self) -> None:
-        """A one-token generation must come back (SGLang's offline engine has no health call)."""
-        engine = self._require_engine()
+        """Raise :class:`EngineDeadError` when SGLang's scheduler or detokenizer process is gone or
+        the scheduler does not answer a round trip.
+
+        The round trip is ``tokenizer_manager.get_internal_state()``: the scheduler answers such
+        control requests as it takes in new input, before each batch it runs
+        (``Scheduler.event_loop_normal``/``event_loop_overlap`` -> ``ingest_requests`` ->
+        ``process_input_requests``), so a probe waits at most one scheduler step, never behind the
+        generations queued. Its answer does not pass the detokenizer, hence the process check too.
+        """
+        started = self._require_started()
+        started.raise_if_dead()
         try:
-            output = await asyncio.wait_for(
-                engine.async_generate(
-                    prompt=_HEALTH_PROBE_PROMPT, sampling_params={"max_new_tokens": 1, "temperature": 0.0}
-                ),
-                timeout=HEALTH_PROBE_TIMEOUT_S,
+            await asyncio.wait_for(
+                started.while_alive(started.engine.tokenizer_manager.get_internal_state()), HEALTH_PROBE_TIMEOUT_S
             )
+        except EngineDeadError:
+            raise
         except Exception as exc:  # TimeoutError included
-            raise EngineError(f"SGLang health probe failed: {exc!r}") from exc
-        if isinstance(output, list):
-            output = output[0] if output else {}
-        if generation_from_sglang_output(output).finish_reason == "abort":
-            raise EngineError(f"SGLang health probe was aborted: {output.get('meta_info')!r:.300}")
+            raise EngineDeadError(f"SGLang's scheduler did not answer a health probe: {exc!r}") from exc
