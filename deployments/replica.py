@@ -29,7 +29,7 @@ from cluster.assembly import GroupAssembler
 from cluster.announced_demand import AnnouncedDemands, demand_of
 from cluster.autoscaling import Demand, EngineWorkMeter
 from cluster.engine_sleep import EngineSleeper
-from cluster.engines import EngineDeadError, SleepingEngine, make_engine
+from cluster.engines import EngineDeadError, SleepingEngine, make_engine, process_guard
 from cluster.fair_share import FairGate, GateStats
 from cluster.open_groups import OpenGroups
 from cluster.routing import HashRing, demand_route_key
@@ -92,6 +92,9 @@ class GRRMReplica:
         self.name = _replica_name()
         self.cold_start_s: float | None = None  # set once serving
         try:
+            # Before the engine starts: no engine process outlives this one, even one of an engine
+            # still loading (cluster/engines/process_guard.py).
+            self.process_guard = await asyncio.to_thread(process_guard.arm)
             await self._build(config, ledger)
             # This replica's cold start (mostly its engine's load), for the autoscaling policy's lead time.
             self.cold_start_s = time.monotonic() - constructed
@@ -321,7 +324,7 @@ class GRRMReplica:
         # members whose answers this process's end cuts off.
         ledger_writes = asyncio.ensure_future(self.assembler.finish_ledger_writes(ENGINE_STOP_TIMEOUT_S))
         try:
-            # Stopping the engine releases its processes and memory; Ray would reap them anyway.
+            # Stopping the engine releases its processes and memory; the process guard kills what it leaves.
             await asyncio.wait_for(self.engine.stop(), ENGINE_STOP_TIMEOUT_S)
             await ledger_writes
         except BaseException as error:  # noqa: BLE001 - the process ends whatever happened
@@ -534,8 +537,9 @@ class GRRMReplica:
         return report
 
     async def _release(self) -> None:
-        """Close the assembler and stop the engine, whichever exist (a construction may have failed
-        before either); never raises: a failed step is logged and the next one still runs."""
+        """Close the assembler, stop the engine and then disarm the process guard, whichever exist (a
+        construction may have failed before either); never raises: a failed step is logged and the
+        next one still runs."""
         assembler = getattr(self, "assembler", None)
         engine = getattr(self, "engine", None)
         watch = getattr(self, "_watch", None)
@@ -546,14 +550,21 @@ class GRRMReplica:
             sleep_loop.cancel()
         if assembler is not None:
             await self._logged("close the assembler", assembler.close())
-        if engine is not None:
-            await self._logged("stop the engine", engine.stop())
+        stopped = engine is None or await self._logged("stop the engine", engine.stop())
+        guard = getattr(self, "process_guard", None)
+        if guard is not None and stopped:
+            # An engine that failed to stop stays guarded: its processes then end with this one. The
+            # watcher takes a moment to end: off the event loop.
+            await asyncio.to_thread(guard.disarm)
 
-    async def _logged(self, step: str, call: Awaitable[None]) -> None:
+    async def _logged(self, step: str, call: Awaitable[None]) -> bool:
+        """Await ``call``; whether it succeeded (a failure is logged, not raised)."""
         try:
             await call
+            return True
         except Exception as error:  # noqa: BLE001 - release the rest regardless
             logger.warning("replica %s: could not %s: %r", getattr(self, "name", "?"), step, error)
+            return False
 
     async def __del__(self) -> None:
         await self._release()

@@ -74,8 +74,11 @@ async def test_the_destructor_never_raises_however_far_construction_got(lifecycl
 
     replica = await construct(AppConfig(engine=EngineConfig(kind="scripted")))
     await replica.engine.check_health()
+    assert replica.process_guard.watching
     await replica.__del__()
     assert lifecycle == ["started", "stop"]
+    # The engine stopped: its process guard (cluster/engines/process_guard.py) ended, killing nothing.
+    assert not replica.process_guard.watching
     await replica.__del__()  # again (an engine's stop is idempotent): harmless
 
 
@@ -90,3 +93,6 @@ async def test_a_failing_stop_is_logged_not_raised(lifecycle, caplog):
     with caplog.at_level(logging.WARNING, logger="ray.serve"):
         await replica.__del__()
     assert "could not close the assembler" in caplog.text and "could not stop the engine" in caplog.text
+    # Its processes, if any, end with the replica's process: the guard stays armed.
+    assert replica.process_guard.watching
+    replica.process_guard.disarm()
