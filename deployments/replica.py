@@ -48,6 +48,7 @@ from deployments.autoscaling_policy import autoscaling_stats
 from deployments.config import AppConfig
 from deployments.ledger import ServeLedger
 from deployments.metrics import ReplicaMetrics
+from deployments.preflight import ensure_replica_can_start
 from deployments.replica_set import ReplicaSetWatch
 from deployments.router import OUTSTANDING_WORK
 from grrm_client.handle_send import REPLICA_GONE_ERRORS, HandleSender
@@ -110,6 +111,9 @@ class GRRMReplica:
             from cluster.tiny_model import ensure_tiny_model
 
             ensure_tiny_model(config.engine.model)
+        # A node that cannot run the engine (too few GPUs, a GPU held by another process, no /dev/shm for
+        # its ranks, an untested engine, no such model) fails here in seconds, in grrm check's words.
+        await asyncio.to_thread(ensure_replica_can_start, config)
         started = time.perf_counter()
         self.engine = make_engine(config.replica_engine())
         await self.engine.start()

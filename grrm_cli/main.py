@@ -1,11 +1,11 @@
-"""The ``grrm`` console script: ``grrm serve``, ``grrm score``, ``grrm eval``."""
+"""The ``grrm`` console script: ``grrm check``, ``grrm serve``, ``grrm score``, ``grrm eval``."""
 
 from __future__ import annotations
 
 import argparse
 from importlib import metadata
 
-from grrm_cli import evaluate, score, serve
+from grrm_cli import check, evaluate, score, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -13,8 +13,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="grrm",
         description=(
-            "GRRM Cluster: serve the GRRM group reward model, score whole datasets of translation groups "
-            "with it, and measure ranking accuracy. `grrm COMMAND --help` explains each command."
+            "GRRM Cluster: check a machine for a deployment, serve the GRRM group reward model, score whole "
+            "datasets of translation groups with it, and measure ranking accuracy. `grrm COMMAND --help` "
+            "explains each command."
         ),
     )
     try:
@@ -23,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
         version = "unknown (not installed)"
     parser.add_argument("--version", action="version", version=f"grrm {version}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    check.add_parser(commands)
     serve.add_parser(commands)
     score.add_parser(commands)
     evaluate.add_parser(commands)

@@ -5,12 +5,14 @@ Serve calls it in a replica actor."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 
 import deployments.replica as replica_module
 from cluster.engines import EngineConfig
-from deployments.config import AppConfig
+from deployments.config import AppConfig, ReplicaSettings
+from deployments.preflight import PreflightError
 from deployments.replica import GRRMReplica
 
 
@@ -60,11 +62,23 @@ async def test_a_failure_after_the_engine_started_stops_the_engine(lifecycle, ca
     assert "construction failed" in caplog.text
 
 
-async def test_a_failing_engine_start_is_still_stopped(lifecycle):
-    # An engine whose start fails may have started processes: it is stopped all the same.
-    with pytest.raises(Exception, match="model"):
-        await construct(AppConfig(engine=EngineConfig(kind="transformers", model="/no/such/model")))
+async def test_a_failing_engine_start_is_still_stopped(lifecycle, tmp_path):
+    # An engine whose start fails may have started processes: it is stopped all the same. A directory
+    # with a config.json passes the pre-flight's model check; it holds no weights, so the start fails.
+    (tmp_path / "config.json").write_text((Path(__file__).parent / "data" / "qwen2.5-7b-config.json").read_text())
+    config = AppConfig(engine=EngineConfig(kind="transformers", model=str(tmp_path)),
+                       replicas=ReplicaSettings(num_replicas=1, gpus_per_rank=0))
+    with pytest.raises(Exception) as error:
+        await construct(config)
+    assert not isinstance(error.value, PreflightError)
     assert lifecycle == ["stop"]
+
+
+async def test_a_node_that_fails_the_pre_flight_makes_no_engine(lifecycle):
+    with pytest.raises(PreflightError, match=r"\[PROBLEM\] model: engine.model: '/no/such/model' is not a directory"):
+        await construct(AppConfig(engine=EngineConfig(kind="transformers", model="/no/such/model"),
+                                  replicas=ReplicaSettings(num_replicas=1, gpus_per_rank=0)))
+    assert lifecycle == []
 
 
 async def test_the_destructor_never_raises_however_far_construction_got(lifecycle):
