@@ -44,7 +44,7 @@ CRD_FILES = {
     "RayJob": "ray.io_rayjobs.yaml",
     "RayCluster": "ray.io_rayclusters.yaml",
 }
-CORE_KINDS = {"Namespace", "Secret", "Service", "ConfigMap"}
+CORE_KINDS = {"Namespace", "Secret", "Service", "ConfigMap", "PersistentVolumeClaim", "Job"}
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
@@ -407,7 +407,7 @@ def test_ray_version_matches_the_project_pin() -> None:
     [(1, 0, 4, 1), (1, 2, 16, 4), (2, 1, 8, 1), (2, 3, 3, 2), (4, 1, 8, 1), (4, 0, 6, 2), (8, 2, 6, 1)],
 )
 def test_other_sizes_render_valid_manifests(tp, low, high, per_worker, crd_validators, replica_options) -> None:
-    model = "double7/GRRM-Qwen2.5-7B" if tp < 8 else "some-org/GRRM-Qwen2.5-72B"
+    model = "double7/Qwen2.5-7B-GRRM" if tp < 8 else "some-org/GRRM-Qwen2.5-72B"
     files = rendered(
         tensor_parallel_size=tp, min_replicas=low, max_replicas=high, replicas_per_worker=per_worker, model=model
     )
@@ -496,12 +496,114 @@ def test_fractional_gpus_per_pod_are_refused() -> None:
 def test_ray_executor_replicas_spanning_pods_are_refused() -> None:
     application = copy.deepcopy(k8s_app.grrm_application(k8s_app.load_serve_config()))
     application["args"]["engine"]["distributed_executor_backend"] = "ray"
+    application["args"]["engine"]["tensor_parallel_size"] = 2  # grrm.yaml's TP 1 runs no executor
     with pytest.raises(ValueError, match=r"engine\.distributed_executor_backend: 'ray'"):
         k8s_app.sizing_for(k8s_render.RenderOptions(), application)
 
 
 # ------------------------------------------------------------------------------------------
 # Design properties
+
+
+# ------------------------------------------------------------------------------------------
+# Engine pods: shared memory and the weights cache
+
+
+ENGINE_GROUPS = ("grrm-gpus", "policy-gpus")
+
+
+def mounts(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The pod's volumes by the path its container mounts them at."""
+    volumes = {volume["name"]: volume for volume in template["spec"].get("volumes", [])}
+    container = template["spec"]["containers"][0]
+    return {mount["mountPath"]: volumes[mount["name"]] for mount in container.get("volumeMounts", [])}
+
+
+def quantity_gi(text: str) -> int:
+    assert text.endswith("Gi"), text
+    return int(text[:-2])
+
+
+@pytest.mark.parametrize(("tp", "per_worker"), [(1, 1), (2, 1), (4, 2), (8, 1)])
+def test_every_engine_pod_has_a_memory_backed_dev_shm_sized_for_its_ranks(tp, per_worker, crd_validators) -> None:
+    from cluster.engines.memory import GIB, shared_memory_bytes
+
+    files = rendered(tensor_parallel_size=tp, replicas_per_worker=per_worker, min_replicas=1, max_replicas=4)
+    validate_all(files, crd_validators)
+    rayservice = one(files, "rayservice-grrm.yaml")
+    templates = pod_templates(rayservice)
+    for group in ENGINE_GROUPS:
+        shm = mounts(templates[group]).get("/dev/shm")
+        assert shm is not None and shm["emptyDir"]["medium"] == "Memory", group  # a container's own is 64 MB
+    reward = templates["grrm-gpus"]
+    size = quantity_gi(mounts(reward)["/dev/shm"]["emptyDir"]["sizeLimit"])
+    # What the pre-flight asks of a node for these ranks (vLLM's queues, NCCL), for every replica of the pod.
+    assert size * GIB >= shared_memory_bytes(tp) * per_worker and size >= 1
+    # It counts against the pod's memory: the pod asks for it on top of its share per GPU.
+    memory = quantity_gi(reward["spec"]["containers"][0]["resources"]["limits"]["memory"])
+    assert memory >= 16 + 32 * tp * per_worker + size
+    policy_shm = quantity_gi(mounts(templates["policy-gpus"])["/dev/shm"]["emptyDir"]["sizeLimit"])
+    assert policy_shm == 2 * 8
+    # CPU-only pods run no engine.
+    assert "/dev/shm" not in mounts(templates["grrm-services"]) and "/dev/shm" not in mounts(templates["head"])
+
+
+def test_weights_come_from_a_cache_that_outlives_pods_filled_once_by_a_job(committed: dict[str, str]) -> None:
+    rayservice = one(committed, "rayservice-grrm.yaml")
+    templates = pod_templates(rayservice)
+    for group in ENGINE_GROUPS:
+        cache = mounts(templates[group])["/models/hf"]
+        assert cache["persistentVolumeClaim"] == {"claimName": "grrm-model-cache"}, group
+        env = {item["name"]: item for item in templates[group]["spec"]["containers"][0]["env"]}
+        assert env["HF_HOME"]["value"] == "/models/hf" and "HF_HUB_OFFLINE" not in env
+    claim, job = yaml_documents(committed)["model-cache.yaml"]
+    assert claim["kind"] == "PersistentVolumeClaim" and claim["metadata"]["name"] == "grrm-model-cache"
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]  # reward and trainer pods on many nodes read it
+    pod = job["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    model = yaml.safe_load(GRRM_YAML.read_text())["applications"][0]["args"]["engine"]["model"]
+    assert container["command"][-1] == f"hf download {model} && hf download Qwen/Qwen2.5-7B-Instruct"
+    assert container["image"] == k8s_render.RenderOptions().image
+    assert mounts(pod)["/models/hf"]["persistentVolumeClaim"]["claimName"] == "grrm-model-cache"
+    assert {item["name"]: item for item in container["env"]}["HF_HOME"]["value"] == "/models/hf"
+
+
+def test_offline_pods_never_ask_the_hub_and_other_caches_render(crd_validators) -> None:
+    files = rendered(hf_offline=True)
+    validate_all(files, crd_validators)
+    templates = pod_templates(one(files, "rayservice-grrm.yaml"))
+    for group in ENGINE_GROUPS:
+        env = {item["name"]: item for item in templates[group]["spec"]["containers"][0]["env"]}
+        assert env["HF_HUB_OFFLINE"]["value"] == "1", group
+    # The download Job itself needs the hub.
+    job = yaml_documents(files)["model-cache.yaml"][1]
+    assert "HF_HUB_OFFLINE" not in {item["name"] for item in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    # A node path instead of a PVC: no claim, no Job; each node's first pod fills it.
+    files = rendered(model_cache_pvc=None, model_cache_host_path="/var/lib/grrm/hf", hf_offline=True)
+    validate_all(files, crd_validators)
+    assert "model-cache.yaml" not in files
+    reward = pod_templates(one(files, "rayservice-grrm.yaml"))["grrm-gpus"]
+    assert mounts(reward)["/models/hf"]["hostPath"]["path"] == "/var/lib/grrm/hf"
+    # Neither: a cache that dies with its pod (every new pod downloads).
+    files = rendered(model_cache_pvc=None)
+    assert "emptyDir" in mounts(pod_templates(one(files, "rayservice-grrm.yaml"))["grrm-gpus"])["/models/hf"]
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"model_cache_host_path": "/var/lib/hf"}, "choose one cache"),
+    ({"model_cache_pvc": None, "hf_offline": True}, "hf_offline"),
+])
+def test_cache_options_that_cannot_work_are_refused(overrides, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        rendered(**overrides)
+
+
+def test_cli_takes_the_cache_options(tmp_path: Path) -> None:
+    argv = ["--model-cache-pvc", "", "--model-cache-host-path", "/mnt/hf", "--hf-offline", "--out", str(tmp_path)]
+    assert k8s_render.main(argv) == 0
+    reward = pod_templates(one({p.name: p.read_text() for p in tmp_path.iterdir()}, "rayservice-grrm.yaml"))["grrm-gpus"]
+    assert mounts(reward)["/models/hf"]["hostPath"]["path"] == "/mnt/hf"
+    assert not (tmp_path / "model-cache.yaml").exists()
 
 
 def test_head_takes_no_work_and_no_traffic(committed: dict[str, str]) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from cluster.engines.memory import GIB, shared_memory_bytes
 from deployments.config import AppConfig, find_application
 from k8s.render.kube import SERVE_PORT
 from k8s.render.options import RenderOptions
@@ -102,8 +103,10 @@ class Sizing:
     max_replicas: int
     min_workers: int
     max_workers: int
+    shm_gi: int  # a reward pod's memory-backed /dev/shm
     app_name: str
     replica_deployment: str
+    model: str
 
 
 def sizing_for(options: RenderOptions, application: dict[str, Any]) -> Sizing:
@@ -135,6 +138,8 @@ def sizing_for(options: RenderOptions, application: dict[str, Any]) -> Sizing:
         )
     gpus_per_worker = int(gpus_per_worker)
     ray_cpus = max(1, math.ceil(replicas.num_cpus * options.replicas_per_worker))
+    # What the replicas' parallel ranks pass through it (the pre-flight's figure), at least 1 GiB.
+    shm_gi = max(1, math.ceil(shared_memory_bytes(config.engine.ranks) * options.replicas_per_worker / GIB))
     return Sizing(
         tensor_parallel_size=config.engine.tensor_parallel_size,
         gpus_per_replica=int(gpus) if gpus == int(gpus) else gpus,
@@ -142,11 +147,14 @@ def sizing_for(options: RenderOptions, application: dict[str, Any]) -> Sizing:
         gpus_per_worker=gpus_per_worker,
         ray_cpus_per_worker=ray_cpus,
         container_cpus=ray_cpus + options.worker_extra_cpus_per_gpu * gpus_per_worker,
-        memory_gi=options.worker_base_memory_gi + options.worker_memory_gi_per_gpu * gpus_per_worker,
+        # A memory-backed /dev/shm counts against the pod's memory.
+        memory_gi=options.worker_base_memory_gi + options.worker_memory_gi_per_gpu * gpus_per_worker + shm_gi,
         min_replicas=low,
         max_replicas=high,
         min_workers=math.ceil(low / options.replicas_per_worker),
         max_workers=math.ceil(high / options.replicas_per_worker),
+        shm_gi=shm_gi,
         app_name=APP_NAME,
         replica_deployment=config.replica_deployment_name,
+        model=config.engine.model,
     )

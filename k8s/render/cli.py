@@ -45,7 +45,15 @@ FLAGS = {
     "redis_address": "Redis of GCS fault tolerance ('' = off)",
     "redis_password_secret": "Secret (key `password`) with that Redis's password",
     "service_pods": "grrm-services pods (= ingress and ledger replicas, one of each per pod)",
+    "model_cache_pvc": "PVC (ReadWriteMany) holding the weights at /models/hf, filled once by model-cache.yaml's Job "
+                       "('' = none)",
+    "model_cache_storage_class": "storage class of that PVC (default: the cluster's)",
+    "model_cache_host_path": "a node path holding the weights instead of a PVC",
+    "model_cache_gi": "size of the weights cache (GiB)",
+    "hf_offline": "pods never ask the hub (HF_HUB_OFFLINE=1): the weights must be in the cache first",
 }
+# Options whose '' means None (no such object).
+EMPTY_MEANS_NONE = ("trainer_data_pvc", "model_cache_pvc", "model_cache_storage_class", "model_cache_host_path")
 ALIASES = {"tensor_parallel_size": ["--tp"]}
 
 
@@ -78,11 +86,16 @@ def parse_args(argv: list[str] | None = None) -> tuple[RenderOptions, argparse.N
     types = typing.get_type_hints(RenderOptions)
     for key, text in FLAGS.items():
         flag = f"--{key.replace('_', '-')}"
-        parser.add_argument(flag, *ALIASES.get(key, []), dest=key, type=_value_type(types[key]), default=None, help=text)
+        kind = _value_type(types[key])
+        if kind is bool:  # --flag / --no-flag
+            parser.add_argument(flag, dest=key, action=argparse.BooleanOptionalAction, default=None, help=text)
+        else:
+            parser.add_argument(flag, *ALIASES.get(key, []), dest=key, type=kind, default=None, help=text)
     args = parser.parse_args(argv)
     values = {key: getattr(args, key) for key in FLAGS if getattr(args, key) is not None}
-    if values.get("trainer_data_pvc") == "":
-        values["trainer_data_pvc"] = None  # '' = no PVC
+    for key in EMPTY_MEANS_NONE:
+        if values.get(key) == "":
+            values[key] = None
     return RenderOptions(**values), args
 
 

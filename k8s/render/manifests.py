@@ -8,6 +8,7 @@ from k8s.render.observability import metrics_service, prometheus_config
 from k8s.render.options import RenderOptions, check_options
 from k8s.render.ray_cluster import rayservice
 from k8s.render.verl_job import rayjob, submit_script
+from k8s.render.volumes import model_cache_claim, model_download_job
 
 
 def render(options: RenderOptions | None = None) -> dict[str, str]:
@@ -33,6 +34,14 @@ def render(options: RenderOptions | None = None) -> dict[str, str]:
         f"#   kubectl -n {options.namespace} create secret generic {options.redis_password_secret} "
         "--from-literal=password=...\n"
     )
+    # The reward model and the policy, where they are hub ids (a path is the user's to fill).
+    hub_models = [model for model in (sizing.model, options.policy_model) if not model.startswith(("/", "."))]
+    cache_note = (
+        "# The weights cache every engine pod mounts at /models/hf (HF_HOME), and a Job that fills it once, before\n"
+        "# the RayService starts, so no replica pod downloads the weights itself:\n"
+        f"#   kubectl apply -f k8s/model-cache.yaml && kubectl -n {options.namespace} wait --for=condition=complete "
+        "--timeout=2h job/grrm-model-download\n"
+    )
     job_note = (
         f"# clusterSelector needs the RayService's active RayCluster name (it carries a generated suffix):\n"
         f"#   export GRRM_RAY_CLUSTER=$(kubectl -n {options.namespace} get rayservice {options.name} "
@@ -53,6 +62,12 @@ def render(options: RenderOptions | None = None) -> dict[str, str]:
                        key="password"),
                 note=redis_note)}
             if options.redis_address else {}
+        ),
+        **(
+            {"model-cache.yaml": documents_text(
+                model_cache_claim(options),
+                *([model_download_job(options, hub_models)] if hub_models else []), note=cache_note)}
+            if options.model_cache_pvc else {}
         ),
         "rayservice-grrm.yaml": documents_text(rayservice(options, serve_config, sizing)),
         "metrics-service.yaml": documents_text(metrics_service(options)),

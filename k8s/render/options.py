@@ -40,7 +40,18 @@ class RenderOptions:
     worker_extra_cpus_per_gpu: int = 2
     worker_memory_gi_per_gpu: int = 32
     worker_base_memory_gi: int = 16
+    # Where the weights live (HF_HOME=/models/hf): a PersistentVolumeClaim that outlives pods, filled once
+    # by the model-download Job (model-cache.yaml), so a new replica pod loads ~15 GB from it instead of
+    # downloading them; or a path on each node (filled by the first pod there); '' for both: an emptyDir
+    # per pod (every pod downloads).
+    model_cache_pvc: str | None = "grrm-model-cache"
+    model_cache_storage_class: str | None = None  # None: the cluster's default (it must offer ReadWriteMany)
+    model_cache_host_path: str | None = None
     model_cache_gi: int = 100
+    # Pods never ask the hub (HF_HUB_OFFLINE=1): the weights must be in the cache already.
+    hf_offline: bool = False
+    # /dev/shm per trainer GPU (verl's FSDP ranks and its vLLM rollout's TP ranks pass tensors through it).
+    policy_shm_gi_per_gpu: int = 2
     worker_idle_timeout_s: int = 300
     # The policy (trainer) worker group.
     policy_nodes: int = 1
@@ -101,5 +112,10 @@ def check_options(options: RenderOptions, sizing: Sizing) -> None:
         )
     if options.upgrade_strategy not in UPGRADE_STRATEGIES:
         raise ValueError(f"upgrade_strategy: {options.upgrade_strategy!r} is not a RayService upgrade type")
+    if options.model_cache_pvc and options.model_cache_host_path:
+        raise ValueError("model_cache_pvc and model_cache_host_path: choose one cache for the weights")
+    if options.hf_offline and not (options.model_cache_pvc or options.model_cache_host_path):
+        raise ValueError("hf_offline: pods that never ask the hub need the weights in a cache that outlives them "
+                         "(model_cache_pvc or model_cache_host_path)")
     if len(options.name) > 47:
         raise ValueError("name: a RayService name is at most 47 characters (KubeRay adds a 6-character suffix)")

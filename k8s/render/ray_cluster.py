@@ -21,19 +21,11 @@ from k8s.render.kube import (
     to_yaml,
 )
 from k8s.render.options import RenderOptions
+from k8s.render.volumes import engine_volume_mounts, hf_env, model_cache_volume, shm_volume
 
 # Custom Ray resources that tag each worker group (see README "Keeping the two workloads apart").
 GRRM_RESOURCE = "grrm_worker"
 TRAINER_RESOURCE = "verl_trainer"
-
-
-def hf_env(options: RenderOptions) -> list[dict[str, Any]]:
-    # Optional: public checkpoints download without a token; gated ones fail with a clear 401.
-    return [
-        secret_env("HF_TOKEN", options.hf_token_secret, optional=True),
-        secret_env("HUGGING_FACE_HUB_TOKEN", options.hf_token_secret, optional=True),
-        {"name": "HF_HOME", "value": "/models/hf"},
-    ]
 
 
 def api_token_env(options: RenderOptions) -> dict[str, Any]:
@@ -133,11 +125,11 @@ def reward_worker_group(options: RenderOptions, sizing: Sizing) -> dict[str, Any
         options, [*hf_env(options), api_token_env(options)],
         resources(sizing.container_cpus, sizing.memory_gi, sizing.gpus_per_worker),
     )
-    container["volumeMounts"] = [{"name": "model-cache", "mountPath": "/models/hf"}]
+    container["volumeMounts"] = engine_volume_mounts()
     spec: dict[str, Any] = {
         "containers": [container],
         "tolerations": gpu_tolerations(),
-        "volumes": [{"name": "model-cache", "emptyDir": {"sizeLimit": f"{options.model_cache_gi}Gi"}}],
+        "volumes": [model_cache_volume(options), shm_volume(sizing.shm_gi)],
     }
     if options.gpu_product:
         spec["nodeSelector"] = {options.gpu_label_key: options.gpu_product}
@@ -184,6 +176,7 @@ def service_worker_group(options: RenderOptions) -> dict[str, Any]:
 def policy_worker_group(options: RenderOptions) -> dict[str, Any]:
     gpus = options.policy_gpus_per_node
     cpus = options.policy_cpus_per_gpu * gpus
+    shm_gi = options.policy_shm_gi_per_gpu * gpus
     container = {
         "name": "ray-worker",
         "image": options.trainer_image,
@@ -195,15 +188,16 @@ def policy_worker_group(options: RenderOptions) -> dict[str, Any]:
         # The bridge reaches the reward app through a Serve handle (no token needed); the token
         # is there for its HTTP transport.
         "env": [*hf_env(options), api_token_env(options)],
-        "resources": resources(cpus, options.policy_memory_gi_per_gpu * gpus, gpus),
+        # A memory-backed /dev/shm counts against the pod's memory.
+        "resources": resources(cpus, options.policy_memory_gi_per_gpu * gpus + shm_gi, gpus),
         # Same readiness as the reward workers: a trainer node has no Serve replica, its proxy
         # drains, so it never receives HTTP traffic from the serve Service (KubeRay labels every
         # RayService worker as a serve endpoint; readiness is what filters them).
         "readinessProbe": serve_proxy_probe(),
         "livenessProbe": agent_health_probe(initial_delay=30, period=10, timeout=5, failures=30),
-        "volumeMounts": [{"name": "model-cache", "mountPath": "/models/hf"}],
+        "volumeMounts": engine_volume_mounts(),
     }
-    volumes: list[dict[str, Any]] = [{"name": "model-cache", "emptyDir": {"sizeLimit": f"{options.model_cache_gi}Gi"}}]
+    volumes: list[dict[str, Any]] = [model_cache_volume(options), shm_volume(shm_gi)]
     if options.trainer_data_pvc:
         container["volumeMounts"].append({"name": "data", "mountPath": "/data"})
         volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": options.trainer_data_pvc}})
