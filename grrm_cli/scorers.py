@@ -146,6 +146,13 @@ class InProcessScoring:
             from cluster.tiny_model import ensure_tiny_model
 
             ensure_tiny_model(config.engine.model)
+        if config.engine.kind != "scripted":
+            from cluster.engines.model_source import ModelNotFoundError, resolve_model
+
+            try:  # before the engine's start, which fails minutes in on a model it cannot find
+                resolve_model(config.engine.model)
+            except ModelNotFoundError as error:
+                raise SetupError(f"--config {self.config_path}: {error}") from None
         self.engine = make_engine(config.engine)
         await self.engine.start()
         self.scorer = GroupScorer(self.engine, config.scoring, replica="in-process")

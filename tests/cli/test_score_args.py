@@ -26,3 +26,14 @@ def test_finish_within_needs_a_positive_time_and_a_service_pool(tmp_path, capsys
         error = capsys.readouterr().err
         assert "--finish-within-s" in error and problem in error, error
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_config_whose_model_is_nowhere_is_refused_before_its_engine_starts(tmp_path, capsys):
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"source": "a", "candidates": ["x", "y"], "src_lang": "en", "trg_lang": "de"}\n')
+    config = tmp_path / "app.yaml"
+    config.write_text("applications:\n  - name: grrm\n    import_path: deployments.app:build_app\n    args:\n"
+                      "      engine: {kind: transformers, model: /no/such/grrm}\n")
+    status = main(["score", str(source), "-o", str(tmp_path / "out.jsonl"), "--config", str(config)])
+    error = capsys.readouterr().err
+    assert status != 0 and "engine.model: '/no/such/grrm' is not a directory" in error, error
