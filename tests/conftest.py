@@ -83,8 +83,11 @@ SESSION_CLUSTER = SessionCluster()
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests that start Ray clusters of their own run last, those marked ``memory_heavy`` first (stable
     order otherwise): in the full suite the memory-heavy ones are then done before the other shard's
-    verl trainings start (scripts/test.sh), and the two shards' peaks do not meet."""
-    items.sort(key=lambda item: (item.get_closest_marker("own_cluster") is not None,
+    verl trainings start (scripts/test.sh), and the two shards' peaks do not meet. Those marked
+    ``runs_last`` go after everything: CPU-heavy checks with no timing of their own, which ahead of
+    the verl trainings pushed those into the other shard's timed tests (the session shard ends first)."""
+    items.sort(key=lambda item: (item.get_closest_marker("runs_last") is not None,
+                                 item.get_closest_marker("own_cluster") is not None,
                                  item.get_closest_marker("memory_heavy") is None))
 
 

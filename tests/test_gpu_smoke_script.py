@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
+# runs_last: each run starts the script's Python steps (~18 s of CPU), tests/conftest.py.
+pytestmark = pytest.mark.runs_last
 
 
 def smoke(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:

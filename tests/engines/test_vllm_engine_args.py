@@ -28,7 +28,8 @@ from deployments.config import AppConfig, application_args
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).with_name("vllm_engine_config_probe.py")
 
-pytestmark = pytest.mark.timeout(300)
+# runs_last: it starts vLLM's config code in subprocesses (~30 s of CPU), tests/conftest.py.
+pytestmark = [pytest.mark.timeout(300), pytest.mark.runs_last]
 
 
 def shipped_engine(name: str, **overrides) -> EngineConfig:
