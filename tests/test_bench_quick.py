@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+# A backstop, not a speed target: routing_quick takes ~100 s alone and measured 422 s in the full suite
+# beside the verl trainings (load average ~30 on 2 cores); CI's own limit bounds the whole run.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(autouse=True)
