@@ -93,7 +93,8 @@ def _descendant_pids(pid: int) -> list[int] | None:
     """``pid``'s descendants from each thread's ``/proc/PID/task/TID/children`` (None where the kernel has
     no such file). It reads the replica's own tree only: psutil's recursive ``children()`` reads every
     process of the machine, ~50 ms a look among 400 processes, which a watcher per replica repeated
-    several times a second on a loaded 2-core machine. A child missed while it is being born is seen next time."""
+    several times a second on a loaded 2-core machine. A child missed while it is being born is seen
+    next time."""
     if not os.path.exists(f"/proc/{pid}/task/{pid}/children"):
         return None
     found: list[int] = []

