@@ -250,8 +250,11 @@ def test_more_waiting_members_than_one_reward_worker_holds_complete_on_the_worke
     one_worker.data.train_batch_size, one_worker.reward.num_workers = 350, 1
     with pytest.raises(ValueError, match=r"reward.num_workers=1: .* Set reward.num_workers=2"):
         load_reward_manager(one_worker, None)
+    # The deadline outlasts the worker's ramp to its 1000 slots: at 15 s, on a loaded 2-core CI machine,
+    # the first calls met it while the worker had started only 615 (~40 calls/s), so none ever waited
+    # beside 999 others. At 60 s the stall still ends every call at its deadline.
     waiting, answers = _wait_at_the_barrier(
-        1000, 1, {"deadline_s": 15, "reward_worker_concurrency": 100_000}, tiny_model_dir
+        1000, 1, {"deadline_s": 60, "reward_worker_concurrency": 100_000}, tiny_model_dir
     )
     infos = [answer["reward_extra_info"] for answer in answers]
     assert max(info["worker_in_flight"] for info in infos) == 1000  # Ray ran no more calls than its slots

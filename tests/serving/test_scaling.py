@@ -31,9 +31,10 @@ GROUPS, SIZE = 24, 4
 # Far longer than any wait below: a member stranded by the scaling would wait this long.
 ASSEMBLY_TIMEOUT_S = 120.0
 # From the last member sent to the last reward, across a change of the replica set: about a second
-# alone on this machine (issue 29's target is 5 s; the test prints it), seconds more beside the other
-# shard's trainings, and far below the assembly timeout a stranded member would wait.
-LAST_REWARD_WITHIN_S = 20.0
+# alone on this machine (issue 29's target is 5 s; the test prints it), 17.5 s beside the other shard's
+# verl trainings on a CI machine with both cores saturated, and far below the assembly timeout (120 s)
+# a stranded member would wait.
+LAST_REWARD_WITHIN_S = 40.0
 
 
 def app_config(engine: ScriptedEngineOptions, **autoscaling) -> AppConfig:

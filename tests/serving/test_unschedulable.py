@@ -56,7 +56,9 @@ def post_until_answered(url: str, body: dict) -> tuple[httpx.Response, float]:
 def test_http_callers_get_503_naming_the_missing_gpu(gpu_app_url):
     response, took = post_until_answered(f"{gpu_app_url}/v1/score", {"groups": [GROUP]})
     assert response.status_code == 503, response.text
-    assert took < 10  # answered, not left waiting
+    # Answered, not left waiting (that would end in the 30 s client timeout). 17 s once on a CI machine
+    # whose 2 cores were saturated by the other shard's verl trainings.
+    assert took < 25
     body = response.json()
     assert "GRRMReplica" in body["error"] and '"GPU": 1.0' in body["error"], body
     assert body["detail"]["missing"] == {"GPU": 1.0} and body["detail"]["running"] == 0
