@@ -67,9 +67,8 @@ HEAD_FAULTS = ("gcs_restart", "head_restart")
 # replica that gets its first member while the GCS is down must serve it (the app is fresh).
 FAULT_AT_S = {"gcs_restart": 0.8}
 # A group whose members were all sent this long before the GCS (or the head) was back had time to be
-# scored while it was down (a group takes well under it here, ledger write included, under load), or
-# the baseline phase's slowest member, where that took longer: on a saturated 2-core CI machine groups
-# took 5 s and more with nothing down, and read as frozen by the outage.
+# scored while it was down (a group takes well under it here, ledger write included, under load), or as
+# long as the slowest group the outage did not hold took (:func:`outage_waits`).
 OUTAGE_MARGIN_S = 3.0
 # How long the GCS or the head stays down (``--head-down-s``).
 HEAD_DOWN_S = 5.0
@@ -352,11 +351,10 @@ async def inject(cluster, fault: str, at_s: float, down_s: float) -> dict:
 
 
 async def phase(cluster, streams, fault: str | None, groups: int, *, before: dict[str, dict] | None = None,
-                interval_s: float = 0.25, spread_s: float = 1.0, down_s: float = HEAD_DOWN_S,
-                outage_margin_s: float = OUTAGE_MARGIN_S) -> tuple[dict, dict[str, dict]]:
+                interval_s: float = 0.25, spread_s: float = 1.0,
+                down_s: float = HEAD_DOWN_S) -> tuple[dict, dict[str, dict]]:
     """Stream ``groups`` groups with ``streams``, inject ``fault`` a third of the way in (or at its
-    ``FAULT_AT_S``), tally (see the docstring). ``outage_margin_s``: see :func:`outage_waits`.
-    ``before``: the replicas' counters as the previous
+    ``FAULT_AT_S``), tally (see the docstring). ``before``: the replicas' counters as the previous
     phase on this cluster left them (nothing is scored between phases; read afresh when None).
     Returns the row and the counters after it."""
     run = fault or "baseline"
@@ -402,8 +400,7 @@ async def phase(cluster, streams, fault: str | None, groups: int, *, before: dic
                                       for transport in ("http", "handle")}
         # A replica whose first call to a handle came during the outage froze until the GCS was back.
         row["scorers_answering_while_down"] = len({a["replica"] for a in down if a["valid"]})
-        row.update(outage_waits(answers, injected["at"], injected["back"], outage_margin_s),
-                   outage_margin_s=outage_margin_s)
+        row.update(outage_waits(answers, injected["at"], injected["back"]))
     row.update(
         transports=sorted({a["transport"] for a in answers}),
         retried_members=sum(a["attempts"] > 1 for a in answers),
@@ -415,15 +412,26 @@ async def phase(cluster, streams, fault: str | None, groups: int, *, before: dic
 
 def outage_waits(answers: list[dict], down_at: float, back_at: float, margin_s: float = OUTAGE_MARGIN_S) -> dict:
     """Whether any group waited for the GCS (or the head) to come back: ``groups_due_while_down``, the
-    groups all of whose members were sent by ``margin_s`` before it was back (so could be scored while it
+    groups all of whose members were sent by the margin before it was back (so could be scored while it
     was down), and ``groups_waiting_for_the_outage``, those of them with no member answered before it was
     back (a frozen replica, router or proxy). Which scorer replicas own the groups of one short stream is
-    the ring's chance, so "every scorer answered" is no test of "none froze"; this is."""
-    due = [group for group in answers_by_group(answers).values()
+    the ring's chance, so "every scorer answered" is no test of "none froze"; this is.
+
+    The margin (``outage_margin_s``) is ``margin_s`` or, where longer, the time from the last member sent
+    to the last answer of the slowest group answered whole while it was down: a group the outage did not
+    hold. On a saturated 2-core CI machine every group took 6-8 s, those answered while the GCS was down
+    too, and groups sent 6 s before it was back read as frozen by a 3 s margin. A frozen path answers no
+    group while down, so it cannot lengthen the margin."""
+    groups = answers_by_group(answers).values()
+    unheld = [max(m["answered_at"] for m in group) - max(m["sent_at"] for m in group) for group in groups
+              if down_at < min(m["answered_at"] for m in group) and max(m["answered_at"] for m in group) < back_at]
+    margin_s = max([margin_s, *unheld])
+    due = [group for group in groups
            if max(member["sent_at"] for member in group) <= back_at - margin_s
            and max(member["answered_at"] for member in group) > down_at]
     waited = [group for group in due if min(member["answered_at"] for member in group) >= back_at]
-    return {"groups_due_while_down": len(due), "groups_waiting_for_the_outage": len(waited)}
+    return {"groups_due_while_down": len(due), "groups_waiting_for_the_outage": len(waited),
+            "outage_margin_s": margin_s}
 
 
 async def wait_for_app(gone: str | None, head_node_id: str, timeout_s: float = 180) -> float | None:
@@ -489,20 +497,17 @@ def run(groups: int, with_redis: bool, head_down_s: float = HEAD_DOWN_S) -> list
     with GCS fault tolerance, the GCS or the head down ``head_down_s``; the rows (answers dropped)."""
     rows = run_cluster([None, *REPLICA_FAULTS, "scorer_node_kill", "ingress_ledger_node_kill"], groups, redis_address=None)
     if with_redis:
-        # How long a group may take with nothing down, as this machine measured it just now.
-        margin_s = max(OUTAGE_MARGIN_S, rows[0]["max_latency_s"])
         # A cluster of its own. With the app running, a worker node killed on a cluster with GCS
         # fault tolerance was once not declared dead within 5 minutes here (a bare cluster declared
         # one dead in 17 s; not understood), and there the members stream from a worker node that a
         # node kill could take: the node phases run without it.
         with redis_server() as redis_address:
-            rows += run_cluster(list(HEAD_FAULTS), groups, redis_address=redis_address, down_s=head_down_s,
-                                outage_margin_s=margin_s)
+            rows += run_cluster(list(HEAD_FAULTS), groups, redis_address=redis_address, down_s=head_down_s)
     return rows
 
 
 def run_cluster(faults: list[str | None], groups: int, redis_address: str | None,
-                down_s: float = HEAD_DOWN_S, outage_margin_s: float = OUTAGE_MARGIN_S) -> list[dict]:
+                down_s: float = HEAD_DOWN_S) -> list[dict]:
     """The app on a fresh cluster and the given phases in turn."""
     import ray
     from ray import serve
@@ -521,7 +526,7 @@ def run_cluster(faults: list[str | None], groups: int, redis_address: str | None
             streams = RemoteStreams()
         else:
             streams = LocalStreams(f"http://127.0.0.1:{port}/{APP}", serve.get_deployment_handle("GRRMReplica", app_name=APP))
-        return asyncio.run(run_phases(cluster, streams, faults, groups, down_s, outage_margin_s))
+        return asyncio.run(run_phases(cluster, streams, faults, groups, down_s))
     finally:
         try:
             serve.shutdown()
@@ -544,14 +549,12 @@ def forget_cluster(address: str) -> None:
         pass
 
 
-async def run_phases(cluster, streams, faults: list[str | None], groups: int, down_s: float,
-                     outage_margin_s: float = OUTAGE_MARGIN_S) -> list[dict]:
+async def run_phases(cluster, streams, faults: list[str | None], groups: int, down_s: float) -> list[dict]:
     rows = []
     counters = None  # each phase starts from the counters the one before it read (a driver process each)
     try:
         for fault in faults:
-            row, counters = await phase(cluster, streams, fault, groups, before=counters, down_s=down_s,
-                                        outage_margin_s=outage_margin_s)
+            row, counters = await phase(cluster, streams, fault, groups, before=counters, down_s=down_s)
             rows.append(row)
             print(json.dumps(row), flush=True)
     finally:

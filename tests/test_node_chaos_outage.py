@@ -21,10 +21,26 @@ def test_a_group_sent_in_time_and_answered_only_after_the_outage_waited_for_it()
         *group("late", [13.0, 14.0], [15.5, 15.5]),  # sent too close to the end to count
     ]
     assert outage_waits(answers, DOWN_AT, BACK_AT, margin_s=3.0) == {
-        "groups_due_while_down": 3, "groups_waiting_for_the_outage": 1,
+        "groups_due_while_down": 3, "groups_waiting_for_the_outage": 1, "outage_margin_s": 3.0,
     }
 
 
 def test_one_member_answered_while_down_means_its_group_did_not_wait():
     answers = group("g", [10.5, 11.0], [11.4, 15.1])  # the second answer went out after the GCS was back
     assert outage_waits(answers, DOWN_AT, BACK_AT, margin_s=3.0)["groups_waiting_for_the_outage"] == 0
+
+
+def test_on_a_slow_machine_the_margin_is_the_slowest_group_the_outage_did_not_hold():
+    # Down 10 s here; every group the outage did not hold took 6 s, as on a saturated CI machine.
+    down_at, back_at = 10.0, 20.0
+    answers = [
+        *group("slow_while_down", [10.5, 11.0], [16.5, 17.0]),  # answered whole while down: 6 s
+        *group("slow_after", [13.5, 14.5], [20.2, 20.3]),  # last sent 5.5 s before the end: not due
+        *group("frozen", [11.2, 11.5], [20.1, 20.1]),  # sent 8.5 s before the end, held to it
+    ]
+    assert outage_waits(answers, down_at, back_at, margin_s=3.0) == {
+        "groups_due_while_down": 2, "groups_waiting_for_the_outage": 1, "outage_margin_s": 6.0,
+    }
+    # With nothing answered while down (everything froze), the margin stays the floor.
+    frozen = group("frozen", [11.2, 11.5], [20.1, 20.1])
+    assert outage_waits(frozen, down_at, back_at, margin_s=3.0)["outage_margin_s"] == 3.0

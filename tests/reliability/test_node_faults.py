@@ -29,8 +29,8 @@ CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")
 
 
 OUTAGE_KEYS = ("phase", "in_flight_at_fault", "answered_while_down", "groups_due_while_down",
-               "groups_waiting_for_the_outage", "outage_margin_s", "max_latency_s", "scorers_replaced", "app_status_after",
-               "replicas_back_s")
+               "groups_waiting_for_the_outage", "outage_margin_s", "max_latency_s", "scorers_replaced",
+               "app_status_after", "replicas_back_s")
 
 
 def test_no_member_is_lost_when_a_node_the_gcs_or_the_head_dies(tmp_path):
