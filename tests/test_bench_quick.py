@@ -97,10 +97,7 @@ def test_autoscale_quick(serve_instance, results):
     # machine too slow, for a margin there).
     replicas = [point["replicas"] for point in run["timeline"]]  # held: starting, running or stopping
     serving = [point["serving"] for point in run["timeline"]]
-    # The policy's decisions: it asked for more replicas and let them go. That they served too is the
-    # full run's to show: on a CI machine with both cores saturated by the other shard's verl trainings,
-    # the 3 replicas asked for each step were held 19 s and none had started.
-    assert max(replicas) >= 2 and replicas[-1] == 1 and serving[-1] == 1
+    assert max(serving) >= 2 and serving[-1] == 1
     assert all(running <= held for running, held in zip(serving, replicas))
     assert run["serving_replica_seconds"] <= run["replica_seconds"]
     assert run["serving_replica_seconds"] < 0.8 * run["peak_pool_replica_seconds"]
