@@ -422,14 +422,13 @@ def outage_waits(answers: list[dict], down_at: float, back_at: float, margin_s: 
     hold. On a saturated 2-core CI machine every group took 6-8 s, those answered while the GCS was down
     too, and groups sent 6 s before it was back read as frozen by a 3 s margin. A frozen path answers no
     group while down, so it cannot lengthen the margin."""
-    groups = answers_by_group(answers).values()
-    unheld = [max(m["answered_at"] for m in group) - max(m["sent_at"] for m in group) for group in groups
-              if down_at < min(m["answered_at"] for m in group) and max(m["answered_at"] for m in group) < back_at]
+    # Per group: its last member sent, its first and its last answer.
+    spans = [(max(m["sent_at"] for m in group), min(m["answered_at"] for m in group),
+              max(m["answered_at"] for m in group)) for group in answers_by_group(answers).values()]
+    unheld = [last - sent for sent, first, last in spans if down_at < first and last < back_at]
     margin_s = max([margin_s, *unheld])
-    due = [group for group in groups
-           if max(member["sent_at"] for member in group) <= back_at - margin_s
-           and max(member["answered_at"] for member in group) > down_at]
-    waited = [group for group in due if min(member["answered_at"] for member in group) >= back_at]
+    due = [(first, last) for sent, first, last in spans if sent <= back_at - margin_s and last > down_at]
+    waited = [first for first, _ in due if first >= back_at]
     return {"groups_due_while_down": len(due), "groups_waiting_for_the_outage": len(waited),
             "outage_margin_s": margin_s}
 
