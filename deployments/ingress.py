@@ -70,6 +70,7 @@ class GRRMIngress:
         # (deployments/autoscaling_policy.py): it hears of them while no scorer replica runs.
         self.demands = AnnouncedDemands()
         self._forwards: dict[str, asyncio.Task] = {}  # tenant -> its announcement's copy on its way
+        self._copies_sending: set[asyncio.Task] = set()  # copies in a call to a scorer replica now
         try:
             self.name = serve.get_replica_context().replica_id.unique_id
         except Exception:  # noqa: BLE001 - outside Serve (unit use) there is no replica context
@@ -181,9 +182,10 @@ class GRRMIngress:
         scaling = self.config.replicas.autoscaling
         delay_s = copy_delay_s(announcement, pool_may_empty=scaling is not None and scaling.min_replicas == 0)
         earlier = self._forwards.pop(announcement.tenant, None)
-        if earlier is not None:
+        if earlier is not None and earlier not in self._copies_sending:
             earlier.cancel()  # the tenant's later announcement replaces it
-        forward = asyncio.create_task(self._forward_demand(announcement, delay_s))
+            earlier = None
+        forward = asyncio.create_task(self._forward_demand(announcement, delay_s, after=earlier))
         self._forwards[announcement.tenant] = forward
         forward.add_done_callback(functools.partial(self._forwarded, announcement.tenant))
         return DemandAccepted(replica=self.name, tenant=announcement.tenant, groups=announcement.groups)
@@ -192,16 +194,28 @@ class GRRMIngress:
         if self._forwards.get(tenant) is task:
             del self._forwards[tenant]
 
-    async def _forward_demand(self, announcement: DemandAnnouncement, delay_s: float) -> None:
+    async def _forward_demand(self, announcement: DemandAnnouncement, delay_s: float,
+                              after: asyncio.Task | None = None) -> None:
+        """Hand ``announcement`` to a scorer replica in ``delay_s``, once the tenant's earlier copy
+        ``after`` (already in a call, so not cancelled) has arrived: a replica keeps the last copy it
+        receives, and a cancelled call may still land, after a withdrawal sent behind it."""
+        taken = time.monotonic()
         try:
             await asyncio.sleep(delay_s)
-            copy = seen_later(announcement, delay_s)
+            if after is not None:
+                await asyncio.wait([after])
+            copy = seen_later(announcement, time.monotonic() - taken)
             # Never to a pool with no replica running: the call would wait there and start one at once,
             # where the application's policy starts replicas when the announced work needs them. Read
             # anew (announcements are a few a step): a stale count would let one through.
             verdict = await self._scorer_verdict(fresh=True)
             if copy is not None and verdict is not None and verdict.running > 0:
-                await self.client.announce_demand(copy)
+                sending = asyncio.current_task()
+                self._copies_sending.add(sending)
+                try:
+                    await self.client.announce_demand(copy)
+                finally:
+                    self._copies_sending.discard(sending)
         except Exception as error:  # noqa: BLE001 - advisory: the ingress's own copy still counts
             logger.warning("ingress %s: handing an announcement of %s to a scorer replica failed: %r",
                            self.name, announcement.tenant, error)

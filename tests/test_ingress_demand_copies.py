@@ -1,0 +1,90 @@
+"""The HTTP ingress hands each tenant's announcements to a scorer replica in the order they were
+made. A replica keeps the last copy it receives, and a call the ingress cancels may still land (a
+Serve call already assigned to a replica runs there), so a withdrawal must not overtake the copy
+ahead of it: one CI run read the replica's demand as the run's 108 groups after the run had
+withdrawn them. No Ray here: the ingress class with its scorer client replaced."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from cluster.engines import EngineConfig
+from cluster.schema import DemandAnnouncement
+from deployments.config import AppConfig
+from deployments.ingress import GRRMIngress
+
+# The ingress class is used without Serve's wrapper around it (whose finalizer is a coroutine).
+pytestmark = pytest.mark.filterwarnings("ignore:coroutine .*ASGIIngressWrapper.__del__:RuntimeWarning")
+
+
+class SlowScorers:
+    """A scorer client whose first announcement call lands at the replica only when ``release`` is
+    set, cancelled or not (as an assigned Serve call does), and whose later calls land at once."""
+
+    def __init__(self):
+        self.release = asyncio.Event()
+        self.landed: list[int] = []
+        self.calls = 0
+        self.availability = SimpleNamespace(current=self._running)
+
+    async def _running(self, max_age_s: float):
+        return SimpleNamespace(running=1)
+
+    async def announce_demand(self, announcement: DemandAnnouncement):
+        self.calls += 1
+        slow = self.calls == 1
+
+        async def at_the_replica():
+            if slow:
+                await self.release.wait()
+            self.landed.append(announcement.groups)
+
+        await asyncio.shield(asyncio.ensure_future(at_the_replica()))
+
+
+def ingress_with(scorers: SlowScorers):
+    ingress = GRRMIngress.func_or_class.__new__(GRRMIngress.func_or_class)
+    ingress.config = AppConfig(engine=EngineConfig(kind="scripted"))
+    ingress.client = scorers
+    ingress.name = "ingress"
+    from cluster.announced_demand import AnnouncedDemands
+
+    ingress.demands = AnnouncedDemands()
+    ingress._forwards, ingress._copies_sending = {}, set()
+    return ingress
+
+
+def test_a_withdrawal_lands_after_the_copy_already_on_its_way():
+    async def run():
+        scorers = SlowScorers()
+        ingress = ingress_with(scorers)
+        await ingress.take_demand(DemandAnnouncement(groups=108, lasts_s=600))
+        await asyncio.sleep(0.05)  # the copy of 108 is in its call now
+        await ingress.take_demand(DemandAnnouncement(groups=0, lasts_s=1))
+        await asyncio.sleep(0.05)
+        scorers.release.set()
+        while ingress._forwards:
+            await asyncio.sleep(0.01)
+        return scorers.landed
+
+    assert asyncio.run(run()) == [108, 0]  # the withdrawal last: the replica keeps 0
+
+
+def test_a_copy_not_yet_sent_is_replaced_not_sent():
+    async def run():
+        scorers = SlowScorers()
+        scorers.release.set()
+        ingress = ingress_with(scorers)
+        ingress.config = ingress.config.model_copy(update={"replicas": ingress.config.replicas.model_copy(
+            update={"autoscaling": SimpleNamespace(min_replicas=0)})})
+        # A pool that may empty: announced work is copied when its phase starts (in 30 s here).
+        await ingress.take_demand(DemandAnnouncement(groups=50, starts_in_s=30, lasts_s=60))
+        await ingress.take_demand(DemandAnnouncement(groups=0, lasts_s=1))
+        while ingress._forwards:
+            await asyncio.sleep(0.01)
+        return scorers.landed
+
+    assert asyncio.run(run()) == [0]
