@@ -37,15 +37,31 @@ def members_of(group: int, run: str = "d") -> list[dict]:
 
 
 @ray.remote(num_cpus=0)
-def client(app_name: str, members: list[dict]) -> dict:
+class StartLine:
+    """Holds the client workers until all of them run: on a loaded machine Ray started one worker
+    more than 15 s after another, and the halves of a group, sent by two of them, each met the
+    assembly timeout (a CI run). This test is about replica death, not worker start-up."""
+
+    def __init__(self, count: int):
+        self.count, self.arrived, self.all_here = count, 0, asyncio.Event()
+
+    async def arrive(self) -> None:
+        self.arrived += 1
+        if self.arrived >= self.count:
+            self.all_here.set()
+        await self.all_here.wait()
+
+
+@ray.remote(num_cpus=0)
+def client(app_name: str, members: list[dict], start_line) -> dict:
     """One trainer-side worker: sends its members concurrently, collects every answer."""
     import asyncio
 
     from cluster.schema import MemberRequest
     from deployments.client import ReplicaCallPolicy, ScorerClient
 
-    scorer = ScorerClient(serve.get_deployment_handle("GRRMReplica", app_name=app_name),
-                          ReplicaCallPolicy(max_attempts=6, backoff_s=0.2))
+    handle = serve.get_deployment_handle("GRRMReplica", app_name=app_name)
+    scorer = ScorerClient(handle, ReplicaCallPolicy(max_attempts=6, backoff_s=0.2))
 
     async def send(member):
         started = time.monotonic()
@@ -53,6 +69,8 @@ def client(app_name: str, members: list[dict]) -> dict:
         return {**result.model_dump(), "latency_s": time.monotonic() - started}
 
     async def run():
+        await handle.info.remote()  # this worker's router has learned the replicas
+        await start_line.arrive.remote()
         return await asyncio.gather(*(send(m) for m in members), return_exceptions=True)
 
     answers = asyncio.run(run())
@@ -66,7 +84,8 @@ def run_load(run: str, kill: bool, groups: int = GROUPS) -> tuple[list[dict], di
     members = [m for g in range(groups) for m in members_of(g, run)]
     random.Random(11).shuffle(members)
     started = time.monotonic()
-    futures = [client.remote(APP, members[i::CLIENTS]) for i in range(CLIENTS)]
+    start_line = StartLine.remote(CLIENTS)
+    futures = [client.remote(APP, members[i::CLIENTS], start_line) for i in range(CLIENTS)]
     killed = None
     if kill:
         # Strike a replica while it scores a group, not at a fixed time: beside the other shard's
@@ -75,6 +94,7 @@ def run_load(run: str, kill: bool, groups: int = GROUPS) -> tuple[list[dict], di
         handle = serve.get_deployment_handle("GRRMReplica", app_name=APP)
         killed = asyncio.run(inject("replica_kill", handle, APP, at_s=0.5, aim_s=60))["victim"]
     outcomes = ray.get(futures, timeout=300)
+    ray.kill(start_line)
     wall = time.monotonic() - started
     answers = [a for o in outcomes for a in o["answers"]]
     stats = {
