@@ -21,6 +21,13 @@ import pytest
 
 from bench.common import free_port
 
+# Ray starts its workers at nice 15 under a nice-0 driver. Here the drivers are the tests, which send
+# the load, so on 2 cores a test's client took the CPU from the replicas, proxy and engines it
+# measures (a CPU weight 28 times theirs): a vLLM import in a replica took 94 s, and HTTP calls and
+# health probes ran past their bounds while both shards ran. Every Ray cluster a test starts (the
+# session's, verl's, the node faults') inherits this; the control plane stays at the drivers' level.
+os.environ.setdefault("RAY_worker_niceness", "0")
+
 # Logical CPUs (Ray's bookkeeping; the machine may have 2): enough for every module's replicas.
 SESSION_CPUS = 8
 # How often serve.run and serve.delete look whether the app is up or gone: Serve's 1 s cost about
