@@ -21,13 +21,6 @@ import pytest
 
 from bench.common import free_port
 
-# Ray starts its workers at nice 15 under a nice-0 driver. Here the drivers are the tests, which send
-# the load, so on 2 cores a test's client took the CPU from the replicas, proxy and engines it
-# measures (a CPU weight 28 times theirs): a vLLM import in a replica took 94 s, and HTTP calls and
-# health probes ran past their bounds while both shards ran. Every Ray cluster a test starts (the
-# session's, verl's, the node faults') inherits this; the control plane stays at the drivers' level.
-os.environ.setdefault("RAY_worker_niceness", "0")
-
 # Logical CPUs (Ray's bookkeeping; the machine may have 2): enough for every module's replicas.
 SESSION_CPUS = 8
 # How often serve.run and serve.delete look whether the app is up or gone: Serve's 1 s cost about
@@ -36,11 +29,18 @@ SERVE_CLIENT_POLL_S = 0.1
 # Applications deployed once for the session, kept between modules.
 SESSION_APPS: set[str] = set()
 LOCAL_APP = "local"
-# Serve's timeouts that a loaded 2-core machine overran, for the session cluster's processes: the proxy's
-# readiness and health checks (5 s and 10 s by default), and how long a router's queue-length probe may
-# take once probes keep missing (1 s by default; a router whose probes all miss routes nothing).
+# Serve's timeouts that a loaded 2-core machine overran: the proxy's readiness and health checks (5 s and
+# 10 s by default), and how long a router's queue-length probe may take, first (0.1 s by default: a probe
+# missed on a busy replica sends a whole group to the router's next choice, which cost the group-aware
+# router its prefix-cache affinity in two full runs here, 2 of 6 groups kept on one replica) and once
+# probes keep missing (1 s by default; a router whose probes all miss routes nothing). Set before any test
+# module imports Serve (which reads them at import), so the tests' own handles' routers use them as well
+# as every Ray cluster a test starts.
 LOADED_MACHINE_TIMEOUTS_S = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": 60, "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": 30,
+                             "RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S": 1,
                              "RAY_SERVE_MAX_QUEUE_LENGTH_RESPONSE_DEADLINE_S": 5}
+for _variable, _seconds in LOADED_MACHINE_TIMEOUTS_S.items():
+    os.environ.setdefault(_variable, str(_seconds))
 
 
 class SessionCluster:
@@ -60,10 +60,6 @@ class SessionCluster:
         import ray.serve._private.client as serve_client
 
         serve_client.CLIENT_POLLING_INTERVAL_S = SERVE_CLIENT_POLL_S
-        # Serve kills a proxy not ready within 5 s and serve.start then fails: beside the other shard's
-        # trainings on 2 cores, a proxy took longer. The cluster's processes inherit this environment.
-        for variable, seconds in LOADED_MACHINE_TIMEOUTS_S.items():
-            os.environ.setdefault(variable, str(seconds))
         port = free_port()
         # A cluster of its own: without an address, ray.init joins any Ray running on the machine (or the
         # head /tmp/ray/ray_current_cluster names, dead or alive).
