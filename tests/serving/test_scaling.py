@@ -170,10 +170,12 @@ QUEUED_APP, QUEUED_GROUPS = "scaling_queued", 40
 
 
 def test_complete_groups_queued_for_one_engine_move_to_the_replicas_the_pool_adds(serve_instance):
-    # One group at the engine at a time, 0.5 s each: 40 complete groups are 20 s of queue on one replica,
-    # which the policy answers with 4 replicas (target_backlog_s 4) within seconds. No announcement.
-    config = app_config(ScriptedEngineOptions(per_prompt_s=0.5, max_concurrent_prompts=1),
-                        downscale_delay_s=600, target_backlog_s=4, default_seconds_per_group=0.5)
+    # One group at the engine at a time, 1 s each: 40 complete groups are 40 s of queue on one replica,
+    # which the policy answers with 4 replicas (target_backlog_s 4) within seconds. No announcement. The
+    # queue outlasts a replica's start: with 20 s of it, the 3 added replicas were still starting (22 s
+    # each beside the other shard's trainings) when the first had scored every group (a full run here).
+    config = app_config(ScriptedEngineOptions(per_prompt_s=1.0, max_concurrent_prompts=1),
+                        downscale_delay_s=600, target_backlog_s=4, default_seconds_per_group=1.0)
     serve.run(build_app(config), name=QUEUED_APP, route_prefix=f"/{QUEUED_APP}")
     try:
         assert running_replicas(QUEUED_APP) == 1
@@ -264,10 +266,13 @@ def test_a_pool_with_min_replicas_zero_starts_for_work_keeps_its_replica_for_wai
 
 
 DECLARED_APP = "scaling_declared"
-# The announced phase starts this far ahead; its first group is expected 0.5 s in (20 groups evenly in 10 s),
-# and the policy starts a replica a cold start before that: first the configured one (14 s, far more than a
-# replica takes here), then the one it measured at that first start.
-STARTS_IN_S, COLD_START_S, NEEDED_FROM_S = 20.0, 14.0, 20.5
+# The announced phase starts this far ahead and lasts LASTS_S; its first group is expected 3 s in (20 groups
+# evenly in 60 s), and the policy starts a replica a cold start before that: first the configured one (14 s),
+# then the one it measured at that first start. Lead and phase outlast a replica's start on a loaded machine:
+# with 20 s ahead and a 10 s phase, both replicas were still starting (more than 25 s beside the other
+# shard's trainings; an ingress took 33 s) when the phase ended and the policy let them go (a full run here).
+STARTS_IN_S, LASTS_S, COLD_START_S = 45.0, 60.0, 14.0
+NEEDED_FROM_S = STARTS_IN_S + LASTS_S / 20
 
 
 def test_an_empty_pool_deployed_as_grrm_yaml_starts_ahead_of_work_announced_over_either_transport(
@@ -290,18 +295,18 @@ def test_an_empty_pool_deployed_as_grrm_yaml_starts_ahead_of_work_announced_over
                 client = RewardClient(ClientConfig(transport=transport, http_url=f"{serve_instance}/{DECLARED_APP}",
                                                    app_name=DECLARED_APP, deadline_s=120, tenant=f"run-{transport}"))
                 try:
-                    # 20 groups in 10 s at 1 s each: 2 replicas, STARTS_IN_S from now.
-                    assert await client.announce_demand(groups=20, lasts_s=10, starts_in_s=STARTS_IN_S)
+                    # 20 groups in LASTS_S at 1 s each: 1 replica, STARTS_IN_S from now.
+                    assert await client.announce_demand(groups=20, lasts_s=LASTS_S, starts_in_s=STARTS_IN_S)
                     announced = time.monotonic()
                     # Not at the announcement (a call waiting at the empty pool would start one at once) ...
                     await asyncio.sleep(4)
                     assert running_replicas(DECLARED_APP) == 0
                     # ... but for the announced phase, with not one member sent.
                     await asyncio.to_thread(wait_until, lambda: held_replicas(DECLARED_APP) >= 1,
-                                            "a replica asked for the announced phase", STARTS_IN_S + 30, 0.1)
+                                            "a replica asked for the announced phase", STARTS_IN_S + LASTS_S, 0.1)
                     asked_after_s[transport] = time.monotonic() - announced
                     await asyncio.to_thread(wait_until, lambda: running_replicas(DECLARED_APP) >= 1,
-                                            "a replica for the announced phase", STARTS_IN_S + 30, 0.1)
+                                            "a replica for the announced phase", STARTS_IN_S + LASTS_S, 0.1)
                     serving_after_s[transport] = time.monotonic() - announced
                     answers = await asyncio.gather(*(client.score_member(one) for one in members(transport, 0)))
                     assert await client.announce_demand(groups=0, lasts_s=1)  # withdrawn: nothing comes
@@ -323,6 +328,6 @@ def test_an_empty_pool_deployed_as_grrm_yaml_starts_ahead_of_work_announced_over
         assert abs(asked_after_s["http"] - (NEEDED_FROM_S - COLD_START_S)) < 2.5, asked_after_s
         assert abs(asked_after_s["handle"] - (NEEDED_FROM_S - measured_s)) < 2.5, (asked_after_s, measured_s)
         # Either way the replica serves within the announced phase, with not one member sent before.
-        assert all(seconds <= STARTS_IN_S + 10 for seconds in serving_after_s.values()), serving_after_s
+        assert all(seconds <= STARTS_IN_S + LASTS_S for seconds in serving_after_s.values()), serving_after_s
     finally:
         serve.delete(DECLARED_APP)
