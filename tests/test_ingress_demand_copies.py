@@ -11,9 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from cluster.announced_demand import AnnouncedDemands
 from cluster.engines import EngineConfig
 from cluster.schema import DemandAnnouncement
-from deployments.config import AppConfig
+from deployments.config import AppConfig, AutoscalingSettings, ReplicaSettings
 from deployments.ingress import GRRMIngress
 
 # The ingress class is used without Serve's wrapper around it (whose finalizer is a coroutine).
@@ -45,13 +46,12 @@ class SlowScorers:
         await asyncio.shield(asyncio.ensure_future(at_the_replica()))
 
 
-def ingress_with(scorers: SlowScorers):
+def ingress_with(scorers: SlowScorers, replicas: ReplicaSettings | None = None):
+    """The ingress class's state as its constructor sets it, without Serve (no handle, no replica context)."""
     ingress = GRRMIngress.func_or_class.__new__(GRRMIngress.func_or_class)
-    ingress.config = AppConfig(engine=EngineConfig(kind="scripted"))
+    ingress.config = AppConfig(engine=EngineConfig(kind="scripted"), replicas=replicas or ReplicaSettings())
     ingress.client = scorers
     ingress.name = "ingress"
-    from cluster.announced_demand import AnnouncedDemands
-
     ingress.demands = AnnouncedDemands()
     ingress._forwards, ingress._copies_sending = {}, set()
     return ingress
@@ -77,9 +77,8 @@ def test_a_copy_not_yet_sent_is_replaced_not_sent():
     async def run():
         scorers = SlowScorers()
         scorers.release.set()
-        ingress = ingress_with(scorers)
-        ingress.config = ingress.config.model_copy(update={"replicas": ingress.config.replicas.model_copy(
-            update={"autoscaling": SimpleNamespace(min_replicas=0)})})
+        may_empty = ReplicaSettings(autoscaling=AutoscalingSettings(min_replicas=0, max_replicas=1))
+        ingress = ingress_with(scorers, may_empty)
         # A pool that may empty: announced work is copied when its phase starts (in 30 s here).
         await ingress.take_demand(DemandAnnouncement(groups=50, starts_in_s=30, lasts_s=60))
         await ingress.take_demand(DemandAnnouncement(groups=0, lasts_s=1))
