@@ -238,11 +238,11 @@ class DemandAnnouncement(BaseModel):
     groups: StrictInt = Field(ge=0, le=10_000_000, description="How many groups are coming (a step's prompts: "
                                                                "one group of n rollouts each). 0 withdraws the "
                                                                "tenant's announcement.")
-    starts_in_s: float = Field(0.0, ge=0, le=86_400, description="Seconds from now until the first of them comes "
+    starts_in_s: StrictFloat = Field(0.0, ge=0, le=86_400, description="Seconds from now until the first of them comes "
                                                                   "(0: the phase starts now).")
-    lasts_s: float = Field(gt=0, le=86_400, description="Seconds the phase lasts from its start: its last group "
+    lasts_s: StrictFloat = Field(gt=0, le=86_400, description="Seconds the phase lasts from its start: its last group "
                                                         "comes by then.")
-    profile: list[float] = Field(
+    profile: list[StrictFloat] = Field(
         default_factory=list, max_length=64,
         description="The share of the groups expected in each of equal slices of the phase, in order (empty: "
                     "evenly). GRPO groups, complete at their last rollout, crowd a phase's end; the pool grows "
@@ -254,6 +254,8 @@ class DemandAnnouncement(BaseModel):
             raise ValueError("profile: every share must be a finite number >= 0")
         if self.profile and sum(self.profile) <= 0:
             raise ValueError("profile: the shares must not all be 0 (leave it empty for evenly)")
+        if not math.isfinite(sum(self.profile)):
+            raise ValueError("profile: the shares' sum overflows (give them as fractions, e.g. summing to 1)")
         return self
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import yaml
@@ -100,12 +101,26 @@ class AutoscalingSettings(_Strict):
             )
         return self
 
-    def scaling_settings(self) -> ScalingSettings:
-        """The engine_work policy's settings."""
-        return ScalingSettings(**{field: getattr(self, field) for field in ScalingSettings.__dataclass_fields__})
+    def announced_replicas(self, tenant: TenantDefaults) -> int:
+        """The most replicas ``tenant``'s announced demand may claim: its ``max_announced_replicas``, else half
+        of ``max_replicas`` (at least 1)."""
+        return tenant.max_announced_replicas or max(1, self.max_replicas // 2)
 
-    def serve_config(self) -> dict[str, Any]:
-        """Serve's ``autoscaling_config`` for this setting."""
+    def scaling_settings(self, default_tenant: TenantDefaults | None = None,
+                         named_tenants: Sequence[TenantSettings] = ()) -> ScalingSettings:
+        """The engine_work policy's settings, with the caps on what each tenant's announced demand may claim:
+        ``default_tenant``'s (``tenants.default``; None: the defaults') for every tenant but ``named_tenants``
+        (``http.tenants``), which have their own."""
+        fields = {field: getattr(self, field) for field in ScalingSettings.__dataclass_fields__
+                  if field in AutoscalingSettings.model_fields}
+        return ScalingSettings(
+            **fields, max_announced_replicas=self.announced_replicas(default_tenant or TenantDefaults()),
+            tenant_max_announced_replicas=tuple((tenant.name, self.announced_replicas(tenant))
+                                                for tenant in named_tenants))
+
+    def serve_config(self, default_tenant: TenantDefaults | None = None,
+                     named_tenants: Sequence[TenantSettings] = ()) -> dict[str, Any]:
+        """Serve's ``autoscaling_config`` for this setting (the tenants: see :meth:`scaling_settings`)."""
         common = self.model_dump(include={"min_replicas", "max_replicas", "initial_replicas", "upscale_delay_s",
                                           "downscale_delay_s", "metrics_interval_s", "look_back_period_s"},
                                  exclude_none=True)
@@ -115,7 +130,8 @@ class AutoscalingSettings(_Strict):
         # Serve, which wraps a custom policy in its own delay logic, gets none, else the two would
         # restart each other's timers. Serve's bounds still hold.
         return {**common, "upscale_delay_s": 0.0, "downscale_delay_s": 0.0,
-                "policy": {"policy_function": POLICY_PATH, "policy_kwargs": dataclasses.asdict(self.scaling_settings())}}
+                "policy": {"policy_function": POLICY_PATH,
+                           "policy_kwargs": dataclasses.asdict(self.scaling_settings(default_tenant, named_tenants))}}
 
 
 class ReplicaSettings(_Strict):
@@ -244,9 +260,10 @@ class LimitSettings(_Strict):
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest request body, in bytes.")
     # Reading the body first lets clients that send everything before reading (urllib) read the answer.
     max_discard_bytes: int = Field(
-        64 * 1024 * 1024, ge=0, description="A refused body (over max_request_bytes, or unauthenticated) up to this "
-                                            "many bytes is read to its end and dropped before the 413/401; a larger "
-                                            "one is answered at once and its connection closed.")
+        64 * 1024 * 1024, ge=0, description="A body over max_request_bytes up to this many bytes is read to its end "
+                                            "and dropped before the 413; a larger one is answered at once and its "
+                                            "connection closed. An unauthenticated body gets its 401 after at most "
+                                            "64 KiB (anyone can send one).")
 
 
 class TenantDefaults(_Strict):
@@ -257,6 +274,11 @@ class TenantDefaults(_Strict):
     max_groups_in_flight: int | None = Field(
         None, ge=1, description="Groups it may have assembling, waiting or scoring on one replica; beyond: 503 "
                                 "with Retry-After for this tenant only (None: no limit).")
+    max_announced_replicas: int | None = Field(
+        None, ge=1, description="engine_work autoscaling: the most scorer replicas its announced demand (POST "
+                                "/v1/demand) may claim; the other tenants' announcements add their own, and its "
+                                "queued work still counts in full. None: half of replicas.autoscaling.max_replicas "
+                                "(at least 1), a share that leaves room for the others.")
 
 
 class TenantSettings(TenantDefaults):
@@ -273,7 +295,17 @@ class HTTPSettings(_Strict):
 
     auth_token_env: str | None = Field(
         "GRRM_API_TOKEN", description="Name of an environment variable holding a bearer token; when it is set and "
-                                      "non-empty, every /v1 request must carry `Authorization: Bearer <token>`.")
+                                      "non-empty, every /v1 request must carry `Authorization: Bearer <token>` (or "
+                                      "another configured token). The shared token acts for every tenant without "
+                                      "a token of its own.")
+    operator_token_env: str | None = Field(
+        None, description="Name of an environment variable holding the operator's bearer token: it acts for any "
+                          "tenant, sees every tenant in GET /v1/tenants and GET /v1/demand, and withdraws any "
+                          "tenant's announcement (DELETE /v1/demand/{tenant}).")
+    allow_unauthenticated: bool = Field(
+        False, description="Serve a non-loopback http_options.host with no token set at all (every /v1 route open "
+                           "to whoever reaches the port). Without it such a service refuses to start. Once any "
+                           "token is set (shared, operator or a tenant's), a request needs one of them.")
     include_answers: bool = Field(False, description="Return each group's raw model answer in /v1/score results.")
     retry_after_s: int = Field(1, ge=0, description="Retry-After seconds sent with 503.")
     env_vars: dict[str, str] = Field(default_factory=dict, description="Environment of the ingress process (e.g. "
@@ -335,6 +367,8 @@ class TenantsSettings(_Strict):
     max_metric_labels: int = Field(64, ge=1, description="Distinct tenant labels a replica's metrics carry; later "
                                                          "tenants are counted under 'other'.")
     window_s: float = Field(60.0, gt=0, description="How far back GET /v1/tenants measures each tenant's share.")
+    list_top: int = Field(50, ge=1, le=10_000, description="Tenants GET /v1/tenants and GET /v1/demand name one by "
+                                                           "one (the busiest); the rest are summed under 'other'.")
 
 
 class AppConfig(_Strict):

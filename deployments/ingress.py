@@ -18,7 +18,8 @@ import logging
 import time
 from typing import Any
 
-from fastapi import FastAPI, Query, Request
+import ray
+from fastapi import FastAPI, Path, Query, Request
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
@@ -35,10 +36,12 @@ from cluster.schema import (
 from deployments.autoscaling_policy import demand_stats
 from deployments.client import ScorerClient
 from deployments.config import AppConfig
+from deployments.http.auth import caller_of, refuse_open_service, tenant_of
 from deployments.http.errors import HTTPProblem, error_response, install_error_handlers, unanswered
-from deployments.http.guard import RequestGuard, check_group_limits, check_text_limits, tenant_of
+from deployments.http.guard import RequestGuard, check_group_limits, check_text_limits
 from deployments.http.models import ErrorResponse, ScoreRequest, ScoreResponse
 from deployments.http.openrlhf import OpenRLHFRequest, OpenRLHFResponse, openrlhf_rewards
+from deployments.http.tenant_views import demand_view, tenants_view
 from deployments.replica_list import replica_actor_names
 from grrm_client.availability import Availability
 from grrm_client.handle_send import UNANSWERED_ERRORS
@@ -57,12 +60,27 @@ HEALTH_WAIT_S = 1.0
 app.add_middleware(RequestGuard)
 
 
+def _http_host() -> str | None:
+    """The host Serve's HTTP proxies bind (None outside Serve, or when the controller cannot be asked)."""
+    if not ray.is_initialized():
+        return None
+    try:
+        from ray.serve.context import _get_global_client
+
+        return _get_global_client().http_config.host
+    except Exception:  # noqa: BLE001 - outside Serve (unit use) nothing is bound
+        return None
+
+
 @serve.deployment
 @serve.ingress(app)
 class GRRMIngress:
     """HTTP entry point of one reward application."""
 
     def __init__(self, replicas: DeploymentHandle, config: AppConfig):
+        # An API open to the network is a config's explicit choice (http.allow_unauthenticated), never an accident.
+        self.http_host = _http_host()
+        refuse_open_service(config, self.http_host)
         self.config = config
         self.client = ScorerClient(replicas)
         app.state.config = config
@@ -225,10 +243,29 @@ class GRRMIngress:
         (Serve calls this where the ingress deployment has an autoscaling config: ``deployments/app.py``)."""
         return demand_stats(self.demands.current(time.time(), self.config.replicas.demand_grace_s()))
 
+    @app.get("/v1/demand", responses={401: {"model": ErrorResponse}})
+    async def demand(self, request: Request) -> dict[str, Any]:
+        """The announcements this ingress keeps: a tenant's token sees its own; the shared and the
+        operator's token see every tenant's (the largest ``tenants.list_top``, the rest summed)."""
+        return demand_view(self.demands.current(time.time(), self.config.replicas.demand_grace_s()), time.time(),
+                           caller_of(request.state), self.config.tenants.list_top)
+
+    @app.delete("/v1/demand/{tenant}", response_model=DemandAccepted,
+                responses={401: {"model": ErrorResponse}, 403: {"model": ErrorResponse},
+                           422: {"model": ErrorResponse}})
+    async def withdraw_demand(self, request: Request,
+                              tenant: str = Path(pattern=TENANT_PATTERN, max_length=64)) -> DemandAccepted:
+        """Withdraw ``tenant``'s announcement: the tenant's own token, the shared token for a tenant
+        without one, or the operator's for any tenant."""
+        tenant = tenant_of(request.state, tenant, self.config)
+        return await self.take_demand(DemandAnnouncement(tenant=tenant, groups=0, lasts_s=1.0))
+
     @app.get("/v1/tenants", responses={503: {"model": ErrorResponse}})
-    async def tenants(self) -> dict[str, Any]:
+    async def tenants(self, request: Request) -> dict[str, Any]:
         """Each active tenant's work on the scorer replicas now, and its share of the tokens the
-        engines served in the last ``tenants.window_s`` seconds."""
+        engines served in the last ``tenants.window_s`` seconds. A tenant's token sees its own row and
+        the others' totals; the shared and the operator's token see every tenant (the busiest
+        ``tenants.list_top``, the rest summed under ``other``)."""
         names = replica_actor_names(serve.get_replica_context().app_name, self.config.replica_deployment_name)
         per_replica = await asyncio.gather(
             *(self.client.ask_replica("tenants", name) for name in names), return_exceptions=True)
@@ -240,10 +277,8 @@ class GRRMIngress:
                 into = totals.setdefault(tenant, dict.fromkeys(work, 0))
                 for key, value in work.items():
                     into[key] += value
-        served = sum(work["recent_tokens"] for work in totals.values())
-        for work in totals.values():
-            work["recent_share"] = work["recent_tokens"] / served if served else 0.0
-        return {"window_s": self.config.tenants.window_s, "replicas": len(names), "tenants": totals}
+        view = tenants_view(totals, caller_of(request.state), self.config.tenants.list_top)
+        return {"window_s": self.config.tenants.window_s, "replicas": len(names), **view}
 
     async def _scorer_verdict(self, *, fresh: bool) -> Availability | None:
         """The scorers' availability (None: unknown, or the client calls no Serve deployment):
@@ -267,7 +302,8 @@ class GRRMIngress:
     @app.get("/v1/info")
     async def info(self) -> dict[str, Any]:
         """Model, engine, prompt type and scorer replicas of this application (by state; with none
-        running, why: ``unschedulable`` names the missing resources)."""
+        running, why: ``unschedulable`` names the missing resources), its limits, and the host its HTTP
+        proxies bind (where the ingress judged whether an open API may start)."""
         verdict = await self._scorer_verdict(fresh=True)
         return {
             "model": self.config.engine.model,
@@ -278,4 +314,6 @@ class GRRMIngress:
             "replicas_running": verdict.running if verdict else None,
             "unschedulable": verdict.unschedulable if verdict else None,
             "limits": self.config.limits.model_dump(),
+            "http_host": self.http_host,
         }
+

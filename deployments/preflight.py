@@ -19,13 +19,13 @@ from typing import Literal
 from cluster.engines.memory import GIB, ModelShape, plan_memory, shared_memory_bytes
 from cluster.engines.versions import ENGINE_PACKAGES
 from deployments.config import AppConfig
+from deployments.http.auth import LOOPBACK_HOSTS, token_variables
 from deployments.node_facts import NodeFacts, gather_facts
 
 __all__ = ["Finding", "PreflightError", "Scope", "check_node", "ensure_replica_can_start", "judge", "report"]
 
 Scope = Literal["node", "replica"]
 Status = Literal["ok", "problem", "skipped"]
-_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 # A vLLM or SGLang engine claims gpu_memory_utilization of each GPU's memory at start.
 _CLAIMING_ENGINES = ("vllm", "sglang")
 
@@ -250,20 +250,23 @@ def _token_budget(context: _Context) -> Finding:
 
 
 def _auth(context: _Context) -> Finding:
-    host = context.http_host
-    if host is None or host in _LOOPBACK_HOSTS:
+    """What the ingress will do about tokens (:func:`deployments.http.auth.refuse_open_service` at its start)."""
+    host, http = context.http_host, context.config.http
+    if host is None or host in LOOPBACK_HOSTS:
         return Finding("auth", "ok", f"HTTP binds {host or '127.0.0.1'}: this machine only")
-    variable = context.config.http.auth_token_env
-    if variable is None:
-        return Finding("auth", "problem", f"HTTP binds {host} and http.auth_token_env is null: every /v1 route is "
-                                          "open to whoever reaches the port",
-                       "set http.auth_token_env to a variable name (default GRRM_API_TOKEN) and that variable")
-    if context.facts.environment.get(variable):
-        return Finding("auth", "ok", f"HTTP binds {host}; {variable} is set: /v1 requests need its bearer token")
-    return Finding("auth", "problem", f"HTTP binds {host} and {variable} is not set here: every /v1 route is open "
-                                      "to whoever reaches the port",
+    environment = {**context.facts.environment, **http.env_vars}
+    set_here = [name for name in token_variables(context.config) if environment.get(name)]
+    if set_here:
+        return Finding("auth", "ok", f"HTTP binds {host}; {', '.join(set_here)} set: /v1 requests need a bearer token")
+    if http.allow_unauthenticated:
+        return Finding("auth", "ok", f"HTTP binds {host} with no token, as http.allow_unauthenticated allows: every "
+                                     "/v1 route is open to whoever reaches the port")
+    variable = http.auth_token_env or "GRRM_API_TOKEN"
+    return Finding("auth", "problem", f"HTTP binds {host} and no token is set here ({variable} is not set): the "
+                                      "ingress refuses to start an API open to whoever reaches the port",
                    f"export {variable}=$(openssl rand -hex 32) where `serve run` starts (callers send it as "
-                   "`Authorization: Bearer ...`), or bind http_options.host to 127.0.0.1")
+                   "`Authorization: Bearer ...`), bind http_options.host to 127.0.0.1, or set "
+                   "http.allow_unauthenticated: true")
 
 
 _CHECKS: dict[Scope, tuple[Callable[[_Context], Finding], ...]] = {
@@ -295,11 +298,10 @@ def report(findings: list[Finding], *, problems_only: bool = False) -> str:
 
 
 def _facts(config: AppConfig) -> NodeFacts:
-    token = config.http.auth_token_env
     model = config.engine.model
     if config.engine.kind == "scripted" or (config.build_tiny_model_if_missing and not Path(model).exists()):
         model = ""  # nothing to find: no model, or one the replica builds
-    return gather_facts(config.engine.kind, model, environment_names=(token,) if token else ())
+    return gather_facts(config.engine.kind, model, environment_names=tuple(token_variables(config)))
 
 
 def check_node(config: AppConfig, *, http_host: str | None, gpu_nodes: int = 1) -> list[Finding]:

@@ -17,7 +17,7 @@ import yaml
 from cluster.engines.memory import GIB, ModelShape, plan_memory, shared_memory_bytes
 from cluster.engines.model_source import ModelNotFoundError, resolve_model
 from cluster.engines.versions import ENGINE_PACKAGES, InstalledPackage
-from deployments.config import AppConfig, application_args
+from deployments.config import AppConfig, TenantSettings, application_args
 from deployments.node_facts import Gpu, NodeFacts, read_gpus
 from deployments.preflight import PreflightError, judge, report
 from grrm_cli.main import main as grrm
@@ -74,7 +74,8 @@ def test_grrm_check_fails_grrm_yaml_here_naming_the_missing_gpu_without_a_traceb
     # The model is neither here nor allowed from the hub; the token is unset while HTTP binds 0.0.0.0.
     assert "[PROBLEM] model: engine.model: 'double7/Qwen2.5-7B-GRRM' is not in the hub cache" in out
     assert "HF_HUB_OFFLINE is set" in out
-    assert "[PROBLEM] auth: HTTP binds 0.0.0.0 and GRRM_API_TOKEN is not set" in out
+    assert ("[PROBLEM] auth: HTTP binds 0.0.0.0 and no token is set here (GRRM_API_TOKEN is not set): the ingress "
+            "refuses to start") in out
     assert "Traceback" not in out + completed.stderr
 
 
@@ -179,6 +180,16 @@ def test_auth_is_required_off_loopback_only():
     assert statuses(judge(grrm_yaml_config(), open_node, scope="node", http_host="127.0.0.1"))["auth"] == "ok"
     # A replica does not judge HTTP: the ingress holds the token.
     assert "auth" not in statuses(judge(grrm_yaml_config(), open_node, scope="replica"))
+    # Any configured token closes the API (here a tenant's own, set in http.env_vars); so does saying
+    # that an open API is meant.
+    config = grrm_yaml_config()
+    with_tenant = config.model_copy(update={"http": config.http.model_copy(update={
+        "tenants": [TenantSettings(name="alpha", token_env="ALPHA_TOKEN")], "env_vars": {"ALPHA_TOKEN": "a"}})})
+    [auth] = [f for f in judge(with_tenant, open_node, scope="node", http_host="0.0.0.0") if f.check == "auth"]
+    assert auth.status == "ok" and "ALPHA_TOKEN set" in auth.found
+    allowed = config.model_copy(update={"http": config.http.model_copy(update={"allow_unauthenticated": True})})
+    [auth] = [f for f in judge(allowed, open_node, scope="node", http_host="0.0.0.0") if f.check == "auth"]
+    assert auth.status == "ok" and "http.allow_unauthenticated allows" in auth.found
 
 
 def test_the_memory_estimate_of_qwen2_5_7b():

@@ -10,9 +10,10 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from ray.serve.exceptions import BackPressureError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from cluster.failures import KINDS, ErrorCode, code_for_status
 from deployments.http.models import ErrorResponse
@@ -45,6 +46,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(HTTPProblem, _problem)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(ClientDisconnect, _client_gone)
     app.add_exception_handler(Exception, _internal)
 
 
@@ -60,6 +62,13 @@ async def _http_error(_: Request, error: StarletteHTTPException) -> JSONResponse
     code = code_for_status(error.status_code) or "invalid_request"
     body = ErrorResponse(code=code, error=str(error.detail)).model_dump()
     return JSONResponse(status_code=error.status_code, content=body, headers=getattr(error, "headers", None))
+
+
+async def _client_gone(request: Request, _: ClientDisconnect) -> Response:
+    # The caller closed its connection before its body ended: nothing failed here, and nobody reads
+    # the answer (499, "client closed request", as nginx logs it).
+    logger.info("%s %s: the client went away before its request ended", request.method, request.url.path)
+    return Response(status_code=499)
 
 
 async def _internal(request: Request, error: Exception) -> JSONResponse:

@@ -5,52 +5,19 @@ setting that refused it."""
 from __future__ import annotations
 
 import asyncio
-import hmac
-import os
-from typing import Any
 from urllib.parse import parse_qs
 
 from fastapi.responses import JSONResponse
 
-from cluster.schema import DEFAULT_TENANT, GroupRequest
+from cluster.schema import GroupRequest
 from deployments.config import AppConfig
+from deployments.http.auth import CALLER, authenticate, bearer_credential
 from deployments.http.errors import HTTPProblem, error_response
 
 
 # Paths whose requests are guarded (token, size): the API and OpenRLHF's route.
 OPENRLHF_PATH = "/openrlhf/"
 GUARDED_PATHS = ("/v1/", OPENRLHF_PATH)
-
-
-# Where the guard leaves the tenant a request's token is bound to (``request.state``).
-BOUND_TENANT = "grrm_tenant"
-
-
-def tenant_tokens(config: AppConfig) -> dict[str, str]:
-    """Tenant -> its own bearer token, for the tenants whose token variable is set in this process."""
-    tokens = {}
-    for tenant in config.http.tenants:
-        value = os.environ.get(tenant.token_env, "") if tenant.token_env else ""
-        if value:
-            tokens[tenant.name] = value
-    return tokens
-
-
-def _same(supplied: str, token: str) -> bool:
-    return bool(token) and hmac.compare_digest(supplied.encode(), f"Bearer {token}".encode())
-
-
-def tenant_of(request_state: Any, claimed: str, config: AppConfig) -> str:
-    """The tenant a request acts for: its token's, else what its body claims; a 403 (``forbidden``) when
-    the body claims another token's tenant."""
-    bound = getattr(request_state, BOUND_TENANT, None)
-    if bound is not None:
-        if claimed not in (DEFAULT_TENANT, bound):
-            raise HTTPProblem("forbidden", f"tenant: this token acts for {bound!r}, not {claimed!r}")
-        return bound
-    if claimed in tenant_tokens(config):
-        raise HTTPProblem("forbidden", f"tenant: {claimed!r} acts with its own token only")
-    return claimed
 
 
 class RequestGuard:
@@ -74,24 +41,22 @@ class RequestGuard:
         headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope.get("headers", [])}
         declared = headers.get("content-length")
 
-        async def refuse(response: JSONResponse, read: int = 0) -> None:
-            await refuse_unread(response, receive, config.limits, declared, read)
-            await response(scope, receive, send)
+        async def refuse(response: JSONResponse, read: int = 0, bound: int = config.limits.max_discard_bytes) -> None:
+            if await refuse_unread(response, receive, bound, declared, read):
+                await response(scope, receive, send)
 
-        supplied = headers.get("authorization", "")
-        if not supplied and OPENRLHF_PATH in path:
+        credential = bearer_credential(headers.get("authorization", ""))
+        if not credential and OPENRLHF_PATH in path:
             # OpenRLHF's only setting is the URL: its token may ride in the query (?token=...).
-            token = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token", [""])[0]
-            supplied = f"Bearer {token}" if token else ""
-        token_env = config.http.auth_token_env
-        expected = os.environ.get(token_env, "") if token_env else ""
-        bound = next((name for name, token in tenant_tokens(config).items() if _same(supplied, token)), None)
-        if bound is None and (expected or (supplied and tenant_tokens(config))) and not _same(supplied, expected):
+            credential = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token", [""])[0]
+        caller = authenticate(config, credential)
+        if caller is None:
             response = error_response("unauthorized", "authorization: missing or wrong bearer token")
             response.headers["WWW-Authenticate"] = "Bearer"
-            return await refuse(response)
-        # The tenant this token is bound to (None: the body says who it is for); read by the routes.
-        scope.setdefault("state", {})[BOUND_TENANT] = bound
+            # Anyone can send these: at most UNAUTHENTICATED_DISCARD_BYTES of the body is read before the 401.
+            return await refuse(response, bound=min(config.limits.max_discard_bytes, UNAUTHENTICATED_DISCARD_BYTES))
+        # Whom the token names (its role, its tenant): read by the routes (deployments/http/auth.py).
+        scope.setdefault("state", {})[CALLER] = caller
         limit = config.limits.max_request_bytes
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             return await refuse(_too_large(limit))
@@ -99,6 +64,8 @@ class RequestGuard:
         size = 0
         while True:
             message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the client went away before its body ended: there is nobody to answer
             messages.append(message)
             if message["type"] != "http.request":
                 break
@@ -119,29 +86,34 @@ class RequestGuard:
 
 # How long a refused request may take to send the rest of its body (see refuse_unread).
 DISCARD_TIMEOUT_S = 30.0
+# An unauthenticated request's body read before its 401: small, since anyone can send one (a client that
+# sends more before it reads may see the connection closed instead of the 401).
+UNAUTHENTICATED_DISCARD_BYTES = 64 * 1024
 
 
-async def refuse_unread(response: JSONResponse, receive, limits, declared: str | None, read: int = 0) -> None:
+async def refuse_unread(response: JSONResponse, receive, bound: int, declared: str | None, read: int = 0) -> bool:
     """Before a refusal is sent on a request whose body is not fully read: read the rest and drop it.
 
     A server that answers and closes while the client is still sending leaves unread bytes in
     its socket, so the kernel resets the connection, and a client that sends its whole body
     before reading (urllib, which also asks for ``Connection: close``) gets that reset instead
-    of the answer. Bodies of at most ``limits.max_discard_bytes`` in all (declared or counted;
-    ``read`` bytes already read) that arrive within ``DISCARD_TIMEOUT_S`` are read to their end,
-    never stored; beyond that the answer goes out at once with ``Connection: close``, so the
-    server stops reading (clients that read while sending, like curl and httpx, still get it).
+    of the answer. Bodies of at most ``bound`` bytes in all (declared or counted; ``read`` bytes
+    already read) that arrive within ``DISCARD_TIMEOUT_S`` are read to their end, never stored;
+    beyond that the answer goes out at once with ``Connection: close``, so the server stops reading
+    (clients that read while sending, like curl and httpx, still get it). False when the client
+    went away meanwhile: there is nobody to answer.
     """
-    bound = limits.max_discard_bytes
     ended = False
+    gone = False
     if declared is None or (declared.isdigit() and int(declared) <= bound):
 
         async def discard() -> bool:
-            nonlocal read
+            nonlocal read, gone
             while read <= bound:
                 message = await receive()
                 if message["type"] != "http.request":
-                    return False  # the client went away
+                    gone = True
+                    return False
                 read += len(message.get("body", b""))
                 if not message.get("more_body", False):
                     return read <= bound
@@ -153,6 +125,7 @@ async def refuse_unread(response: JSONResponse, receive, limits, declared: str |
             ended = False
     if not ended:
         response.headers["Connection"] = "close"
+    return not gone
 
 
 def _too_large(limit: int) -> JSONResponse:
