@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 __all__ = [
+    "OTHER_TENANTS",
     "Demand",
     "EngineWorkMeter",
     "ReplicaLoad",
@@ -96,6 +97,9 @@ class Demand:
     # are kept; one of 0 groups withdraws them.
     announced_at: float = 0.0
     profile: tuple[float, ...] = ()
+    # How many tenants' announcements it stands for: 1, or more in the merged tail of a report that names only
+    # its largest tenants (cluster/demand_report.py; its tenant is OTHER_TENANTS).
+    tenants: int = 1
 
     def span_s(self) -> float:
         """How long the phase lasts, at least one second (its rate and slices are over this)."""
@@ -162,6 +166,10 @@ class Demand:
         return self.groups * max(shares) / total / slice_s if total > 0 else self.rate()
 
 
+# The tenant of a demand merged from several tenants' announcements: no tenant's name (TENANT_PATTERN has no spaces).
+OTHER_TENANTS = "(other tenants)"
+
+
 @dataclass(frozen=True, slots=True)
 class ScalingSettings:
     """The knobs of :func:`decide_replicas` (``replicas.autoscaling`` in the app config)."""
@@ -192,6 +200,22 @@ class ScalingSettings:
     sleeping_cost: float = 0.1
     # Seconds an engine has had nothing queued or running before it sleeps (idle="sleep").
     sleep_after_s: float = 30.0
+    # The most replicas one tenant's announced demand may claim (None: no cap below max_replicas), and the
+    # tenants with a cap of their own, as (tenant, replicas) pairs: so that no tenant's announcement holds the
+    # whole pool. The app config sets both (tenants.default and http.tenants: max_announced_replicas).
+    max_announced_replicas: int | None = None
+    tenant_max_announced_replicas: tuple[tuple[str, int], ...] = ()
+
+    def announced_replicas_cap(self, demand: Demand) -> float:
+        """The most replicas ``demand`` may claim: its tenant's cap (inf: none); a merged demand's, each of its
+        tenants at the default cap (a tenant with a cap of its own is among the largest, reported by name)."""
+        if demand.tenant != OTHER_TENANTS:
+            for tenant, replicas in self.tenant_max_announced_replicas:
+                if tenant == demand.tenant:
+                    return float(replicas)
+        if self.max_announced_replicas is None:
+            return math.inf
+        return float(self.max_announced_replicas * max(1, demand.tenants))
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,10 +321,13 @@ def replicas_for_demand(demands: Iterable[Demand], now: float, per_group_s: floa
 
     Whatever its size, a phase has one replica serving by its first expected group: a pool that may
     empty (``min_replicas`` 0) starts it a cold start ahead, so no announced group waits for a cold
-    start (those first groups would then be queued work when the crowd comes, and delay its last reward)."""
+    start (those first groups would then be queued work when the crowd comes, and delay its last reward).
+
+    Each tenant's replicas are clamped to its cap (``settings.announced_replicas_cap``) before they are added
+    up: one tenant's announcement (10,000,000 groups over a day) claims its share, the others add their own."""
     ahead_s = settings.cold_start_s if ahead_s is None else ahead_s
     backlog_groups = settings.target_backlog_s / (per_group_s * settings.demand_headroom)
-    engine_seconds_per_second = 0.0
+    replicas = 0.0
     first_groups = False  # a phase's first group comes within ahead_s (or it is on): one replica at least
     for demand in demands:
         if demand.groups > 0 and demand.reaches(1) - ahead_s <= now <= demand.ends_at + settings.demand_grace_s:
@@ -315,8 +342,8 @@ def replicas_for_demand(demands: Iterable[Demand], now: float, per_group_s: floa
             rate = demand.peak_rate(demand.ends_at, demand.ends_at)
         else:
             rate = 0.0
-        engine_seconds_per_second += rate * per_group_s
-    return max(int(first_groups), math.ceil(engine_seconds_per_second * settings.demand_headroom - 1e-9))
+        replicas += min(rate * per_group_s * settings.demand_headroom, settings.announced_replicas_cap(demand))
+    return max(int(first_groups), math.ceil(replicas - 1e-9))
 
 
 def break_even_s(settings: ScalingSettings) -> float:

@@ -74,7 +74,8 @@ def replica_options(config: AppConfig) -> dict[str, Any]:
     placed["ray_actor_options"].update(runtime_env(replicas.env_vars))
     options.update(placed)
     if replicas.autoscaling is not None:
-        options["autoscaling_config"] = replicas.autoscaling.serve_config()
+        # The policy caps what each tenant's announcements may claim: tenants.default's, http.tenants' own.
+        options["autoscaling_config"] = replicas.autoscaling.serve_config(config.tenants.default, config.http.tenants)
     else:
         options["num_replicas"] = replicas.num_replicas or 1
     return options

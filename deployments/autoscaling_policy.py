@@ -5,7 +5,11 @@ work and the demand announced to it through ``record_autoscaling_stats``
 (:func:`autoscaling_stats`); Serve's controller calls :class:`EngineWorkPolicy` with those reports
 (only running replicas report: one that fails to start counts for nothing) and applies
 ``min_replicas``/``max_replicas``. Everything the policy knows is rebuilt from the reports, so a
-restarted controller decides as before (only the downscale delay starts again).
+restarted controller decides as before (the downscale delay starts again, and a withdrawal no longer
+reported is forgotten: an older copy of its tenant's announcement kept elsewhere counts until its end).
+
+The demand in a report is bounded whatever the number of tenants: the largest announcements whole, the
+rest merged (``cluster/demand_report.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import time
 from typing import Any
 
 from cluster.autoscaling import Demand, ReplicaLoad, ScalingSettings, decide_replicas
+from cluster.demand_report import DemandReader, report_demands
 
 __all__ = [
     "APPLICATION_POLICY_PATH",
@@ -30,32 +35,26 @@ __all__ = [
 logger = logging.getLogger("ray.serve")
 POLICY_PATH = "deployments.autoscaling_policy:EngineWorkPolicy"
 APPLICATION_POLICY_PATH = "deployments.autoscaling_policy:ApplicationEngineWorkPolicy"
-# Report keys: a replica's load, and each announced demand as three keys under its tenant.
+# Report keys: a replica's load, and the announced demand (cluster/demand_report.py: "demand/...").
 # Counts (0 when unreported), a flag, and measurements a replica may not have yet (None when unreported).
 COUNT_KEYS = ("groups_waiting", "groups_running", "queued_work_s", "members_waiting")
 MEASURED_KEYS = ("seconds_per_group", "cold_start_s")
 LOAD_KEYS = (*COUNT_KEYS, "sleeping", *MEASURED_KEYS)
-DEMAND_PREFIX = "demand/"
 
 
-def autoscaling_stats(load: ReplicaLoad, demands: list[Demand]) -> dict[str, float]:
+def autoscaling_stats(load: ReplicaLoad, demands: list[Demand], now: float | None = None,
+                      grace_s: float = 0.0) -> dict[str, float]:
     """A replica's report, as Serve's ``record_autoscaling_stats`` wants it (flat names, numbers)."""
     stats = {key: float(getattr(load, key)) for key in LOAD_KEYS if getattr(load, key) is not None}
-    return {**stats, **demand_stats(demands)}
+    return {**stats, **demand_stats(demands, now, grace_s)}
 
 
-def demand_stats(demands: list[Demand]) -> dict[str, float]:
-    """Announced demands as report keys: a scorer replica's, or the HTTP ingress's (which keeps every
-    announcement it took, so the application's policy sees them while no scorer replica runs)."""
-    stats: dict[str, float] = {}
-    for demand in demands:
-        stats[f"{DEMAND_PREFIX}{demand.tenant}/groups"] = float(demand.groups)
-        stats[f"{DEMAND_PREFIX}{demand.tenant}/starts_at"] = demand.starts_at
-        stats[f"{DEMAND_PREFIX}{demand.tenant}/ends_at"] = demand.ends_at
-        stats[f"{DEMAND_PREFIX}{demand.tenant}/announced_at"] = demand.announced_at
-        for position, share in enumerate(demand.profile):
-            stats[f"{DEMAND_PREFIX}{demand.tenant}/profile/{position}"] = share
-    return stats
+def demand_stats(demands: list[Demand], now: float | None = None, grace_s: float = 0.0) -> dict[str, float]:
+    """Announced demands as report keys, at most :data:`~cluster.demand_report.MAX_REPORT_KEYS` of them: a
+    scorer replica's, or the HTTP ingress's (which keeps every announcement it took, so the application's
+    policy sees them while no scorer replica runs). ``now``: Unix seconds (default: the clock's);
+    ``grace_s``: how long a phase merged with others keeps its last slice's rate after its end."""
+    return report_demands(demands, time.time() if now is None else now, grace_s)
 
 
 def _latest(raw_metrics: dict[str, dict[Any, list[Any]]]) -> dict[Any, dict[str, float]]:
@@ -77,31 +76,14 @@ def loads_of(reports: dict[Any, dict[str, float]]) -> list[ReplicaLoad]:
     ]
 
 
-def demands_of(reports: dict[Any, dict[str, float]], now: float, grace_s: float) -> list[Demand]:
-    """The announced demands the replicas know: per tenant its latest announcement (wherever it is
-    kept), unless that withdrew it (0 groups) or is long over (a client that announced and never
-    came stops counting ``grace_s`` after its phase's end)."""
-    latest: dict[str, Demand] = {}
-    for report in reports.values():
-        for key, value in report.items():
-            if not (key.startswith(DEMAND_PREFIX) and key.endswith("/groups")):
-                continue
-            tenant = key[len(DEMAND_PREFIX):-len("/groups")]
-            prefix = f"{DEMAND_PREFIX}{tenant}/"
-            demand = Demand(tenant, int(value), report.get(prefix + "starts_at", now), report.get(prefix + "ends_at", now),
-                            report.get(prefix + "announced_at", 0.0), profile_of(report, prefix + "profile/"))
-            known = latest.get(tenant)
-            if known is None or demand.announced_at > known.announced_at:
-                latest[tenant] = demand
-    return [demand for demand in latest.values() if demand.groups > 0 and demand.ends_at + grace_s >= now]
-
-
-def profile_of(report: dict[str, float], prefix: str) -> tuple[float, ...]:
-    """An announced profile from its flat keys (``<prefix>0``, ``<prefix>1``, ...), in order."""
-    shares = []
-    while f"{prefix}{len(shares)}" in report:
-        shares.append(report[f"{prefix}{len(shares)}"])
-    return tuple(shares)
+def demands_of(reports: dict[Any, dict[str, float]], now: float, grace_s: float,
+               others: dict[Any, dict[str, float]] | None = None, tenants: tuple[str, ...] = ()) -> list[Demand]:
+    """The announced demands the replicas (``reports``) and another deployment's (``others``: the ingress's)
+    know: per tenant its latest announcement (wherever it is kept), unless that withdrew it (0 groups) or is
+    long over (a client that announced and never came stops counting ``grace_s`` after its phase's end).
+    ``tenants``: those named (the others by number). One read, remembering nothing (the policy remembers
+    withdrawals from one read to the next: :class:`~cluster.demand_report.DemandReader`)."""
+    return DemandReader(tenants).demands([reports.values(), (others or {}).values()], now, grace_s)
 
 
 class EngineWorkPolicy:
@@ -109,7 +91,11 @@ class EngineWorkPolicy:
     fields) and calls it on every autoscaling tick with an ``AutoscalingContext``."""
 
     def __init__(self, **settings: Any):
-        self.settings = ScalingSettings(**settings)
+        # Pairs arrive as lists where the kwargs went through JSON.
+        caps = tuple((tenant, int(replicas)) for tenant, replicas in settings.pop("tenant_max_announced_replicas", ()))
+        self.settings = ScalingSettings(**settings, tenant_max_announced_replicas=caps)
+        # The tenants with a cap of their own are named; the reader remembers withdrawals between ticks.
+        self.demand_reader = DemandReader(tenant for tenant, _ in caps)
         self.last_reason = ""
 
     def __call__(self, context: Any) -> tuple[int, dict[str, Any]]:
@@ -126,7 +112,8 @@ class EngineWorkPolicy:
             now=now,
             current=context.target_num_replicas,
             loads=loads_of(reports),
-            demands=demands_of({**reports, **(announcements or {})}, now, self.settings.demand_grace_s),
+            demands=self.demand_reader.demands([reports.values(), (announcements or {}).values()], now,
+                                               self.settings.demand_grace_s),
             settings=self.settings,
             state=dict(context.policy_state or {}),
             queued_at_callers=float(context.total_queued_requests or 0.0),

@@ -241,7 +241,8 @@ class GRRMIngress:
     def record_autoscaling_stats(self) -> dict[str, float]:
         """The announcements this ingress replica took, for the application's autoscaling policy
         (Serve calls this where the ingress deployment has an autoscaling config: ``deployments/app.py``)."""
-        return demand_stats(self.demands.current(time.time(), self.config.replicas.demand_grace_s()))
+        now, grace_s = time.time(), self.config.replicas.demand_grace_s()
+        return demand_stats(self.demands.current(now, grace_s), now, grace_s)
 
     @app.get("/v1/demand", responses={401: {"model": ErrorResponse}})
     async def demand(self, request: Request) -> dict[str, Any]:

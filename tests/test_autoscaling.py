@@ -368,7 +368,8 @@ def test_the_serve_policy_reads_the_latest_reports_and_decides():
         "replica-b": autoscaling_stats(ReplicaLoad(0, 0, 0.0, 100, None), []),
     }
     assert loads_of(reports)[1] == ReplicaLoad(0, 0, 0.0, 100, None)
-    assert demands_of(reports, now=1000.0, grace_s=5.0) == [Demand("run-a", 60, 1000.0, 1060.0)]
+    # Reports carry tenants as numbers; the policy names those it has a cap for (the others: "#<hex>").
+    assert demands_of(reports, now=1000.0, grace_s=5.0, tenants=("run-a",)) == [Demand("run-a", 60, 1000.0, 1060.0)]
     assert demands_of(reports, now=1066.0, grace_s=5.0) == []  # announced and never came: expired
     raw = {}
     for replica, report in reports.items():
@@ -388,14 +389,15 @@ def test_of_a_tenants_announcements_the_latest_counts_wherever_kept_and_a_withdr
     earlier = Demand("run-a", 10, 100.0, 110.0, announced_at=90.0)
     later = Demand("run-a", 50, 200.0, 260.0, announced_at=95.0)  # the next step, announced ahead
     reports = {"a": autoscaling_stats(ReplicaLoad(), [earlier]), "b": autoscaling_stats(ReplicaLoad(), [later])}
-    assert demands_of(reports, now=150.0, grace_s=0.0) == [later]
+    tenants = ("run-a", "run-b")
+    assert demands_of(reports, now=150.0, grace_s=0.0, tenants=tenants) == [later]
     profiled = Demand("run-b", 40, 200.0, 260.0, announced_at=95.0, profile=(0.1, 0.3, 0.6))
     reports["d"] = autoscaling_stats(ReplicaLoad(), [profiled])  # its profile survives the flat report
-    assert demands_of(reports, now=150.0, grace_s=0.0) == [later, profiled]
+    assert demands_of(reports, now=150.0, grace_s=0.0, tenants=tenants) == [later, profiled]
     del reports["d"]
     withdrawn = Demand("run-a", 0, 96.0, 96.0, announced_at=96.0)
     reports["c"] = autoscaling_stats(ReplicaLoad(), [withdrawn])
-    assert demands_of(reports, now=150.0, grace_s=0.0) == []
+    assert demands_of(reports, now=150.0, grace_s=0.0, tenants=tenants) == []
 
 
 def test_the_simulated_shared_pool_costs_less_than_a_pool_per_run_at_the_same_exposure():

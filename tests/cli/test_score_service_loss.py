@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from ray import serve
 
+from cluster.demand_report import reported_groups
 from cluster.engines import EngineConfig, ScriptedEngineOptions
 from deployments.app import build_app
 from deployments.config import AppConfig, ReplicaSettings
@@ -79,21 +80,22 @@ def test_a_lost_service_stops_the_run_and_the_rerun_scores_only_what_is_missing(
                                                                     "--finish-within-s", "600"])))
         runner.start()
         while runner.is_alive():
-            announced.append(replica.record_autoscaling_stats.remote().result().get("demand/default/groups", -1.0))
+            groups = reported_groups(replica.record_autoscaling_stats.remote().result(), "default")
+            announced.append(-1.0 if groups is None else groups)
             time.sleep(0.05)
         runner.join()
         # The ingress hands the withdrawal to the replica in the background, after answering it.
         withdrawn_by = time.monotonic() + 30
         while True:
             after = replica.record_autoscaling_stats.remote().result()
-            if after.get("demand/default/groups") == 0.0 or time.monotonic() > withdrawn_by:
+            if reported_groups(after, "default") == 0.0 or time.monotonic() > withdrawn_by:
                 break
             time.sleep(0.1)
     finally:
         serve.delete(APP)
     assert rerun == [0]
     assert float(len(rows) - written) in announced, announced  # the rows left, announced once the scorer was up
-    assert after["demand/default/groups"] == 0.0  # withdrawn at the end (within 30 s at the replica)
+    assert reported_groups(after, "default") == 0.0  # withdrawn at the end (within 30 s at the replica)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["resumed"] == written and summary["scored_now"] == len(rows) - written
     scored = [row.values for batch in read_rows(output, "parquet") for row in batch]
