@@ -36,6 +36,8 @@ RECENT_GROUPS = 10_000
 # How long a ledger write may go on after its members were answered (a ledger replica being
 # replaced, a starved CPU) before it is given up and counted as a ledger error.
 LEDGER_WRITE_BUDGET_S = 60.0
+# How far past its waiting-members limit a tenant's members may still join groups it has started.
+JOIN_HEADROOM = 1.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,8 @@ class _Assembly:
     scoring: asyncio.Task[None] | None = None
     # The key routers place the group by (None: the caller gave none; the group is never handed off).
     route_key: str | None = None
+    # Submit calls waiting on it while it collects (each holds a request slot of the replica).
+    collecting_waiters: int = 0
 
     @property
     def keyed(self) -> bool:
@@ -126,13 +130,16 @@ class GroupAssembler:
         replica: str = "",
         ledger: CompletedGroupLedger | None = None,
         ledger_timeout_s: float = 2.0,
+        waiting_limit: Callable[[str], int | None] = lambda tenant: None,
     ):
         """Set up an empty assembler.
 
         ``assembly_timeout_s`` runs from a group's first member; ``completed_ttl_s`` is how long
         a scored group's answer is kept for retries (at most ``max_completed_groups`` of them);
         ``max_pending_groups`` bounds the groups being collected; ``replica`` names this replica
-        in answers the assembler gives itself (timeouts, rejections).
+        in answers the assembler gives itself (timeouts, rejections); ``waiting_limit`` (tenant ->
+        a number, None: no limit) bounds the members of one tenant that wait for group-mates here
+        (:meth:`_over_waiting_limit`).
         """
         if assembly_timeout_s <= 0:
             raise ValueError(f"assembly_timeout_s must be positive, got {assembly_timeout_s}")
@@ -156,6 +163,9 @@ class GroupAssembler:
         self._scoring: dict[str, _Assembly] = {}
         self._completed: OrderedDict[str, CompletedGroup] = OrderedDict()
         self._members_waiting = 0
+        self._waiting_limit = waiting_limit
+        # Tenant -> submit calls waiting on its groups still collecting (only tenants with some).
+        self._collecting_waiters: dict[str, int] = {}
         self._closed = False
         self._background: set[asyncio.Task[None]] = set()
         self._ledger_writes: set[asyncio.Task[None]] = set()
@@ -170,6 +180,7 @@ class GroupAssembler:
                 "duplicates",  # retries that joined a group still collecting or scoring
                 "cached_answers",  # retries answered from an already-scored group
                 "rejected_overload",
+                "rejected_tenant_waiting",  # a tenant's members waiting for group-mates at its limit
                 "rejected_closed",
                 "single_member_groups",
                 "invalid_members",  # members without a translation (not shown to the model)
@@ -208,6 +219,10 @@ class GroupAssembler:
 
         group_id = member.group_id
         assembly = self._assembling.get(group_id) or self._scoring.get(group_id)
+        over = self._over_waiting_limit(member, assembly)
+        if over is not None:
+            self._counters["rejected_tenant_waiting"] += 1
+            return self._refuse(member, "overloaded", over, received_at)
         if assembly is not None:
             rejection = self._join(assembly, member, received_at)
             if rejection is not None:
@@ -228,6 +243,33 @@ class GroupAssembler:
             assembly = self._start(member, received_at)
             assembly.route_key = route_key
         return await self._wait(assembly, member, received_at)
+
+    def _over_waiting_limit(self, member: MemberRequest, assembly: _Assembly | None) -> str | None:
+        """Why ``member`` is refused (``overloaded``) for its tenant's members waiting for group-mates
+        here, else None. Each such member holds one of the replica's request slots, so one tenant
+        whose groups never complete (a wrong ``group_size``) would take them all. At ``limit`` its
+        new groups are refused; members of its groups already collecting still join up to
+        :data:`JOIN_HEADROOM` times the limit, so that an honest run at the limit completes what it
+        started; a member that completes its group is never refused (it frees the others)."""
+        if assembly is not None and assembly.scoring is not None:
+            return None  # its group is complete: it waits on work, not on group-mates
+        limit = self._waiting_limit(member.tenant)
+        if limit is None:
+            return None
+        held = self._collecting_waiters.get(member.tenant, 0)
+        if assembly is None:
+            if held < limit:
+                return None
+            what = "a new group"
+        else:
+            completes = (member.key not in assembly.candidates
+                         and len(assembly.candidates) + 1 >= assembly.first.group_size)
+            if completes or held < JOIN_HEADROOM * limit:
+                return None
+            what = "a member of a group still collecting"
+        return (f"tenant {member.tenant}: {held} of its members wait for group-mates on replica {self.replica} "
+                f"(tenants max_waiting_members {limit}: {what} waits for some to complete or time out); "
+                "retry later")
 
     def hand_off(self, new_owner: Callable[[str], str | None], queued: Container[str] = ()) -> int:
         """Release every group that ``new_owner`` (route key -> the replica that owns it now, None: this
@@ -270,6 +312,10 @@ class GroupAssembler:
     def scoring_groups(self) -> int:
         """Complete groups whose score_group call has not returned yet."""
         return len(self._scoring)
+
+    def members_collecting(self) -> dict[str, int]:
+        """Per tenant (those with some), its submit calls waiting for group-mates here."""
+        return dict(self._collecting_waiters)
 
     def members_waiting(self) -> int:
         """Submit calls waiting for a verdict (collecting or scoring)."""
@@ -490,6 +536,17 @@ class GroupAssembler:
             assembly.timer = None
         if self._assembling.get(assembly.group_id) is assembly:
             del self._assembling[assembly.group_id]
+            # Its waiters no longer wait for group-mates (they wait for its verdict, or are answered now).
+            self._uncount_collecting(assembly, assembly.collecting_waiters)
+
+    def _uncount_collecting(self, assembly: _Assembly, waiters: int) -> None:
+        tenant = assembly.first.tenant
+        assembly.collecting_waiters -= waiters
+        left = self._collecting_waiters.get(tenant, 0) - waiters
+        if left > 0:
+            self._collecting_waiters[tenant] = left
+        else:
+            self._collecting_waiters.pop(tenant, None)
 
     # ------------------------------------------------------------------------------ score
 
@@ -662,6 +719,10 @@ class GroupAssembler:
 
     async def _wait(self, assembly: _Assembly, member: MemberRequest, received_at: float) -> MemberResult:
         self._members_waiting += 1
+        if self._assembling.get(assembly.group_id) is assembly:
+            assembly.collecting_waiters += 1
+            tenant = assembly.first.tenant
+            self._collecting_waiters[tenant] = self._collecting_waiters.get(tenant, 0) + 1
         try:
             # shield: a cancelled caller must not cancel the outcome the other members share.
             verdict = await asyncio.shield(assembly.outcome)
@@ -670,6 +731,8 @@ class GroupAssembler:
             raise
         finally:
             self._members_waiting -= 1
+            if self._assembling.get(assembly.group_id) is assembly:
+                self._uncount_collecting(assembly, 1)  # a cancelled caller of a group still collecting
         return self._member_result(member, verdict, received_at)
 
     def _answer_from_cache(self, completed: CompletedGroup, member: MemberRequest, received_at: float) -> MemberResult:

@@ -274,6 +274,13 @@ class TenantDefaults(_Strict):
     max_groups_in_flight: int | None = Field(
         None, ge=1, description="Groups it may have assembling, waiting or scoring on one replica; beyond: 503 "
                                 "with Retry-After for this tenant only (None: no limit).")
+    max_waiting_members: int | None = Field(
+        None, ge=1, description="Its members one replica holds waiting for group-mates (each holds one of the "
+                                "replica's max_ongoing_requests slots): at this many its new groups get 503 "
+                                "`overloaded` with Retry-After, this tenant only; members of its groups already "
+                                "collecting join up to 1.5 times this, and a member that completes its group "
+                                "always does. None: half of replicas.max_ongoing_requests, so a tenant whose groups "
+                                "never complete holds at most three quarters of a replica's slots.")
     max_announced_replicas: int | None = Field(
         None, ge=1, description="engine_work autoscaling: the most scorer replicas its announced demand (POST "
                                 "/v1/demand) may claim; the other tenants' announcements add their own, and its "
@@ -449,6 +456,12 @@ class AppConfig(_Strict):
     def replica_engine(self) -> EngineConfig:
         """The engine a scorer replica builds: ``engine``, able to sleep where idle replicas sleep."""
         return self.engine.model_copy(update={"sleep_mode": True}) if self.sleeps_when_idle else self.engine
+
+    def waiting_members_limit(self, tenant: str) -> int:
+        """How many of ``tenant``'s members one replica holds waiting for group-mates before it refuses
+        the tenant's new groups (``max_waiting_members``, or its default from the replica's slots)."""
+        own = self.tenant(tenant).max_waiting_members
+        return own if own is not None else max(1, self.replicas.max_ongoing_requests // 2)
 
     def tenant(self, name: str) -> TenantSettings:
         """A tenant's settings: its own (``http.tenants``), else ``tenants.default`` under its name."""

@@ -126,6 +126,7 @@ class GRRMReplica:
             completed_ttl_s=config.completed_ttl_s,
             max_pending_groups=config.replicas.max_assembling_groups,
             replica=self.name,
+            waiting_limit=config.waiting_members_limit,
             ledger=ServeLedger(ledger, copies=config.ledger.num_replicas) if ledger is not None else None,
         )
         # Members of keyed groups without ids of their own (OpenRLHF's samples), remembered long
@@ -373,13 +374,15 @@ class GRRMReplica:
         load = self.engine_work.load(time.monotonic(), self.assembler.members_waiting())
         load = dataclasses.replace(load, cold_start_s=self.cold_start_s,
                                    sleeping=self.sleeper is not None and self.sleeper.sleeping)
-        return autoscaling_stats(load, self.demands.current(time.time(), self.config.replicas.demand_grace_s()))
+        now, grace_s = time.time(), self.config.replicas.demand_grace_s()
+        return autoscaling_stats(load, self.demands.current(now, grace_s), now, grace_s)
 
     def announce_demand(self, announcement: DemandAnnouncement, attempt: int = 0,
                         target_replica: str | None = None) -> DemandAccepted:
         """Remember work a tenant expects to send (its next generation phase), for the autoscaling
         policy. A tenant's announcements go to one replica (its ring owner) and the latest counts
-        wherever earlier ones are kept; one of 0 groups withdraws them (kept as such for a while)."""
+        wherever earlier ones are kept; one of 0 groups withdraws them (kept as such for a minute:
+        ``cluster/announced_demand.py``)."""
         self.keep_demand(demand_of(announcement, time.time()))
         return DemandAccepted(replica=self.name, tenant=announcement.tenant, groups=announcement.groups)
 
@@ -532,10 +535,12 @@ class GRRMReplica:
     def tenants(self, target_replica: str | None = None) -> dict[str, dict[str, Any]]:
         """Each active tenant's work on this replica now and what the engine served it lately."""
         stats = self.gate.stats()
+        collecting = self.assembler.members_collecting()
         report = {}
-        for name in set(stats) | set(self._in_flight):
+        for name in set(stats) | set(self._in_flight) | set(collecting):
             gate = stats.get(name, GateStats())
-            report[name] = {"groups_in_flight": len(self._in_flight.get(name, ())), "waiting_for_engine": gate.waiting,
+            report[name] = {"groups_in_flight": len(self._in_flight.get(name, ())),
+                            "members_waiting": collecting.get(name, 0), "waiting_for_engine": gate.waiting,
                             "at_engine": gate.running, "recent_groups": gate.recent_groups,
                             "recent_tokens": gate.recent_tokens}
         return report

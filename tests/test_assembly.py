@@ -758,3 +758,66 @@ async def test_a_complete_group_still_waiting_for_the_engine_is_handed_off_and_t
     assert [call.group_id for call in scorer.calls] == ["first", "second"]  # the engine saw each group once
     stats = assembler.stats()
     assert (stats["groups_scored"], stats["groups_handed_off"]) == (2, 1)
+
+
+# -- one tenant's members waiting for group-mates are bounded ---------------------------------------
+
+def tenants_member(tenant: str, group: str, index: int, group_size: int = 8) -> MemberRequest:
+    return member(f"{tenant}/{group}", index, group_size, tenant=tenant)
+
+
+async def test_a_tenant_whose_groups_never_complete_is_refused_at_its_limit_and_only_it():
+    scorer = FakeScorer()
+    assembler = GroupAssembler(scorer, assembly_timeout_s=30.0, waiting_limit=lambda tenant: 4)
+    # beta: one member of each of 10 groups of 8 (a trainer with the wrong group_size); they never complete.
+    waits = [asyncio.create_task(assembler.submit(tenants_member("beta", f"b{i}", 0))) for i in range(4)]
+    await settle()
+    refused = await assembler.submit(tenants_member("beta", "b4", 0))
+    assert refused.failure == "overloaded" and "tenant beta: 4 of its members wait" in refused.error
+    assert "max_waiting_members 4" in refused.error
+    # Members of beta's groups already collecting still join, up to 1.5x the limit (an honest run at its
+    # limit completes what it started); then they too wait.
+    joined = [asyncio.create_task(assembler.submit(tenants_member("beta", "b0", k))) for k in (1, 2)]
+    await settle()
+    assert assembler.stats()["members_waiting"] == 6
+    assert (await assembler.submit(tenants_member("beta", "b1", 1))).failure == "overloaded"
+    # Another tenant is not refused: its groups start and complete.
+    alpha = await asyncio.gather(*(assembler.submit(tenants_member("alpha", "a0", k, group_size=2)) for k in (0, 1)))
+    assert [answer.valid for answer in alpha] == [True, True]
+    assert assembler.stats()["rejected_tenant_waiting"] == 2
+    for task in [*waits, *joined]:
+        task.cancel()
+    await asyncio.gather(*waits, *joined, return_exceptions=True)
+    # Cancelled waiters of groups still collecting no longer count: beta may start groups again.
+    started = asyncio.create_task(assembler.submit(tenants_member("beta", "b9", 0, group_size=2)))
+    await settle()
+    assert not started.done()  # admitted: it waits for its group-mate
+    assert (await assembler.submit(tenants_member("beta", "b9", 1, group_size=2))).valid and (await started).valid
+
+
+async def test_a_member_that_completes_its_group_is_never_refused():
+    scorer = FakeScorer()
+    assembler = GroupAssembler(scorer, assembly_timeout_s=30.0, waiting_limit=lambda tenant: 2)
+    # Three members of a group of 4 (joins beyond the limit up to 1.5x = 3), then the last one completes it.
+    waits = [asyncio.create_task(assembler.submit(tenants_member("run", "g", k, group_size=4))) for k in range(3)]
+    await settle()
+    assert (await assembler.submit(tenants_member("run", "h", 0, group_size=4))).failure == "overloaded"
+    last = await assembler.submit(tenants_member("run", "g", 3, group_size=4))
+    assert last.valid and all([(await task).valid for task in waits])
+    # Its members no longer wait for group-mates: the tenant starts new groups again.
+    assert assembler._collecting_waiters == {}  # noqa: SLF001 - the per-tenant state is freed, not left at 0
+
+
+async def test_a_timed_out_group_frees_its_tenants_waiting_count():
+    clock = FakeClock()
+    assembler = GroupAssembler(FakeScorer(), assembly_timeout_s=5.0, clock=clock, waiting_limit=lambda tenant: 1)
+    waiting = asyncio.create_task(assembler.submit(tenants_member("beta", "b0", 0)))
+    await settle()
+    assert (await assembler.submit(tenants_member("beta", "b1", 0))).failure == "overloaded"
+    clock.now += 6
+    assembler.expire_overdue()
+    assert (await waiting).failure == "timeout"
+    second = asyncio.create_task(assembler.submit(tenants_member("beta", "b1", 0)))
+    await settle()
+    assert not second.done()  # admitted again
+    second.cancel()

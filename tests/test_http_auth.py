@@ -106,7 +106,7 @@ def test_a_tenant_sees_its_own_row_and_totals_for_the_rest():
     assert view["other"]["recent_share"] == pytest.approx(0.9)
     # A tenant with nothing on the replicas still gets its (empty) row, and no other name.
     assert tenants_view(totals, Caller("tenant", "zed"), top=50)["tenants"] == {
-        "zed": {"groups_in_flight": 0, "waiting_for_engine": 0, "at_engine": 0, "recent_groups": 0,
+        "zed": {"groups_in_flight": 0, "members_waiting": 0, "waiting_for_engine": 0, "at_engine": 0, "recent_groups": 0,
                 "recent_tokens": 0, "recent_share": 0.0}}
 
 

@@ -16,7 +16,7 @@ from deployments.http.auth import Caller
 __all__ = ["WORK_KEYS", "demand_view", "tenants_view"]
 
 # A tenant's row of /v1/tenants (summed over the scorer replicas), before its share is added.
-WORK_KEYS = ("groups_in_flight", "waiting_for_engine", "at_engine", "recent_groups", "recent_tokens")
+WORK_KEYS = ("groups_in_flight", "members_waiting", "waiting_for_engine", "at_engine", "recent_groups", "recent_tokens")
 
 
 def _summed(rows: Iterable[Mapping[str, float]], keys: Iterable[str]) -> dict[str, float]:

@@ -173,3 +173,53 @@ def test_a_client_that_leaves_mid_body_is_not_an_internal_error(url):
     new = ingress_log_lines()[before:]
     assert not [line for line in new if "internal error" in line.lower() or "Traceback" in line
                 or "ClientDisconnect" in line], new[-20:]
+
+
+SLOTS = 40  # max_ongoing_requests of the flooded replica: beta may hold half waiting (max_waiting_members)
+
+
+def test_a_tenant_whose_groups_never_complete_cannot_take_the_replicas_slots(serve_instance):
+    """beta sends one member of each of 60 groups of 8 (a trainer configured with the wrong group_size): they
+    never complete. Each waiting member holds one of the replica's 40 request slots; before the per-tenant
+    bound they took all of them, and alpha's group waited until beta's timed out. Now beta holds at most
+    half (its further groups get 503 ``overloaded`` with Retry-After, naming it), and alpha is answered
+    while beta's admitted members still wait."""
+    import asyncio
+
+    config = AppConfig(
+        engine=EngineConfig(kind="scripted"),
+        replicas=ReplicaSettings(num_replicas=1, num_cpus=0.5, gpus_per_rank=0, max_ongoing_requests=SLOTS,
+                                 max_queued_requests=-1),
+        http=HTTPSettings(auth_token_env=None),
+        assembly_timeout_s=30,
+    )
+    serve.run(build_app(config), name="flooded", route_prefix="/flooded")
+    flooded = f"{serve_instance}/flooded"
+
+    async def scenario():
+        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=200)) as http:
+            async def beta_member(i: int) -> httpx.Response:
+                return await http.post(f"{flooded}/v1/score/member", json={
+                    "tenant": "beta", "group_id": f"never-{i}", "group_size": 8, "index": 0, "source": "S.",
+                    "candidate": f"c{i}", "src_lang": "en", "trg_lang": "de"})
+
+            flood = [asyncio.create_task(beta_member(i)) for i in range(60)]
+            deadline = time.monotonic() + 60
+            while sum(task.done() for task in flood) < 60 - SLOTS // 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)  # the refusals come back at once; the admitted ones wait
+            alpha = await http.post(f"{flooded}/v1/score", json={"groups": [group("alpha-beside", "alpha")]})
+            still_waiting = sum(not task.done() for task in flood)
+            return alpha, still_waiting, await asyncio.gather(*flood)
+
+    try:
+        alpha, still_waiting, flood = asyncio.run(scenario())
+    finally:
+        serve.delete("flooded")
+    assert alpha.status_code == 200 and alpha.json()["results"][0]["valid"], alpha.text
+    assert still_waiting == SLOTS // 2, still_waiting  # alpha was answered while beta's admitted members waited
+    refused = [answer for answer in flood if answer.status_code == 503]
+    assert len(refused) == 60 - SLOTS // 2
+    assert all(answer.json()["code"] == "overloaded" and "tenant beta" in answer.json()["error"]
+               and "max_waiting_members" in answer.json()["error"] and "retry-after" in answer.headers
+               for answer in refused)
+    assert {answer.status_code for answer in flood} == {503, 504}  # the admitted ones timed out, as they must
