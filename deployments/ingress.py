@@ -57,6 +57,8 @@ app = FastAPI(
 install_error_handlers(app)
 # How long /healthz waits for the first look at the scorer deployment (Kubernetes probes time out at 2 s).
 HEALTH_WAIT_S = 1.0
+# How old the scorers' verdict may be when an announcement's copy is handed on (see _forward_demand).
+COPY_VERDICT_MAX_AGE_S = 1.0
 app.add_middleware(RequestGuard)
 
 
@@ -224,9 +226,10 @@ class GRRMIngress:
                 await asyncio.wait([after])
             copy = seen_later(announcement, time.monotonic() - taken)
             # Never to a pool with no replica running: the call would wait there and start one at once,
-            # where the application's policy starts replicas when the announced work needs them. Read
-            # anew (announcements are a few a step): a stale count would let one through.
-            verdict = await self._scorer_verdict(fresh=True)
+            # where the application's policy starts replicas when the announced work needs them. A verdict
+            # at most a second old: read anew for each of 500 tenants' announcements, the fetches queued
+            # in the ingress's threads and /v1/info waited 7 s behind them.
+            verdict = await self._scorer_verdict(max_age_s=COPY_VERDICT_MAX_AGE_S)
             if copy is not None and verdict is not None and verdict.running > 0:
                 sending = asyncio.current_task()
                 self._copies_sending.add(sending)
@@ -281,21 +284,23 @@ class GRRMIngress:
         view = tenants_view(totals, caller_of(request.state), self.config.tenants.list_top)
         return {"window_s": self.config.tenants.window_s, "replicas": len(names), **view}
 
-    async def _scorer_verdict(self, *, fresh: bool) -> Availability | None:
-        """The scorers' availability (None: unknown, or the client calls no Serve deployment):
-        read anew when ``fresh``, else the latest, waiting only for the first (a probe must answer
-        while the GCS is down)."""
+    async def _scorer_verdict(self, *, max_age_s: float | None) -> Availability | None:
+        """The scorers' availability (None: unknown, or the client calls no Serve deployment): at most
+        ``max_age_s`` old (0: read anew), or with None the latest, waiting only for the first (a probe
+        must answer while the GCS is down)."""
         availability = self.client.availability
         if availability is None:
             return None
-        return await (availability.current(max_age_s=0) if fresh else availability.settled(HEALTH_WAIT_S))
+        if max_age_s is None:
+            return await availability.settled(HEALTH_WAIT_S)
+        return await availability.current(max_age_s=max_age_s)
 
     @app.get("/healthz", responses={503: {"model": ErrorResponse}})
     async def healthz(self):
         """Whether this application can score: 200 while a scorer replica runs, else 503 and why.
 
         The latest verdict, never a wait for a fresh one beyond the first (a probe answers while the GCS is down)."""
-        verdict = await self._scorer_verdict(fresh=False)
+        verdict = await self._scorer_verdict(max_age_s=None)
         if verdict is not None and not verdict.ready:
             return error_response("unavailable", verdict.describe(), verdict.as_dict(), self.config.http.retry_after_s)
         return {"status": "ok"}
@@ -305,7 +310,7 @@ class GRRMIngress:
         """Model, engine, prompt type and scorer replicas of this application (by state; with none
         running, why: ``unschedulable`` names the missing resources), its limits, and the host its HTTP
         proxies bind (where the ingress judged whether an open API may start)."""
-        verdict = await self._scorer_verdict(fresh=True)
+        verdict = await self._scorer_verdict(max_age_s=0)
         return {
             "model": self.config.engine.model,
             "engine": self.config.engine.kind,
