@@ -16,6 +16,7 @@ from ray.serve.config import RequestRouterConfig
 from deployments.config import AppConfig, runtime_env
 from deployments.ingress import GRRMIngress
 from deployments.ledger import LedgerReplica
+from deployments.process_env import BODY_MEMORY_ENV
 from deployments.replica import GRRMReplica
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -109,7 +110,7 @@ def ingress_options(config: AppConfig) -> dict[str, Any]:
     an autoscaling config: it gets one that holds it at its replica count (min = max), and the
     application-level policy (:data:`~deployments.autoscaling_policy.APPLICATION_POLICY_PATH`) reads
     the reports, so that a scorer pool at 0 replicas still grows ahead of announced work."""
-    options = config.ingress.serve_options(env_vars=config.http.env_vars)
+    options = config.ingress.serve_options(env_vars={**BODY_MEMORY_ENV, **config.http.env_vars})
     scaling = config.replicas.autoscaling
     if scaling is not None and scaling.policy == "engine_work":
         count = options.pop("num_replicas")

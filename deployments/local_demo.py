@@ -19,6 +19,8 @@ from pathlib import Path
 import httpx
 import yaml
 
+from deployments.process_env import BODY_MEMORY_ENV
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEMO_GROUP = {
     "group_id": "demo-frog",
@@ -71,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     serve_cli = Path(sys.executable).with_name("serve")
     # Ray installed without its console scripts (pip --target, an unpacked wheel): the same CLI.
     serve_command = [str(serve_cli)] if serve_cli.exists() else [sys.executable, "-m", "ray.serve.scripts"]
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    # Serve's proxy starts from this environment (deployments/process_env.py).
+    env = {**BODY_MEMORY_ENV, **os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     # A process manager's stop (SIGTERM) takes the Ctrl-C path: without it this process ended at once
     # and left `serve run`'s Ray cluster running, which the next `serve run` on the machine joins.
     signal.signal(signal.SIGTERM, _interrupt)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from deployments.process_env import BODY_MEMORY_ENV
 from k8s.render.app import SERVICE_RESOURCE, Sizing
 from k8s.render.kube import (
     CLIENT_PORT,
@@ -112,7 +113,8 @@ def serving_container(options: RenderOptions, env: list[dict[str, Any]], quantit
             {"containerPort": SERVE_PORT, "name": "serve"},
             {"containerPort": METRICS_PORT, "name": "metrics"},
         ],
-        "env": env,
+        # Serve's proxy and the ingress read request bodies here (deployments/process_env.py).
+        "env": [*env, *({"name": name, "value": value} for name, value in BODY_MEMORY_ENV.items())],
         "resources": quantities,
         "readinessProbe": serve_proxy_probe(),
         # Model download and load do not block the raylet, so the node probe can stay strict.
