@@ -14,6 +14,7 @@ from typing import Any
 
 from bench.common import results_dir
 from bench.fair_share import VERL_COLUMNS as FAIR_SHARE_VERL_COLUMNS
+from bench.hostile_tenants import ANNOUNCEMENT_COLUMNS, REFUSAL_COLUMNS, STALL_COLUMNS
 
 OUT = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 # bench.autoscaling_sim's table: an elastic pool against a fixed pool per run (4b, and its min_replicas 0 run).
@@ -606,6 +607,37 @@ def main() -> int:
             "`fair+reserve_1`: `tenants.reserved_slots: 1`; `flood_recent_share`: the flood's share of the tokens "
             "served in the last minute, read at the end of the run. The step time grows beside the flood because "
             "its HTTP path and `grrm score` take CPU from the trainer's generation on these 2 cores.",
+        ))
+    hostile = load("hostile_tenants")
+    if hostile:
+        sections.append(section(
+            "15b. A careless or hostile tenant: what it costs the others and the service",
+            ".venv/bin/python -m bench.hostile_tenants",
+            table([row for row in hostile if row["case"] == "stall"], STALL_COLUMNS)
+            + "\n\n" + table([row for row in hostile if row["case"] == "announcements"], ANNOUNCEMENT_COLUMNS)
+            + "\n\n" + table([row for row in hostile if row["case"] == "refusals"], REFUSAL_COLUMNS),
+            "hostile_tenants",
+            "SIMULATED engine (scripted, 0.05 s per group), real Ray Serve and HTTP. Stall: 1,100 members of tenant "
+            "beta, one of each group of 8 (a trainer with the wrong group_size: they never complete), sent at once "
+            "over raw HTTP without retries and given up at 180 s (OpenRLHF's client limit), on 2 replicas of 256 "
+            "request slots (assembly timeout 60 s); `fifo`: first come first served and no bound on a tenant's "
+            "waiting members (as before the bound), `defaults`: the fair queue and `max_waiting_members` unset "
+            "(half a replica's slots). Tenant alpha's `/v1/score` of one group: `alpha_solo_s` the median of 5 "
+            "alone, `alpha_first_s` one sent 2 s into the flood (behind its 1,100 requests in the HTTP path of "
+            "these 2 cores, whatever the bound), `alpha_beside_s` the slowest of 5 sent once the flood's refusals "
+            "were answered. `flood_refused`: 503 `overloaded`; `flood_timed_out`: 504 at the assembly timeout; "
+            "`flood_unanswered`: no answer within 180 s. Announcements: 500 tenant names announce 64-slice "
+            "profiles (`before`: none yet), then withdraw; `info_s` the slowest of 3 `GET /v1/info`; `report_keys` "
+            "what the ingress reports to the autoscaling policy, `report_keys_per_tenant_format` what the format "
+            "before the bound would have held (4 + 64 keys per announcing tenant, computed); the controller's CPU "
+            "share over 10 s and its resident memory. Refusals: 30 uploads of 60 MB, 5 at a time, with httpx: "
+            "unauthenticated (a 401 after at most 64 KiB of the body, then the connection closed: `closed_early` "
+            "counts the clients that saw the close before the answer), and with the token but over "
+            "`limits.max_request_bytes` (a 413 after the body is read and dropped, up to `limits.max_discard_bytes`, "
+            "64 MiB); growth of the resident memory of Serve's proxy and the ingress, measured 5 s after each "
+            "series, both started with `MALLOC_MMAP_THRESHOLD_=131072` (deployments/process_env.py, as `grrm serve` "
+            "and the Kubernetes pods start them; with glibc's default the same 401 series left them 360 MiB larger "
+            "in a run of this benchmark, and 20 such uploads took about 1.7 GB before a 401 read only 64 KiB).",
         ))
     OUT.write_text("\n".join(sections))
     print(f"wrote {OUT}")

@@ -171,6 +171,23 @@ def test_soak_quick(serve_instance, results):
     assert (results / "soak.png").stat().st_size > 0
 
 
+def test_hostile_tenants_quick(serve_instance, results):
+    run_quick("hostile_tenants")
+    rows = json.loads((results / "hostile_tenants.json").read_text())
+    # A tenant whose groups never complete: without the bound its members take every slot and the other
+    # tenant's group waits for their assembly timeout; with the default bound it is answered beside them.
+    stall = {row["mode"]: row for row in rows if row["case"] == "stall"}
+    assert stall["defaults"]["flood_refused"] > 0 and stall["fifo"]["flood_refused"] == 0
+    assert stall["defaults"]["alpha_beside_s"] < stall["fifo"]["alpha_beside_s"], stall
+    # Announcements under many names: the report stays within its bound and a withdrawal empties it.
+    phases = {row["phase"]: row for row in rows if row["case"] == "announcements"}
+    assert phases["announced"]["report_keys"] < phases["announced"]["report_keys_per_tenant_format"]
+    assert phases["withdrawn"]["report_keys"] < phases["announced"]["report_keys"]
+    refusals = {row["refusal"]: row for row in rows if row["case"] == "refusals"}
+    assert refusals["413 over max_request_bytes"]["answered"] == 5 and set(refusals) == {
+        "401 unauthenticated", "413 over max_request_bytes"}
+
+
 def test_fair_share_quick(serve_instance, results):
     run_quick("fair_share")
     rows = json.loads((results / "fair_share.json").read_text())
