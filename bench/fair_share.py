@@ -52,7 +52,7 @@ MEMBERS_PER_GROUP = 4
 FLOOD_TENANT = "nightly-eval"
 CASES = ("flood", "weights", "alone", "verl")
 VERL_COLUMNS = ["run", "mode", "steps", "reward_wait_s", "wait_over_alone", "step_s", "step_over_alone",
-                "flood_recent_share", "valid_rewards"]
+                "flood_recent_share", "valid_rewards", "not_valid_by_reason"]
 
 
 @dataclass(frozen=True)
@@ -222,6 +222,16 @@ def flood_share(url: str) -> float | None:
     return tenants.get(FLOOD_TENANT, {}).get("recent_share")
 
 
+def not_valid_by_reason(measured: list[dict]) -> dict[str, int]:
+    """The measured steps' rewards that were not valid, summed by the bridge's metric that counted them."""
+    counts: dict[str, int] = {}
+    for entry in measured:
+        for key, value in entry["data"].items():
+            if (key.startswith("grrm/default/") or key == "grrm/failed") and value:
+                counts[key] = counts.get(key, 0) + int(value)
+    return counts
+
+
 def verl_beside_flood(steps: int, group_latency_s: float, slots: int, concurrency: int) -> list[dict]:
     """verl's sync trainer alone, then beside a ``grrm score`` flood (fair queue, then FIFO)."""
     from bench.verl_trainer import measured_steps, median, service_config
@@ -250,7 +260,9 @@ def verl_beside_flood(steps: int, group_latency_s: float, slots: int, concurrenc
                     "reward_wait_s_each": [entry["data"].get("grrm/exposed_reward_s") for entry in measured],
                     "step_s": median(measured, "timing_s/step"),
                     "valid_rewards": f"{int(sum(e['data'].get('grrm/valid', 0) for e in measured))}/"
-                                     f"{int(sum(e['data'].get('grrm/rewards', 0) for e in measured))}"}
+                                     f"{int(sum(e['data'].get('grrm/rewards', 0) for e in measured))}",
+                    # Why a reward was not valid: the bridge's counts by reason (grrm/default/<reason>, grrm/failed).
+                    "not_valid_by_reason": not_valid_by_reason(measured)}
 
         rows.append(train("alone", "fair"))
         for mode in ("fair", "fair+reserve_1", "fifo"):

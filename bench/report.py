@@ -606,7 +606,10 @@ def main() -> int:
             "steps after the first of `grrm/exposed_reward_s` (last reward after the last rollout); "
             "`fair+reserve_1`: `tenants.reserved_slots: 1`; `flood_recent_share`: the flood's share of the tokens "
             "served in the last minute, read at the end of the run. The step time grows beside the flood because "
-            "its HTTP path and `grrm score` take CPU from the trainer's generation on these 2 cores.",
+            "its HTTP path and `grrm score` take CPU from the trainer's generation on these 2 cores. "
+            "`not_valid_by_reason`: the bridge's counts of the rewards that were not valid, by its metric "
+            "(`grrm/default/invalid_text`: the rollout's own text could not be scored, a default reward by design; "
+            "`grrm/failed`: the service did not answer). The earlier run's 127/128 rows recorded only the count.",
         ))
     hostile = load("hostile_tenants")
     if hostile:

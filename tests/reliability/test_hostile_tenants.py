@@ -191,7 +191,7 @@ def test_a_tenant_whose_groups_never_complete_cannot_take_the_replicas_slots(ser
         replicas=ReplicaSettings(num_replicas=1, num_cpus=0.5, gpus_per_rank=0, max_ongoing_requests=SLOTS,
                                  max_queued_requests=-1),
         http=HTTPSettings(auth_token_env=None),
-        assembly_timeout_s=30,
+        assembly_timeout_s=20,  # beta's admitted members wait this long; alpha is answered well before
     )
     serve.run(build_app(config), name="flooded", route_prefix="/flooded")
     flooded = f"{serve_instance}/flooded"
