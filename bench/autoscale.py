@@ -99,7 +99,7 @@ def running_replicas(serve, app: str) -> int:
 
 
 def app_config(policy: str, load: Workload):
-    from deployments.config import AppConfig, AutoscalingSettings, ReplicaSettings
+    from deployments.config import AppConfig, AutoscalingSettings, ReplicaSettings, TenantDefaults, TenantsSettings
 
     replicas: dict = {"num_cpus": 0.1, "gpus_per_rank": 0}
     common = dict(min_replicas=1, max_replicas=load.max_replicas, metrics_interval_s=0.5, look_back_period_s=2.0)
@@ -120,6 +120,8 @@ def app_config(policy: str, load: Workload):
         engine=EngineConfig(kind="scripted", scripted=ScriptedEngineOptions(
             per_prompt_s=load.per_group_s, max_concurrent_prompts=1, start_s=load.start_s)),
         replicas=ReplicaSettings(**replicas),
+        # One trainer announces: its announcements may claim the whole pool, as before the per-tenant cap.
+        tenants=TenantsSettings(default=TenantDefaults(max_announced_replicas=load.max_replicas)),
         assembly_timeout_s=120,
     )
 

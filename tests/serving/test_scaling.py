@@ -19,7 +19,7 @@ from bench.autoscale import replica_counts
 from cluster.engines import EngineConfig, ScriptedEngineOptions
 from cluster.schema import MemberRequest
 from deployments.app import build_app
-from deployments.config import AppConfig, AutoscalingSettings, ReplicaSettings
+from deployments.config import AppConfig, AutoscalingSettings, ReplicaSettings, TenantDefaults, TenantsSettings
 from deployments.declared import deploy_declared
 from deployments.replica_list import replica_actor_names
 from grrm_client import ClientConfig, RewardClient
@@ -38,14 +38,15 @@ LAST_REWARD_WITHIN_S = 40.0
 
 
 def app_config(engine: ScriptedEngineOptions, **autoscaling) -> AppConfig:
+    scaling = AutoscalingSettings(**{
+        "min_replicas": 1, "max_replicas": 4, "upscale_delay_s": 0, "metrics_interval_s": 0.5,
+        "look_back_period_s": 2, "cold_start_s": 0, "demand_headroom": 1.0, "demand_grace_s": 0, **autoscaling})
     return AppConfig(
         engine=EngineConfig(kind="scripted", scripted=engine),
-        replicas=ReplicaSettings(
-            num_cpus=0.1, gpus_per_rank=0,
-            autoscaling=AutoscalingSettings(**{
-                "min_replicas": 1, "max_replicas": 4, "upscale_delay_s": 0, "metrics_interval_s": 0.5,
-                "look_back_period_s": 2, "cold_start_s": 0, "demand_headroom": 1.0, "demand_grace_s": 0,
-                **autoscaling})),
+        replicas=ReplicaSettings(num_cpus=0.1, gpus_per_rank=0, autoscaling=scaling),
+        # One tenant announces here: it may claim the whole pool (the default cap, half of it, is tested in
+        # tests/test_demand_bounds.py).
+        tenants=TenantsSettings(default=TenantDefaults(max_announced_replicas=scaling.max_replicas)),
         assembly_timeout_s=ASSEMBLY_TIMEOUT_S,
     )
 
