@@ -37,7 +37,10 @@ def scripted_app(**replicas) -> AppConfig:
     return AppConfig(
         engine=EngineConfig(kind="scripted", scripted=ScriptedEngineOptions(per_prompt_s=0.05)),
         replicas=ReplicaSettings(**settings),
-        assembly_timeout_s=20,
+        # Longer than verl's workers take to send the barrier test's 1050 waiting members: at 20 s, on a
+        # loaded CI machine (~31 calls/s), the first ones timed out before the last arrived and no more
+        # than 618 ever waited at once.
+        assembly_timeout_s=90,
     )
 
 
