@@ -445,7 +445,7 @@ class GRRMReplica:
 
     async def _probe(self, replica: str) -> bool:
         try:
-            await asyncio.wait_for(self._peers().ask_replica("info", replica), PROBE_TIMEOUT_S)
+            await asyncio.wait_for(self._peers().ask_replica("takes_members", replica), PROBE_TIMEOUT_S)
             return True
         except Exception as error:  # noqa: BLE001 - whatever the reason, members do not go there
             logger.warning("replica %s: replica %s did not answer a probe (%s); its groups stay here",
@@ -500,6 +500,14 @@ class GRRMReplica:
         except Exception as error:
             self._lose_engine(error)
             raise
+
+    async def takes_members(self, target_replica: str | None = None) -> str:
+        """A peer's probe before it hands this replica members: a replica that lost its engine answers
+        nothing (as to members), so its peer keeps them rather than hand them to a process about to
+        end (they would come back ``moved`` and cost their callers an attempt)."""
+        if self._engine_lost is not None:
+            await self._answer_nothing()
+        return self.name
 
     def info(self, target_replica: str | None = None) -> dict[str, Any]:
         """What this replica runs (``target_replica`` lets the router address one replica)."""

@@ -111,10 +111,16 @@ def serve_instance():
         SESSION_CLUSTER.stop()
 
 
+# Longer than a group may wait around a fault: members re-sent from a dying replica were answered up to
+# 8.9 s after they were sent (alone; 18 s beside one busy core); with 10 s, CI's loaded machine answered
+# 14 groups of 48 `timeout` mid-fault, each answered in two parts (two replicas or two verdicts).
+ASSEMBLY_TIMEOUT_S = 30
+
+
 @pytest.fixture(scope="session")
 def local_app(serve_instance, tmp_path_factory):
     """deployments/local.yaml's application on real Serve: 2 vLLM-CPU replicas on the tiny model,
-    verdict repair on, with bench/chaos.py's 10 s assembly timeout (dangling members time out within
+    verdict repair on, with a 30 s assembly timeout (local.yaml: 60 s; dangling members time out within
     a test). Deployed once for every module that scores on it (the CLI, the engine-death faults, the
     app's own HTTP checks); yields (URL, handle to the scorer replicas, the app's config)."""
     from ray import serve
@@ -123,7 +129,7 @@ def local_app(serve_instance, tmp_path_factory):
     from cluster.tiny_model import ensure_tiny_model
     from deployments.app import build_app
 
-    config = chaos_config(ensure_tiny_model(tmp_path_factory.mktemp("models") / "tiny-grrm"), assembly_timeout_s=10)
+    config = chaos_config(ensure_tiny_model(tmp_path_factory.mktemp("models") / "tiny-grrm"), assembly_timeout_s=ASSEMBLY_TIMEOUT_S)
     serve.run(build_app(config), name=LOCAL_APP, route_prefix=f"/{LOCAL_APP}")
     SESSION_APPS.add(LOCAL_APP)
     yield f"{serve_instance}/{LOCAL_APP}", serve.get_deployment_handle("GRRMReplica", app_name=LOCAL_APP), config

@@ -110,3 +110,20 @@ async def test_a_failing_stop_is_logged_not_raised(lifecycle, caplog):
     # Its processes, if any, end with the replica's process: the guard stays armed.
     assert replica.process_guard.watching
     replica.process_guard.disarm()
+
+
+async def test_a_replica_that_lost_its_engine_answers_no_peers_probe(lifecycle):
+    """A peer probes a replica (takes_members) before it hands it members of the groups the ring now
+    places there. One that lost its engine must not answer (its process is about to end): the peer
+    then keeps the members, instead of handing them over to come back 'moved' at their callers' cost."""
+    import asyncio
+
+    replica = await construct(AppConfig(engine=EngineConfig(kind="scripted")))
+    try:
+        assert await asyncio.wait_for(replica.takes_members(), 1.0) == replica.name
+        replica._engine_lost = asyncio.get_running_loop().create_future()  # what _lose_engine sets first
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(replica.takes_members(), 0.5)
+    finally:
+        replica._engine_lost = None
+        await replica.__del__()
