@@ -463,12 +463,13 @@ class AppConfig(_Strict):
         own = self.tenant(tenant).max_waiting_members
         return own if own is not None else max(1, self.replicas.max_ongoing_requests // 2)
 
-    def tenant(self, name: str) -> TenantSettings:
-        """A tenant's settings: its own (``http.tenants``), else ``tenants.default`` under its name."""
+    def tenant(self, name: str) -> TenantDefaults:
+        """A tenant's settings: its own (``http.tenants``), else ``tenants.default`` (shared by every
+        unlisted tenant: asked for each member a replica admits, so not copied under the name)."""
         for tenant in self.http.tenants:
             if tenant.name == name:
                 return tenant
-        return TenantSettings(name=name, **self.tenants.default.model_dump())
+        return self.tenants.default
 
     def tenant_policy(self, name: str) -> TenantPolicy:
         """How a replica's fair queue treats the tenant."""

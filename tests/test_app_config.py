@@ -168,7 +168,7 @@ def test_the_documented_tenants_example_is_a_valid_config():
     config = AppConfig.model_validate({"engine": {"kind": "scripted"}, **args})
     assert config.tenant("flagship").weight == 2 and config.tenant("flagship").token_env == "GRRM_TOKEN_FLAGSHIP"
     assert config.tenant("nightly-eval").priority == -1
-    assert config.tenant("some-sweep-run").max_groups_in_flight == 256  # the defaults, under its own name
+    assert config.tenant("some-sweep-run").max_groups_in_flight == 256  # the defaults
     assert config.tenant_policy("flagship").weight == 2
 
 
