@@ -61,8 +61,13 @@ __all__ = [
     "cold_start_s",
     "decide_replicas",
     "measured_leads",
+    "queued_groups",
     "replicas_for_demand",
 ]
+
+
+# The share of a replica's request slots in use from which callers' requests may queue for want of them.
+SATURATED_SHARE = 0.9
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +80,10 @@ class ReplicaLoad:
     members_waiting: float = 0.0  # members waiting for their group-mates: a forecast, never load
     seconds_per_group: float | None = None  # measured engine seconds per group (None: nothing scored yet)
     sleeping: bool = False  # its engine sleeps (idle="sleep"): it serves again after a wake-up, not a cold start
+    # Its request slots are (nearly) all taken: only then do callers' requests queue because of it.
+    saturated: bool = False
+    # Mean members of the groups it scored (None: none yet): how many queued member requests make a group.
+    members_per_group: float | None = None
     # Seconds this replica took from its construction to serving (its engine's load): a measured cold start.
     cold_start_s: float | None = None
 
@@ -369,9 +378,9 @@ def decide_replicas(
     """The replica count for the pool now (see the module docstring).
 
     ``current`` is the count the deployment targets now; ``serving`` how many of its replicas serve
-    (default: one per load reported); ``queued_at_callers`` requests queued in
-    callers' handles because every replica was at max_ongoing_requests (each counted as a group's
-    work: they have reached no replica to tell); ``state`` what the previous decision
+    (default: one per load reported); ``queued_at_callers`` requests queued in callers' handles
+    (:func:`queued_groups`: engine work only while a replica is saturated, a group per its members);
+    ``state`` what the previous decision
     returned (empty after a controller restart: the policy then waits a full downscale delay
     before it drops replicas, and measures its cold start again, and rebuilds the rest from the
     replicas' reports).
@@ -389,7 +398,8 @@ def _decide(now: float, current: int, loads: list[ReplicaLoad], demands: list[De
     settings = dataclasses.replace(settings, cold_start_s=cold_start_s(loads, settings.cold_start_s,
                                                                        measured_leads(state)))
     per_group_s = seconds_per_group(loads, settings.default_seconds_per_group)
-    engine_work_s = sum(engine_work(load, per_group_s) for load in loads) + queued_at_callers * per_group_s
+    engine_work_s = (sum(engine_work(load, per_group_s) for load in loads)
+                     + queued_groups(loads, queued_at_callers) * per_group_s)
     for_work = math.ceil(engine_work_s / settings.target_backlog_s - 1e-9)
     for_demand = replicas_for_demand(demands, now, per_group_s, settings)
     # With idle="sleep", the replicas running now that an announced need within the break-even horizon
@@ -449,6 +459,18 @@ def _decide(now: float, current: int, loads: list[ReplicaLoad], demands: list[De
     return ScalingDecision(current, "steady", state, **details)
 
 
+def queued_groups(loads: list[ReplicaLoad], queued_at_callers: float) -> float:
+    """The groups of engine work in requests queued at callers' handles (Serve's
+    ``total_queued_requests``): none unless a replica is saturated (or none serves), since a burst of
+    members routed one by one queues in the handles for a moment with every replica's slots free, and
+    those members are only on their way to wait for group-mates; then each request is a member, and
+    ``members_per_group`` of them (the replicas' mean, else 1) a group's work."""
+    if queued_at_callers <= 0 or (loads and not any(load.saturated for load in loads)):
+        return 0.0
+    sizes = [load.members_per_group for load in loads if load.members_per_group]
+    return queued_at_callers / (sum(sizes) / len(sizes) if sizes else 1.0)
+
+
 def _why(wanted: int, for_work: int, for_demand: int, engine_work_s: float, kept_asleep: int = 0) -> str:
     if kept_asleep == wanted > max(for_work, for_demand):
         return f"keeping {wanted} replicas, asleep while idle, for announced demand within the break-even horizon"
@@ -473,15 +495,19 @@ class EngineWorkMeter:
         self.running = 0  # groups at the engine
         self.queued_tokens = 0.0  # estimated tokens of both
         self.groups_done = 0
+        self.groups_seen = 0  # groups queued so far, and their members (the mean group size)
+        self.members_seen = 0
         self.estimated_tokens_done = 0.0
         self.tokens_done = 0.0  # what the engine reported (prompt and answer)
         self.busy_s = 0.0
         self._busy_since: float | None = None
 
-    def queued(self, estimated_tokens: float) -> None:
-        """A complete group now waits for the engine."""
+    def queued(self, estimated_tokens: float, members: int = 1) -> None:
+        """A complete group of ``members`` now waits for the engine."""
         self.waiting += 1
         self.queued_tokens += estimated_tokens
+        self.groups_seen += 1
+        self.members_seen += members
 
     def started(self, now: float) -> None:
         """A waiting group went to the engine."""
@@ -515,11 +541,16 @@ class EngineWorkMeter:
         busy = self._busy(now)
         return self.tokens_done / busy if self.groups_done and busy > 0 else None
 
-    def load(self, now: float, members_waiting: int) -> ReplicaLoad:
-        """This replica's report to the autoscaling policy."""
+    def load(self, now: float, members_waiting: int, slots: int | None = None) -> ReplicaLoad:
+        """This replica's report to the autoscaling policy; ``slots``: its request slots
+        (max_ongoing_requests), saturated from :data:`SATURATED_SHARE` of them held by members and
+        groups (None: never)."""
         busy = self._busy(now)
+        held = members_waiting + self.waiting + self.running  # a group's members and its call: an upper bound
+        shape = dict(saturated=slots is not None and held >= SATURATED_SHARE * slots,
+                     members_per_group=self.members_seen / self.groups_seen if self.groups_seen else None)
         if self.groups_done == 0 or busy <= 0 or self.estimated_tokens_done <= 0:
-            return ReplicaLoad(self.waiting, self.running, 0.0, members_waiting, None)
+            return ReplicaLoad(self.waiting, self.running, 0.0, members_waiting, None, **shape)
         seconds_per_token = busy / self.estimated_tokens_done
         return ReplicaLoad(self.waiting, self.running, max(0.0, self.queued_tokens) * seconds_per_token,
-                           members_waiting, busy / self.groups_done)
+                           members_waiting, busy / self.groups_done, **shape)

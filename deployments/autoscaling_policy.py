@@ -38,8 +38,8 @@ APPLICATION_POLICY_PATH = "deployments.autoscaling_policy:ApplicationEngineWorkP
 # Report keys: a replica's load, and the announced demand (cluster/demand_report.py: "demand/...").
 # Counts (0 when unreported), a flag, and measurements a replica may not have yet (None when unreported).
 COUNT_KEYS = ("groups_waiting", "groups_running", "queued_work_s", "members_waiting")
-MEASURED_KEYS = ("seconds_per_group", "cold_start_s")
-LOAD_KEYS = (*COUNT_KEYS, "sleeping", *MEASURED_KEYS)
+MEASURED_KEYS = ("seconds_per_group", "cold_start_s", "members_per_group")
+LOAD_KEYS = (*COUNT_KEYS, "sleeping", "saturated", *MEASURED_KEYS)
 
 
 def autoscaling_stats(load: ReplicaLoad, demands: list[Demand], now: float | None = None,
@@ -71,7 +71,7 @@ def loads_of(reports: dict[Any, dict[str, float]]) -> list[ReplicaLoad]:
     """Each reporting replica's load."""
     return [
         ReplicaLoad(**{key: report.get(key, 0.0) for key in COUNT_KEYS}, sleeping=bool(report.get("sleeping")),
-                    **{key: report.get(key) for key in MEASURED_KEYS})
+                    saturated=bool(report.get("saturated")), **{key: report.get(key) for key in MEASURED_KEYS})
         for report in reports.values()
     ]
 

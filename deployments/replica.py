@@ -271,7 +271,7 @@ class GRRMReplica:
         # What its prompt will cost, roughly (4 characters a token), charged when it goes to the engine.
         estimate = (len(group.source) + sum(len(candidate) for candidate in group.candidates)) / 4 + 64
         meter = self.engine_work
-        meter.queued(estimate)
+        meter.queued(estimate, len(group.candidates))
         at_engine = False
         used: float | None = None
         if movable:  # until its turn comes, it may move to a new owner (assembler.hand_off)
@@ -371,7 +371,8 @@ class GRRMReplica:
     def record_autoscaling_stats(self) -> dict[str, float]:
         """What the autoscaling policy decides on (``deployments/autoscaling_policy.py``): this engine's
         queued and running work, members that only wait (apart), and the demand announced here."""
-        load = self.engine_work.load(time.monotonic(), self.assembler.members_waiting())
+        load = self.engine_work.load(time.monotonic(), self.assembler.members_waiting(),
+                                     self.config.replicas.max_ongoing_requests)
         load = dataclasses.replace(load, cold_start_s=self.cold_start_s,
                                    sleeping=self.sleeper is not None and self.sleeper.sleeping)
         now, grace_s = time.time(), self.config.replicas.demand_grace_s()

@@ -18,6 +18,7 @@ from cluster.autoscaling import (
     measured_leads,
     decide_replicas,
     engine_work,
+    queued_groups,
     replicas_for_demand,
 )
 from cluster.announced_demand import WITHDRAWAL_KEPT_S, AnnouncedDemands, copy_delay_s, demand_of, seen_later
@@ -126,11 +127,47 @@ def test_an_idle_pool_between_announced_phases_drops_at_once_and_within_a_phase_
     assert decide(87.0, 4, idle, [next_phase], settings=settings).replicas == 2
 
 
-def test_requests_queued_at_callers_count_as_work():
+def test_requests_queued_at_callers_count_as_work_while_a_replica_is_saturated():
     settings = ScalingSettings(max_replicas=8, upscale_delay_s=0, target_backlog_s=10.0)
-    saturated = [ReplicaLoad(groups_running=4, queued_work_s=2.0, seconds_per_group=0.5)]
+    saturated = [ReplicaLoad(groups_running=4, queued_work_s=2.0, seconds_per_group=0.5, saturated=True)]
     assert decide(0.0, 1, saturated, settings=settings).replicas == 1
     assert decide(0.0, 1, saturated, settings=settings, queued_at_callers=60).replicas == 4  # 2 + 30 s
+    # Members count as members: 60 requests of groups of 4 are 15 groups' work (2 + 7.5 s).
+    of_four = [dataclasses.replace(saturated[0], members_per_group=4.0)]
+    assert decide(0.0, 1, of_four, settings=settings, queued_at_callers=60).replicas == 1
+    assert decide(0.0, 1, of_four, settings=settings, queued_at_callers=240).replicas == 4  # 2 + 30 s
+    # An empty pool (none serving to say) counts what waits for it: the work must start one.
+    assert decide(0.0, 0, [], settings=settings, queued_at_callers=3).replicas == 1
+
+
+def test_a_burst_of_members_in_transit_is_no_engine_work():
+    # Issue 48's measurement: 200 groups of 4, 3 members each, sent at once; the routers had not yet
+    # placed 600 of them when the policy looked, while the one replica's slots were mostly free and no
+    # group was complete. Counted as 600 groups' work, the pool went 1 -> 4 (its bound).
+    settings = ScalingSettings(max_replicas=4, upscale_delay_s=0, target_backlog_s=10.0,
+                               default_seconds_per_group=1.0)
+    in_transit = [ReplicaLoad(members_waiting=120.0, seconds_per_group=1.0, members_per_group=4.0)]
+    state = None
+    for second in range(20):
+        decision = decide(float(second), 1, in_transit, state=state, settings=settings, queued_at_callers=600)
+        state = decision.state
+        assert decision.replicas == 1 and decision.engine_work_s == 0.0, decision.reason
+    assert queued_groups(in_transit, 600) == 0.0
+    # Once the replica's slots are (nearly) all taken, the same queue is 150 groups' work.
+    full = [dataclasses.replace(in_transit[0], saturated=True)]
+    assert queued_groups(full, 600) == 150.0
+
+
+def test_a_replica_reports_saturation_from_its_slots_and_its_mean_group_size():
+    meter = EngineWorkMeter()
+    assert meter.load(0.0, 10, slots=100).saturated is False
+    assert meter.load(0.0, 90, slots=100).saturated is True
+    assert meter.load(0.0, 10_000).saturated is False  # slots unknown: never
+    assert meter.load(0.0, 0).members_per_group is None
+    meter.queued(100.0, members=4)
+    meter.queued(100.0, members=8)
+    load = meter.load(0.0, 88, slots=100)
+    assert load.members_per_group == 6.0 and load.saturated  # 88 members + 2 groups of 100 slots
 
 
 def test_a_fresh_replica_counts_its_groups_at_the_default_cost():

@@ -83,7 +83,7 @@ def test_a_report_holds_a_fixed_set_of_keys_whatever_the_number_of_tenants():
     few = autoscaling_stats(ReplicaLoad(), tenants_announcing(20), NOW, GRACE_S)  # a scorer replica's
     assert len(many) <= MAX_REPORT_KEYS < 1000
     assert set(many) < set(few) and set(few) - set(many) == {
-        "groups_waiting", "groups_running", "queued_work_s", "members_waiting", "sleeping"}  # and its load
+        "groups_waiting", "groups_running", "queued_work_s", "members_waiting", "sleeping", "saturated"}  # and its load
     assert len(demand_stats(tenants_announcing(2), NOW)) < len(many)  # a few tenants: only theirs
     # The largest announcements are there whole, the rest merged into one demand.
     kept = book.current(NOW, GRACE_S)  # those not over yet

@@ -332,3 +332,45 @@ def test_an_empty_pool_deployed_as_grrm_yaml_starts_ahead_of_work_announced_over
         assert all(seconds <= STARTS_IN_S + LASTS_S for seconds in serving_after_s.values()), serving_after_s
     finally:
         serve.delete(DECLARED_APP)
+
+
+TRANSIT_APP = "scaling_transit"
+
+
+def test_members_in_transit_to_their_replica_start_no_replica(serve_instance, capsys):
+    """Issue 48's measurement: members of 200 groups of 4, 3 of each sent at once, so no group is
+    scorable. They queue for a moment in the handle (Serve's total_queued_requests) while the routers
+    place them; counted as 600 groups' work, the pool went 1 -> 4. With the one replica's slots mostly
+    free they are no engine work: the pool stays at 1 (a downscale delay of 600 s would keep any replica
+    it asked for in sight)."""
+    config = app_config(ScriptedEngineOptions(per_prompt_s=0.02), downscale_delay_s=600,
+                        default_seconds_per_group=1.0)
+    serve.run(build_app(config), name=TRANSIT_APP, route_prefix=f"/{TRANSIT_APP}")
+    try:
+        assert held_replicas(TRANSIT_APP) == 1
+
+        async def send_and_watch() -> tuple[int, int]:
+            client = RewardClient(ClientConfig(transport="handle", app_name=TRANSIT_APP, deadline_s=300))
+            held = [held_replicas(TRANSIT_APP)]
+            sending = [asyncio.create_task(client.score_member(one)) for group in range(200)
+                       for one in members("t", group)[:-1]]
+            try:
+                waiting = 0
+                for _ in range(60):  # 15 s: past every member's arrival, with the policy deciding twice a second
+                    await asyncio.sleep(0.25)
+                    held.append(await asyncio.to_thread(held_replicas, TRANSIT_APP))
+                waiting = sum(a["members_waiting"] for a in await asyncio.to_thread(assemblers, TRANSIT_APP))
+                return max(held), waiting
+            finally:
+                for task in sending:
+                    task.cancel()
+                await asyncio.gather(*sending, return_exceptions=True)
+                await client.aclose()
+
+        most_held, waiting = asyncio.run(send_and_watch())
+        with capsys.disabled():
+            print(f"\n600 members in transit: at most {most_held} replica(s) held, {waiting} members waiting")
+        assert waiting == 600  # every member reached the replica, and waits there for its group-mate
+        assert most_held == 1
+    finally:
+        serve.delete(TRANSIT_APP)
