@@ -75,6 +75,9 @@ class _Assembly:
     route_key: str | None = None
     # Submit calls waiting on it while it collects (each holds a request slot of the replica).
     collecting_waiters: int = 0
+    # Its ledger lookup (a replica that died may have scored it): scoring waits for it, so a group
+    # whose members all arrive before the ledger answers is not scored a second time.
+    lookup: asyncio.Task[CompletedGroup | None] | None = None
 
     @property
     def keyed(self) -> bool:
@@ -397,17 +400,24 @@ class GroupAssembler:
                 lookup = loop.create_task(self._look_up(assembly), name=f"ledger-{member.group_id}")
                 self._background.add(lookup)
                 lookup.add_done_callback(self._background.discard)
+                assembly.lookup = lookup
         return assembly
 
-    async def _look_up(self, assembly: _Assembly) -> None:
-        """Adopt a group another replica scored (and died before answering all of it)."""
+    async def _look_up(self, assembly: _Assembly) -> CompletedGroup | None:
+        """The ledger's record of a group another replica scored (and died before answering all of it),
+        adopted at once while the group still collects; returned for its scoring to adopt otherwise
+        (None: no record, or no answer within ``ledger_timeout_s``)."""
         try:
             record = await asyncio.wait_for(self._ledger.get(assembly.group_id), self._ledger_timeout_s)
         except Exception:  # noqa: BLE001 - no ledger answer: the group is assembled as usual
             self._counters["ledger_errors"] += 1
-            return
-        if record is None or self._assembling.get(assembly.group_id) is not assembly:
-            return
+            return None
+        if record is not None and self._assembling.get(assembly.group_id) is assembly:
+            self._adopt(assembly, record)
+        return record
+
+    def _adopt(self, assembly: _Assembly, record: CompletedGroup) -> bool:
+        """Answer ``assembly`` with the ledger's ``record`` if that is this group (whether it did)."""
         first = assembly.first
         agrees = not _disagreements(
             first,
@@ -419,12 +429,15 @@ class GroupAssembler:
             record.digest_of(key) == candidate_digest(text) for key, text in assembly.candidates.items()
         )
         if not agrees:
-            return  # the same id for a different group: assemble it afresh
+            return False  # the same id for a different group: assemble it afresh
         self._counters["ledger_adopted"] += 1
         self._drop_assembling(assembly)
+        if self._scoring.get(assembly.group_id) is assembly:
+            del self._scoring[assembly.group_id]
         record.expires_at = self._clock() + self.completed_ttl_s  # another process's clock before
         self._store_completed(assembly.group_id, record)
         self._resolve(assembly, record.verdict)
+        return True
 
     async def _publish(self, assembly: _Assembly, verdict: Verdict) -> None:
         """Write a scored group to the ledger before its members hear of it.
@@ -562,6 +575,13 @@ class GroupAssembler:
         assembly.scoring.add_done_callback(lambda task: self._on_scoring_done(assembly, task))
 
     async def _score(self, assembly: _Assembly) -> None:
+        # A group complete before its ledger lookup answered waits for it (at most ledger_timeout_s):
+        # a replica that died may have scored it, and its members hold that verdict's rewards.
+        if assembly.lookup is not None:
+            await asyncio.wait({assembly.lookup})
+            record = None if assembly.lookup.cancelled() else assembly.lookup.result()
+            if record is not None and self._adopt(assembly, record):
+                return
         first = assembly.first
         texts = [assembly.candidates[key] for key in assembly.order or ()]
         shown = [position for position, text in enumerate(texts) if text is not None]

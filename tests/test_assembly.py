@@ -469,10 +469,11 @@ def test_settings_are_checked():
 class MemoryLedger:
     """An in-process ledger (the Serve one is deployments/ledger.py)."""
 
-    def __init__(self, fail: bool = False, put_delay_s: float = 0.0):
+    def __init__(self, fail: bool = False, put_delay_s: float = 0.0, get_delay_s: float = 0.0):
         self.records = {}
         self.fail = fail
         self.put_delay_s = put_delay_s
+        self.get_delay_s = get_delay_s
 
     async def put(self, group_id, record):
         if self.fail:
@@ -483,6 +484,7 @@ class MemoryLedger:
     async def get(self, group_id):
         if self.fail:
             raise ConnectionError("ledger down")
+        await asyncio.sleep(self.get_delay_s)
         return self.records.get(group_id)
 
 
@@ -507,6 +509,37 @@ async def test_a_member_re_sent_after_its_replica_died_gets_the_published_answer
     assert resent.valid and resent.score == answers[2].score and resent.group_scores == answers[2].group_scores
     assert resent.replica == "r1"  # the replica that scored the group
     assert second_replica.stats()["ledger_adopted"] == 1 and second_replica.stats()["groups_scored"] == 0
+
+
+async def test_a_whole_group_re_sent_before_the_ledger_answers_is_not_scored_again():
+    """The race issue 48 found: r1 scored and published a group, then died; all its members are
+    re-sent to r2 at once and complete the group there before r2's ledger lookup answers (a loaded
+    ledger). r2 waits for the lookup and answers r1's verdict: every member holds one verdict's rewards."""
+    ledger = MemoryLedger()
+    first_replica = GroupAssembler(_scores_by_length, assembly_timeout_s=5, ledger=ledger, replica="r1")
+    answers = await asyncio.gather(*(first_replica.submit(_member_of("g", i, candidate="x" * (i + 1))) for i in range(3)))
+    scored_again = []
+
+    async def another_verdict(group: GroupRequest) -> GroupResult:
+        scored_again.append(group.group_id)
+        return GroupResult(group_id=group.group_id, scores=[10.0, 0.0, 5.0], valid=True, replica="r2", attempts=1)
+
+    ledger.get_delay_s = 0.3
+    second_replica = GroupAssembler(another_verdict, assembly_timeout_s=5, ledger=ledger, replica="r2")
+    resent = await asyncio.wait_for(asyncio.gather(
+        *(second_replica.submit(_member_of("g", i, candidate="x" * (i + 1))) for i in range(3))), timeout=2)
+    assert scored_again == [] and second_replica.stats()["groups_scored"] == 0
+    assert [verdict_of(answer) for answer in resent] == [verdict_of(answer) for answer in answers]
+    assert {answer.replica for answer in resent} == {"r1"} and second_replica.stats()["ledger_adopted"] == 1
+
+
+async def test_a_ledger_that_does_not_answer_delays_a_complete_group_by_its_timeout_only():
+    stuck = MemoryLedger(get_delay_s=30)
+    assembler = GroupAssembler(_scores_by_length, assembly_timeout_s=5, ledger=stuck, ledger_timeout_s=0.2)
+    started = asyncio.get_running_loop().time()
+    answers = await asyncio.wait_for(asyncio.gather(*(assembler.submit(_member_of("g", i)) for i in range(3))), 2)
+    assert all(answer.valid for answer in answers) and assembler.stats()["groups_scored"] == 1
+    assert assembler.stats()["ledger_errors"] == 1 and asyncio.get_running_loop().time() - started >= 0.2
 
 
 async def test_a_different_group_under_the_same_id_is_not_adopted():
