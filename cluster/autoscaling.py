@@ -409,8 +409,9 @@ def _decide(now: float, current: int, loads: list[ReplicaLoad], demands: list[De
         kept_asleep = min(current, replicas_for_demand(demands, now, per_group_s, settings, break_even_s(settings)))
     # With min_replicas 0, the last replica stays while members wait on it for their group-mates: dropping
     # it would answer them "shutting down" and their re-sends would start a replica again (a cold start).
-    # It never adds one: a pool at 0 has no replica whose members wait.
-    members_waiting = any(load.members_waiting for load in loads)
+    # Requests queued at callers hold it too, saturated or not (they are on their way to it); at 0 they are
+    # counted as work anyway.
+    members_waiting = any(load.members_waiting for load in loads) or queued_at_callers > 0
     wanted = min(settings.max_replicas,
                  max(settings.min_replicas, int(members_waiting), for_work, for_demand, kept_asleep))
     details = dict(engine_work_s=engine_work_s, for_work=for_work, for_demand=for_demand, kept_asleep=kept_asleep,

@@ -138,6 +138,14 @@ def test_requests_queued_at_callers_count_as_work_while_a_replica_is_saturated()
     assert decide(0.0, 1, of_four, settings=settings, queued_at_callers=240).replicas == 4  # 2 + 30 s
     # An empty pool (none serving to say) counts what waits for it: the work must start one.
     assert decide(0.0, 0, [], settings=settings, queued_at_callers=3).replicas == 1
+    # And a pool that may empty keeps the replica those requests are on their way to, saturated or not.
+    may_empty = dataclasses.replace(settings, min_replicas=0, downscale_delay_s=0.0)
+    state = None
+    for second in range(5):
+        decision = decide(float(second), 1, [ReplicaLoad(seconds_per_group=1.0)], settings=may_empty,
+                          queued_at_callers=3, state=state)
+        state = decision.state
+        assert decision.replicas == 1, decision.reason
 
 
 def test_a_burst_of_members_in_transit_is_no_engine_work():
