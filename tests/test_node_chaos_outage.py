@@ -36,10 +36,13 @@ def test_on_a_slow_machine_the_margin_is_the_slowest_group_the_outage_did_not_ho
     answers = [
         *group("slow_while_down", [10.5, 11.0], [16.5, 17.0]),  # answered whole while down: 6 s
         *group("slow_after", [13.5, 14.5], [20.2, 20.3]),  # last sent 5.5 s before the end: not due
-        *group("frozen", [11.2, 11.5], [20.1, 20.1]),  # sent 8.5 s before the end, held to it
+        *group("frozen", [10.2, 10.5], [20.1, 20.1]),  # sent 9.5 s before the end, held to it
+        # 8.9 s, slower than any group answered while down, sent 7.5 s before the end: not due (a 6 s
+        # margin counted it as held).
+        *group("slow_at_the_end", [11.5, 12.5], [21.4, 21.4]),
     ]
     assert outage_waits(answers, down_at, back_at, margin_s=3.0) == {
-        "groups_due_while_down": 2, "groups_waiting_for_the_outage": 1, "outage_margin_s": 6.0,
+        "groups_due_while_down": 2, "groups_waiting_for_the_outage": 1, "outage_margin_s": 1.5 * 6.0,
     }
     # With nothing answered while down (everything froze), the margin stays the floor.
     frozen = group("frozen", [11.2, 11.5], [20.1, 20.1])
