@@ -411,15 +411,14 @@ def _decide(now: float, current: int, loads: list[ReplicaLoad], demands: list[De
     # it would answer them "shutting down" and their re-sends would start a replica again (a cold start).
     # Requests queued at callers hold it too, saturated or not (they are on their way to it); at 0 they are
     # counted as work anyway.
-    members_waiting = any(load.members_waiting for load in loads) or queued_at_callers > 0
+    members_held = any(load.members_waiting for load in loads) or queued_at_callers > 0
     wanted = min(settings.max_replicas,
-                 max(settings.min_replicas, int(members_waiting), for_work, for_demand, kept_asleep))
+                 max(settings.min_replicas, int(members_held), for_work, for_demand, kept_asleep))
     details = dict(engine_work_s=engine_work_s, for_work=for_work, for_demand=for_demand, kept_asleep=kept_asleep,
                    sleeping=sum(1 for load in loads if load.sleeping), cold_start_s=settings.cold_start_s)
     # Idle: nothing for the engines, no member waiting for its group-mates (a group on its way), nothing queued
     # at callers, and a trainer has said when its work comes (between its phases, or in a lull of one).
-    idle = (bool(loads) and bool(demands) and engine_work_s == 0 and queued_at_callers == 0
-            and not members_waiting)
+    idle = bool(loads) and bool(demands) and engine_work_s == 0 and not members_held
     idle_for = now - state.setdefault("idle_since", now) if idle else 0.0
     if not idle:
         state.pop("idle_since", None)
