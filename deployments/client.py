@@ -1,7 +1,7 @@
 """Calling scorer replicas through a Ray Serve handle, surviving replica death.
 
 Used by the HTTP ingress and by the Serve-side callers of the replicas. Each send is
-:class:`~grrm_client.handle_send.HandleSender`'s (the core the client's handle transport shares);
+:class:`~grrm_handles.send.HandleSender`'s (the core the client's handle transport shares);
 this module adds the Serve side's own re-send policy, for callers that may not retry themselves.
 A call whose replica dies is sent again with ``attempt + 1``: the router then uses pure ring
 order, so every member of the group lands together on the same live replica and the group is
@@ -18,8 +18,8 @@ from ray.serve.handle import DeploymentHandle
 
 from cluster.retry import RetryPolicy
 from cluster.schema import DemandAccepted, DemandAnnouncement, GroupRequest, GroupResult, MemberRequest, MemberResult
-from grrm_client.availability import DeploymentAvailability
-from grrm_client.handle_send import REPLICA_GONE_ERRORS, HandleSender
+from grrm_handles.availability import DeploymentAvailability
+from grrm_handles.send import REPLICA_GONE_ERRORS, HandleSender
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,8 +43,8 @@ from deployments.http.models import ErrorResponse, ScoreRequest, ScoreResponse
 from deployments.http.openrlhf import OpenRLHFRequest, OpenRLHFResponse, openrlhf_rewards
 from deployments.http.tenant_views import demand_view, tenants_view
 from deployments.replica_list import replica_actor_names
-from grrm_client.availability import Availability
-from grrm_client.handle_send import UNANSWERED_ERRORS
+from grrm_handles.availability import Availability
+from grrm_handles.send import UNANSWERED_ERRORS
 
 logger = logging.getLogger("ray.serve")
 app = FastAPI(

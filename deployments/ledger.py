@@ -26,7 +26,7 @@ from ray.serve.request_router import PendingRequest, RunningReplica
 from cluster.group_records import CompletedGroup
 from cluster.ledger import GroupLedger
 from cluster.routing import copy_holders
-from grrm_client.handles import fresh_handle, ready_handle
+from grrm_handles.ready import fresh_handle, ready_handle
 
 logger = logging.getLogger("ray.serve")
 

@@ -51,7 +51,7 @@ from deployments.metrics import ReplicaMetrics
 from deployments.preflight import ensure_replica_can_start
 from deployments.replica_set import ReplicaSetWatch
 from deployments.router import OUTSTANDING_WORK
-from grrm_client.handle_send import REPLICA_GONE_ERRORS, HandleSender
+from grrm_handles.send import REPLICA_GONE_ERRORS, HandleSender
 
 logger = logging.getLogger("ray.serve")
 

@@ -75,7 +75,7 @@ def make_transport(config: ClientConfig) -> Transport:
 
 class HandleTransport:
     """Calls the replica deployment through a Ray Serve handle (the trainer is on the same Ray cluster):
-    one :class:`~grrm_client.handle_send.HandleSender` send per attempt."""
+    one :class:`~grrm_handles.send.HandleSender` send per attempt."""
 
     def __init__(self, config: ClientConfig, handle: Any = None):
         self.config = config
@@ -87,7 +87,7 @@ class HandleTransport:
 
     def _send_with(self) -> Any:
         if self._sender is None:
-            from grrm_client.handle_send import HandleSender  # imports Ray Serve: only when a handle is used
+            from grrm_handles.send import HandleSender  # imports Ray Serve: only when a handle is used
 
             handle = self._handle
             if handle is None:
@@ -113,7 +113,7 @@ class HandleTransport:
         if self._announce_to is None:
             from ray import serve
 
-            from grrm_client.handle_send import HandleSender
+            from grrm_handles.send import HandleSender
 
             try:
                 ingress = serve.get_deployment_handle(self.config.ingress_deployment, app_name=self.config.app_name)
@@ -123,7 +123,7 @@ class HandleTransport:
         return self._announce_to
 
     async def _send(self, method: str, request: Any, attempt: int, sender: Any = None) -> Any:
-        from grrm_client.handle_send import REPLICA_GONE_ERRORS, UNANSWERED_ERRORS, unanswered_code
+        from grrm_handles.send import REPLICA_GONE_ERRORS, UNANSWERED_ERRORS, unanswered_code
 
         sender = sender or self._send_with()
         try:

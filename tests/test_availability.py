@@ -9,7 +9,7 @@ import pytest
 from ray.serve.exceptions import DeploymentUnavailableError
 
 from cluster.schema import GroupRequest
-from grrm_client.availability import (
+from grrm_handles.availability import (
     DeploymentAvailability,
     ReplicasUnschedulableError,
     assess,

@@ -1,13 +1,21 @@
 """The client stands alone: no module of ``grrm_client`` imports the service (``deployments``), at
 module level or lazily inside a function, so the client can be installed and reasoned about on
-its own (the service may use the client's modules, never the other way round)."""
+its own (the service may use the client's modules, never the other way round).
+
+The handle plumbing both sides use (``grrm_handles``: one send over a Serve handle, a deployment's
+availability, handles set up early) is neutral: it imports neither the service nor the client, and
+its package import stays light (no Ray: the client imports its modules only when a handle is used)."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
-CLIENT = Path(__file__).resolve().parent.parent / "grrm_client"
+ROOT = Path(__file__).resolve().parent.parent
+CLIENT = ROOT / "grrm_client"
+HANDLES = ROOT / "grrm_handles"
 SERVICE = "deployments"
 
 
@@ -27,20 +35,58 @@ def imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
     return found
 
 
+def imports_package(module: str, package: str) -> bool:
+    return module == package or module.startswith(f"{package}.")
+
+
 def imports_service(module: str) -> bool:
-    return module == SERVICE or module.startswith(f"{SERVICE}.")
+    return imports_package(module, SERVICE)
+
+
+def offending_imports(package: Path, forbidden: tuple[str, ...]) -> list[str]:
+    """``path:line: module`` for every import, in any module of ``package`` (its sub-packages too), of
+    one of the ``forbidden`` top-level packages."""
+    sources = sorted(package.rglob("*.py"))
+    assert sources, f"the walk found no modules in {package.name}"
+    return [
+        f"{path.relative_to(package.parent)}:{line}: {module}"
+        for path in sources
+        for line, module in imported_modules(ast.parse(path.read_text(), str(path)))
+        if any(imports_package(module, name) for name in forbidden)
+    ]
 
 
 def test_no_client_module_imports_the_service():
-    sources = sorted(CLIENT.glob("*.py"))
-    assert len(sources) > 5, "the walk found no client modules"
-    offenders = [
-        f"{path.relative_to(CLIENT.parent)}:{line}: {module}"
-        for path in sources
-        for line, module in imported_modules(ast.parse(path.read_text(), str(path)))
-        if imports_service(module)
-    ]
+    assert len(list(CLIENT.glob("*.py"))) > 5, "the walk found no client modules"
+    offenders = offending_imports(CLIENT, (SERVICE,))
     assert not offenders, "grrm_client imports deployments:\n" + "\n".join(offenders)
+
+
+def test_the_handle_plumbing_imports_neither_side():
+    modules = {path.stem for path in HANDLES.glob("*.py")}
+    assert {"send", "availability", "ready"} <= modules, f"the walk found only {sorted(modules)} in grrm_handles"
+    offenders = offending_imports(HANDLES, (SERVICE, "grrm_client"))
+    assert not offenders, "grrm_handles imports the service or the client:\n" + "\n".join(offenders)
+
+
+def test_the_handle_package_import_is_light():
+    # Ray (Serve) comes with the modules, not with the package: ``import grrm_handles`` loads none of it.
+    check = "import sys, grrm_handles; print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))"
+    done = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", f"importing grrm_handles imports Ray: {done.stdout.strip()}"
+
+
+def test_the_rule_catches_a_handle_module_that_imports_either_side(tmp_path):
+    package = tmp_path / "grrm_handles"
+    package.mkdir()
+    (package / "send.py").write_text("from grrm_handles.ready import ready_handle\nimport grrm_clientele\n")
+    (package / "ready.py").write_text("def lazy():\n    from deployments.client import ScorerClient\n")
+    (package / "availability.py").write_text("import grrm_client.config\n")
+    assert offending_imports(package, (SERVICE, "grrm_client")) == [
+        "grrm_handles/availability.py:1: grrm_client.config",
+        "grrm_handles/ready.py:2: deployments.client",
+    ]
 
 
 def test_the_walk_sees_every_form_of_import():
@@ -51,7 +97,7 @@ def test_the_walk_sees_every_form_of_import():
         "    import deployments.ingress as ingress\n"
         "    importlib.import_module('deployments.replica')\n"
         "    __import__('deployments')\n"
-        "from grrm_client import handle_send\n"
+        "from grrm_handles import send\n"
         "import deploymentsfoo\n"
     )
     modules = [module for _, module in sorted(imported_modules(ast.parse(source)))]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ray.serve.handle import DeploymentHandle
 
-from grrm_client.handles import fresh_handle
+from grrm_handles.ready import fresh_handle
 
 
 def test_a_fresh_handle_has_a_router_of_its_own_unlike_serves_cached_handle(monkeypatch):

@@ -18,7 +18,7 @@ import pytest
 from cluster.engines import EngineConfig, EngineError, make_engine
 
 ROOT = Path(__file__).resolve().parent.parent
-PRODUCT = {"cluster", "deployments", "trainer_bridge", "grrm_cli", "grrm_client"}
+PRODUCT = {"cluster", "deployments", "trainer_bridge", "grrm_cli", "grrm_client", "grrm_handles"}
 CHECKOUT_ONLY = {"simulated", "cpu_harness", "tests", "bench", "k8s", "examples", "scripts"}
 # Left out of the copy the wheel is built from: environments, caches and earlier builds.
 NOT_SOURCES = shutil.ignore_patterns(

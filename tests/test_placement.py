@@ -8,9 +8,9 @@ from pydantic import ValidationError
 
 from cluster.engines.config import EngineConfig
 from deployments.app import replica_options
-from grrm_client.availability import missing_resources
 from deployments.config import AppConfig
 from deployments.placement import PlacementError, plan_placement
+from grrm_handles.availability import missing_resources
 
 
 def engine(**settings) -> EngineConfig:

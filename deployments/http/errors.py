@@ -17,8 +17,8 @@ from starlette.requests import ClientDisconnect
 
 from cluster.failures import KINDS, ErrorCode, code_for_status
 from deployments.http.models import ErrorResponse
-from grrm_client.availability import ReplicasUnschedulableError
-from grrm_client.handle_send import REPLICA_GONE_ERRORS, unanswered_code
+from grrm_handles.availability import ReplicasUnschedulableError
+from grrm_handles.send import REPLICA_GONE_ERRORS, unanswered_code
 
 logger = logging.getLogger("ray.serve")
 
@@ -90,7 +90,7 @@ async def _invalid(_: Request, error: RequestValidationError) -> JSONResponse:
 
 
 def unanswered(error: Exception) -> HTTPProblem:
-    """The problem for a call no replica answered (one of ``grrm_client.handle_send.UNANSWERED_ERRORS``):
+    """The problem for a call no replica answered (one of ``grrm_handles.send.UNANSWERED_ERRORS``):
     503 with Retry-After, never a 500."""
     code = unanswered_code(error)
     if isinstance(error, ReplicasUnschedulableError):  # not load: no replica can run; say what is missing

@@ -11,8 +11,8 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError
 
 from cluster.failures import kind_of
-from grrm_client.handle_send import UNANSWERED_ERRORS
 from deployments.http.errors import error_response, unanswered
+from grrm_handles.send import UNANSWERED_ERRORS
 
 
 @pytest.mark.parametrize(

@@ -16,10 +16,10 @@ from ray.serve.exceptions import DeploymentUnavailableError
 from cluster.engines import EngineConfig
 from cluster.schema import GroupRequest
 from deployments.app import build_app
-from grrm_client.availability import DeploymentAvailability, ReplicasUnschedulableError
 from deployments.client import ScorerClient
 from deployments.config import AppConfig, ReplicaSettings
 from grrm_client import HandleTransport, RewardClient
+from grrm_handles.availability import DeploymentAvailability, ReplicasUnschedulableError
 from trainer_bridge.config import BridgeConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -97,7 +97,7 @@ async def test_handle_callers_get_an_error_not_a_wait(gpu_app_url):
 async def test_a_call_already_waiting_fails_once_no_replica_can_start(gpu_app_url):
     """A call sent while the verdict was still "starting" (e.g. before Serve's own 30 s report on
     resources that exist but are taken) is given up as soon as the verdict changes."""
-    from grrm_client.availability import fetch_facts
+    from grrm_handles.availability import fetch_facts
 
     looks = []
 

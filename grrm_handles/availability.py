@@ -4,7 +4,7 @@ Serve holds a call to a deployment without a running replica until one starts. W
 can be placed (the deployment asks for resources that no node of the cluster has, such as GPUs on
 a CPU-only cluster) that wait never ends, and Serve explains it only in its controller's log (and,
 after 30 s, in the deployment's status message). The callers of the replicas
-(:class:`grrm_client.handle_send.HandleSender`: the client's handle transport, the HTTP ingress,
+(:class:`grrm_handles.send.HandleSender`: the client's handle transport, the HTTP ingress,
 the replicas' hand-offs) ask :class:`DeploymentAvailability` first, and fail at once with
 :class:`ReplicasUnschedulableError`, which names the missing resources.
 

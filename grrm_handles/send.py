@@ -4,8 +4,8 @@ The core every handle caller shares: the client's handle transport (one send per
 retrying is :class:`~grrm_client.reward_client.RewardClient`'s), the HTTP ingress and the replicas'
 hand-offs (``deployments/client.py``'s :class:`~deployments.client.ScorerClient` re-sends on a
 policy of its own). A send waits for the deployment only while it can serve: a call to a
-deployment none of whose replicas runs or can be placed (:mod:`grrm_client.availability`) fails
-with :class:`~grrm_client.availability.ReplicasUnschedulableError` (a Serve
+deployment none of whose replicas runs or can be placed (:mod:`grrm_handles.availability`) fails
+with :class:`~grrm_handles.availability.ReplicasUnschedulableError` (a Serve
 ``DeploymentUnavailableError``) that names the missing resources, instead of waiting for ever; so
 does a call already waiting when that becomes known.
 
@@ -26,8 +26,8 @@ from ray.serve import context as serve_context
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle
 
-from grrm_client.availability import DeploymentAvailability, wait_for_refresh
-from grrm_client.handles import ready_handle
+from grrm_handles.availability import DeploymentAvailability, wait_for_refresh
+from grrm_handles.ready import ready_handle
 
 __all__ = ["REPLICA_GONE_ERRORS", "UNANSWERED_ERRORS", "HandleSender", "unanswered_code"]
 
