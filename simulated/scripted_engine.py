@@ -51,6 +51,7 @@ from cluster.engines.base import (
     Tokenizer,
 )
 from cluster.engines.config import EngineConfig, ScriptedEngineOptions
+from cluster.engines.lifecycle import EngineBase
 from simulated.slots import PrioritySlots
 
 __all__ = [
@@ -381,11 +382,6 @@ def _hf_tokenizer_dir_of(config: EngineConfig) -> str | None:
 # --------------------------------------------------------------------------- the engine
 
 
-class _TokenizerNotReadyError(EngineError, AttributeError):
-    """The tokenizer before start(). Also an AttributeError so that Python 3.11's
-    ``isinstance(engine, Engine)`` (which probes attributes with ``hasattr``) does not raise."""
-
-
 @dataclass(frozen=True)
 class _Plan:
     prompt: str
@@ -393,7 +389,7 @@ class _Plan:
     latency_factor: float
 
 
-class ScriptedEngine:
+class ScriptedEngine(EngineBase):
     """A deterministic GRRM stand-in driven by ``config.scripted`` (tests and simulations only).
 
     Public state for tests: :attr:`generations_served` (generations returned to callers),
@@ -404,18 +400,19 @@ class ScriptedEngine:
     """
 
     name = "scripted"
+    requires_model = False  # its answers come from a quality function; a model path only names a tokenizer
     history_limit = 10_000
 
     def __init__(self, config: EngineConfig):
-        self.config = config
+        super().__init__(config)
         self.options: ScriptedEngineOptions = config.scripted
         self._hf_tokenizer_dir = _hf_tokenizer_dir_of(config)
-        self._tokenizer: Tokenizer | None = None if self._hf_tokenizer_dir else ScriptedTokenizer()
+        # Its own tokenizer is there before start(); a tokenizer directory is loaded by start().
+        self._tokenizer = None if self._hf_tokenizer_dir else ScriptedTokenizer()
         self._failure_rng = random.Random(self.options.seed)
         self._latency_rng = random.Random(f"latency:{self.options.seed}")
         self._analysis_rng = random.Random(f"analysis:{self.options.seed}")
         self._scripted: deque[FailureKind] = deque()
-        self._started = False
         self._sleeping = False
         self._killed = False
         self._stalled = False
@@ -469,9 +466,8 @@ class ScriptedEngine:
 
     # ----------------------------------------------------------------- Engine protocol
 
-    async def start(self) -> None:
-        if self._started:
-            return
+    async def _start(self) -> None:
+        """Refuse after :meth:`kill`; load a configured tokenizer directory; take ``start_s`` seconds."""
         if self._killed:
             raise EngineError("scripted engine was killed; build a new one")
         if self._tokenizer is None:
@@ -479,12 +475,11 @@ class ScriptedEngine:
         if self.options.start_s:
             await asyncio.sleep(self.options.start_s)
         self._abort = asyncio.Event()
-        self._started = True
 
-    async def stop(self) -> None:
-        if self._abort is not None:
-            self._abort.set()  # in-flight (hung) generations end with EngineError
-        self._started = False
+    async def _stop(self) -> None:
+        """End in-flight (hung) generations with :class:`EngineError`; a sleeping engine stops awake."""
+        assert self._abort is not None  # made by _start
+        self._abort.set()
         self._sleeping = False
 
     # ----------------------------------------------------------------- sleep mode (SleepingEngine)
@@ -513,17 +508,12 @@ class ScriptedEngine:
         self._sleeping = False
         self.wakes += 1
 
-    @property
-    def tokenizer(self) -> Tokenizer:
-        if self._tokenizer is None:
-            raise _TokenizerNotReadyError("tokenizer: call start() first (it loads the configured tokenizer)")
-        return self._tokenizer
-
     async def check_health(self) -> None:
+        """Raise :class:`EngineDeadError` after :meth:`kill`, :class:`EngineError` unless started;
+        while stalled (:meth:`stall`), answer only when stopped or killed."""
         if self._killed:
             raise EngineDeadError("scripted engine is dead (kill() was called)")
-        if not self._started:
-            raise EngineError("scripted engine is not started")
+        self._require_started()
         if self._stalled:
             assert self._abort is not None
             await self._abort.wait()

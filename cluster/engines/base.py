@@ -30,6 +30,14 @@ class EngineDeadError(EngineError):
     """
 
 
+class TokenizerNotReadyError(EngineError, AttributeError):
+    """The tokenizer was asked for before the engine loaded it (before :meth:`Engine.start`).
+
+    Also an :class:`AttributeError`: Python 3.11's ``isinstance(engine, Engine)`` probes the
+    protocol's attributes with ``hasattr``, which must answer False here, not raise.
+    """
+
+
 @dataclass(frozen=True)
 class SamplingSettings:
     """Sampling for one generate call; engines translate it into their own parameter objects."""

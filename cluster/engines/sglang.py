@@ -54,6 +54,7 @@ from typing import Any, TypeVar
 
 from cluster.engines.base import EngineDeadError, EngineError, FinishReason, Generation, SamplingSettings, Tokenizer
 from cluster.engines.config import EngineConfig
+from cluster.engines.lifecycle import EngineBase
 
 __all__ = [
     "HEALTH_PROBE_TIMEOUT_S",
@@ -71,12 +72,6 @@ HEALTH_PROBE_TIMEOUT_S = 30.0
 LIVENESS_POLL_S = 1.0
 
 _T = TypeVar("_T")
-
-
-class _TokenizerNotReadyError(EngineError, AttributeError):
-    """The tokenizer before start(). Also an AttributeError so that Python 3.11's
-    ``isinstance(engine, Engine)`` (which probes attributes with ``hasattr``) does not raise."""
-
 
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
@@ -246,40 +241,34 @@ class _Started:
             task.cancel()  # a no-op once done
 
 
-class SGLangEngine:
+class SGLangEngine(EngineBase):
     """An :class:`~cluster.engines.base.Engine` over ``sglang.Engine`` (SGLang batches itself)."""
 
     name = "sglang"
 
     def __init__(self, config: EngineConfig):
-        self.config = config
-        self._started: _Started | None = None
-        self._tokenizer: Tokenizer | None = None
-        # Serializes start/stop (an asyncio.Lock binds to the loop of its first use).
-        self._lifecycle_lock = asyncio.Lock()
+        super().__init__(config)
+        self._running: _Started | None = None
 
-    async def start(self) -> None:
+    async def _start(self) -> None:
         """Load the tokenizer and build ``sglang.Engine`` on a thread of the engine's own (the event
-        loop serves on meanwhile); idempotent."""
-        async with self._lifecycle_lock:
-            if self._started is not None:
-                return
-            kwargs = sglang_engine_kwargs(self.config)
-            # One worker thread, kept until owner.shutdown(): the parent of SGLang's processes.
-            owner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sglang-engine")
-            build = owner.submit(_start_sglang, kwargs, self._load_tokenizer)
-            try:
-                engine, children, tokenizer = await asyncio.wrap_future(build)
-            except BaseException as exc:
-                # A cancelled start shuts its engine down once the constructor returns; then the owner
-                # thread ends, and with it any process that a failed constructor left running.
-                owner.submit(_shutdown_if_built, build)
-                owner.shutdown(wait=False)
-                if isinstance(exc, Exception) and not isinstance(exc, EngineError):
-                    raise EngineError(f"SGLang failed to start for model {self.config.model!r}: {exc}") from exc
-                raise
-            self._tokenizer = tokenizer
-            self._started = _Started(engine, owner, children)
+        loop serves on meanwhile)."""
+        kwargs = sglang_engine_kwargs(self.config)
+        # One worker thread, kept until owner.shutdown(): the parent of SGLang's processes.
+        owner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sglang-engine")
+        build = owner.submit(_start_sglang, kwargs, self._load_tokenizer)
+        try:
+            engine, children, tokenizer = await asyncio.wrap_future(build)
+        except BaseException as exc:
+            # A cancelled start shuts its engine down once the constructor returns; then the owner
+            # thread ends, and with it any process that a failed constructor left running.
+            owner.submit(_shutdown_if_built, build)
+            owner.shutdown(wait=False)
+            if isinstance(exc, Exception) and not isinstance(exc, EngineError):
+                raise EngineError(f"SGLang failed to start for model {self.config.model!r}: {exc}") from exc
+            raise
+        self._tokenizer = tokenizer
+        self._running = _Started(engine, owner, children)
 
     def _load_tokenizer(self) -> Tokenizer:
         try:
@@ -294,32 +283,26 @@ class SGLangEngine:
         except Exception as exc:
             raise EngineError(f"could not load the tokenizer {path!r}: {exc}") from exc
 
-    async def stop(self) -> None:
-        """Shut SGLang down off the event loop; idempotent."""
-        async with self._lifecycle_lock:
-            started, self._started = self._started, None
-            if started is None:
-                return
-            try:
-                # Engine.shutdown() SIGKILLs every descendant of this process (kill_process_tree) and
-                # waits up to 60 s for them; on the owner thread, which may end only after that.
-                await asyncio.get_running_loop().run_in_executor(started.owner, started.engine.shutdown)
-            finally:
-                started.owner.shutdown(wait=False)
+    async def _stop(self) -> None:
+        """Shut SGLang down off the event loop, on the thread that started it."""
+        started, self._running = self._running, None
+        if started is None:
+            return
+        try:
+            # Engine.shutdown() SIGKILLs every descendant of this process (kill_process_tree) and
+            # waits up to 60 s for them; on the owner thread, which may end only after that.
+            await asyncio.get_running_loop().run_in_executor(started.owner, started.engine.shutdown)
+        finally:
+            started.owner.shutdown(wait=False)
 
-    @property
-    def tokenizer(self) -> Tokenizer:
-        if self._tokenizer is None:
-            raise _TokenizerNotReadyError("tokenizer: call start() first")
-        return self._tokenizer
-
-    def _require_started(self) -> _Started:
-        if self._started is None:
-            raise EngineError("the SGLang engine is not started (or was stopped)")
-        return self._started
+    def _require_running(self) -> _Started:
+        """The started SGLang engine; :class:`EngineError` unless started."""
+        self._require_started()
+        assert self._running is not None  # set whenever started
+        return self._running
 
     async def generate(self, prompts: Sequence[str], sampling: SamplingSettings, priority: int = 0) -> list[Generation]:
-        started = self._require_started()
+        started = self._require_running()
         if isinstance(prompts, str):
             raise TypeError("prompts: pass a list of prompt strings, not a string")
         prompts = list(prompts)
@@ -353,7 +336,7 @@ class SGLangEngine:
         ``process_input_requests``), so a probe waits at most one scheduler step, never behind the
         generations queued. Its answer does not pass the detokenizer, hence the process check too.
         """
-        started = self._require_started()
+        started = self._require_running()
         started.raise_if_dead()
         try:
             await asyncio.wait_for(

@@ -41,15 +41,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cluster.engines.base import (
-    EngineError,
-    EngineUnsupportedError,
-    FinishReason,
-    Generation,
-    SamplingSettings,
-    Tokenizer,
-)
+from cluster.engines.base import EngineError, EngineUnsupportedError, FinishReason, Generation, SamplingSettings
 from cluster.engines.config import EngineConfig
+from cluster.engines.lifecycle import EngineBase
 
 logger = logging.getLogger(__name__)
 
@@ -364,20 +358,19 @@ class _GrammarProcessor:
         return scores
 
 
-class TransformersEngine:
+class TransformersEngine(EngineBase):
     """Hugging Face ``transformers`` generation with a micro-batcher (see the module docstring)."""
 
     name = "transformers"
 
     def __init__(self, config: EngineConfig):
-        self.config = config
+        super().__init__(config)
         model_kwargs = dict(config.engine_kwargs)
         self.max_batch_size = int(model_kwargs.pop("max_batch_size", DEFAULT_MAX_BATCH_SIZE))
         if self.max_batch_size < 1:
             raise ValueError(f"engine_kwargs.max_batch_size: must be >= 1 (got {self.max_batch_size})")
         self._model_kwargs = model_kwargs
         self._model: Any = None
-        self._tokenizer: Any = None
         self._device: Any = None
         self._eos_ids: frozenset[int] = frozenset()
         self._pad_id: int = 0
@@ -391,26 +384,20 @@ class TransformersEngine:
         self._worker: asyncio.Task[None] | None = None
         self._closing = False
         self._aborts = 0  # calls that went away while their rows were queued or generating
-        # Serializes start/stop (an asyncio.Lock binds to the loop of its first use).
-        self._lifecycle_lock = asyncio.Lock()
 
-    # -- lifecycle -------------------------------------------------------------------------------
+    # -- lifecycle (EngineBase) ------------------------------------------------------------------
 
-    async def start(self) -> None:
-        async with self._lifecycle_lock:
-            if self._model is not None:
-                return
-            if not self.config.model:
-                raise EngineError("config.model: a model directory or hub id is required")
-            try:
-                await asyncio.to_thread(self._load)
-            except EngineError:
-                raise
-            except Exception as exc:
-                raise EngineError(f"transformers could not load {self.config.model!r}: {exc}") from exc
-            self._closing = False
-            self._wakeup = asyncio.Event()
-            self._worker = asyncio.create_task(self._run(), name=f"{self.name}-engine-worker")
+    async def _start(self) -> None:
+        """Load the model and tokenizer in a thread, then start the batching worker."""
+        try:
+            await asyncio.to_thread(self._load)
+        except EngineError:
+            raise
+        except Exception as exc:
+            raise EngineError(f"transformers could not load {self.config.model!r}: {exc}") from exc
+        self._closing = False
+        self._wakeup = asyncio.Event()
+        self._worker = asyncio.create_task(self._run(), name=f"{self.name}-engine-worker")
 
     def _load(self) -> None:
         import torch
@@ -460,21 +447,19 @@ class TransformersEngine:
         self._grammar_compiler = None
         logger.info("transformers engine: loaded %s on %s (vocab %d)", config.model, device, vocab_size)
 
-    async def stop(self) -> None:
-        async with self._lifecycle_lock:
-            if self._model is None and self._worker is None:
-                return
-            self._closing = True  # in-flight rows end at their next token as "abort"
-            worker, self._worker = self._worker, None
-            if worker is not None:
-                if self._wakeup is not None:
-                    self._wakeup.set()
-                await asyncio.wait([worker])  # its batch in flight ends at the next token
-                if not worker.cancelled() and worker.exception() is not None:
-                    logger.warning("transformers engine: worker had died: %r", worker.exception())
-            self._fail_pending(EngineError("engine stopped"))
-            self._model = self._tokenizer = self._grammar_compiler = None
-            await asyncio.to_thread(self._free_memory)
+    async def _stop(self) -> None:
+        """End the worker (rows in flight end as "abort"), fail the queued rows, free the memory."""
+        self._closing = True  # in-flight rows end at their next token as "abort"
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            if self._wakeup is not None:
+                self._wakeup.set()
+            await asyncio.wait([worker])  # its batch in flight ends at the next token
+            if not worker.cancelled() and worker.exception() is not None:
+                logger.warning("transformers engine: worker had died: %r", worker.exception())
+        self._fail_pending(EngineError("engine stopped"))
+        self._model = self._tokenizer = self._grammar_compiler = None
+        await asyncio.to_thread(self._free_memory)
 
     @staticmethod
     def _free_memory() -> None:
@@ -492,15 +477,10 @@ class TransformersEngine:
 
     # -- interface -------------------------------------------------------------------------------
 
-    @property
-    def tokenizer(self) -> Tokenizer:
-        if self._tokenizer is None:
-            raise EngineError("the engine is not started")
-        return self._tokenizer
-
     async def check_health(self) -> None:
-        if self._model is None or self._worker is None:
-            raise EngineError("the engine is not started")
+        """Raise :class:`EngineError` when the engine is not started or its worker stopped."""
+        self._require_started()
+        assert self._worker is not None  # a started engine has its worker
         if self._worker.done():
             error = None if self._worker.cancelled() else self._worker.exception()
             raise EngineError(f"the engine's worker stopped: {error!r}")

@@ -21,8 +21,9 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from cluster.engines.base import EngineDeadError, EngineError, FinishReason, Generation, SamplingSettings, Tokenizer
+from cluster.engines.base import EngineDeadError, EngineError, FinishReason, Generation, SamplingSettings
 from cluster.engines.config import EngineConfig
+from cluster.engines.lifecycle import EngineBase
 
 logger = logging.getLogger(__name__)
 
@@ -158,58 +159,51 @@ def _import_vllm() -> dict[str, Any]:
     return names
 
 
-class VLLMEngine:
+class VLLMEngine(EngineBase):
     """vLLM's ``AsyncLLM`` (see the module docstring)."""
 
     name = "vllm"
 
     def __init__(self, config: EngineConfig):
-        self.config = config
+        super().__init__(config)
         self._engine: Any = None
-        self._tokenizer: Any = None
         self._vllm: dict[str, Any] = {}
         self._sleeping = False
-        # Serializes start/stop (an asyncio.Lock binds to the loop of its first use).
-        self._lifecycle_lock = asyncio.Lock()
 
-    # -- lifecycle -------------------------------------------------------------------------------
+    # -- lifecycle (EngineBase) ------------------------------------------------------------------
 
-    async def start(self) -> None:
-        async with self._lifecycle_lock:
-            if self._engine is not None:
-                return
-            if not self.config.model:
-                raise EngineError("config.model: a model directory or hub id is required")
-            applied = await asyncio.to_thread(apply_cpu_env_defaults)
-            if applied and self.config.executor == "ray":
-                # vLLM's CPU backend refuses Ray workers deep inside its start; say which setting.
-                raise EngineError(
-                    "engine.distributed_executor_backend: 'ray' needs CUDA devices; vLLM's CPU backend "
-                    "runs parallel ranks as processes ('mp' or 'auto')"
-                )
-            if applied:
-                logger.info("vllm engine: no CUDA device; CPU settings %s", applied)
-            try:
-                self._vllm = await asyncio.to_thread(_import_vllm)
-            except ImportError as exc:
-                raise EngineError(f"vLLM is not importable here: {exc}") from exc
-            try:
-                args = self._vllm["AsyncEngineArgs"](**engine_args_kwargs(self.config))
-                # Building the engine starts the engine core (a process) and waits for it: seconds
-                # to minutes. A thread keeps the event loop serving meanwhile; without a running loop
-                # the constructor defers its output handler, which we start right after.
-                engine = await asyncio.to_thread(self._vllm["AsyncLLM"].from_engine_args, args)
-            except Exception as exc:
-                raise EngineError(f"vLLM could not start {self.config.model!r}: {exc}") from exc
-            try:
-                start_output_handler = getattr(engine, "_run_output_handler", None)
-                if callable(start_output_handler):  # else it starts with the first request
-                    start_output_handler()
-                self._tokenizer = await asyncio.to_thread(self._load_tokenizer)
-            except BaseException:
-                await asyncio.to_thread(engine.shutdown)
-                raise
-            self._engine = engine
+    async def _start(self) -> None:
+        """Import vLLM, start its engine core, then load the tokenizer (or shut the core down)."""
+        applied = await asyncio.to_thread(apply_cpu_env_defaults)
+        if applied and self.config.executor == "ray":
+            # vLLM's CPU backend refuses Ray workers deep inside its start; say which setting.
+            raise EngineError(
+                "engine.distributed_executor_backend: 'ray' needs CUDA devices; vLLM's CPU backend "
+                "runs parallel ranks as processes ('mp' or 'auto')"
+            )
+        if applied:
+            logger.info("vllm engine: no CUDA device; CPU settings %s", applied)
+        try:
+            self._vllm = await asyncio.to_thread(_import_vllm)
+        except ImportError as exc:
+            raise EngineError(f"vLLM is not importable here: {exc}") from exc
+        try:
+            args = self._vllm["AsyncEngineArgs"](**engine_args_kwargs(self.config))
+            # Building the engine starts the engine core (a process) and waits for it: seconds
+            # to minutes. A thread keeps the event loop serving meanwhile; without a running loop
+            # the constructor defers its output handler, which we start right after.
+            engine = await asyncio.to_thread(self._vllm["AsyncLLM"].from_engine_args, args)
+        except Exception as exc:
+            raise EngineError(f"vLLM could not start {self.config.model!r}: {exc}") from exc
+        try:
+            start_output_handler = getattr(engine, "_run_output_handler", None)
+            if callable(start_output_handler):  # else it starts with the first request
+                start_output_handler()
+            self._tokenizer = await asyncio.to_thread(self._load_tokenizer)
+        except BaseException:
+            await asyncio.to_thread(engine.shutdown)
+            raise
+        self._engine = engine
 
     def _load_tokenizer(self) -> Any:
         from transformers import AutoTokenizer
@@ -217,19 +211,19 @@ class VLLMEngine:
         trust = bool(self.config.engine_kwargs.get("trust_remote_code", False))
         return AutoTokenizer.from_pretrained(self.config.tokenizer or self.config.model, trust_remote_code=trust)
 
-    async def stop(self) -> None:
-        async with self._lifecycle_lock:
-            engine, self._engine = self._engine, None
-            self._tokenizer = None
-            self._sleeping = False
-            if engine is not None:
-                # The output handler reads the engine core's outputs: stopped first, it does not
-                # log the core's own shutdown as an EngineDeadError with a traceback.
-                handler = getattr(engine, "output_handler", None)
-                if isinstance(handler, asyncio.Task) and not handler.done():
-                    handler.cancel()
-                    await asyncio.gather(handler, return_exceptions=True)
-                await asyncio.to_thread(engine.shutdown)
+    async def _stop(self) -> None:
+        """Stop the output handler, then shut the engine core down (off the event loop)."""
+        engine, self._engine = self._engine, None
+        self._tokenizer = None
+        self._sleeping = False
+        if engine is not None:
+            # The output handler reads the engine core's outputs: stopped first, it does not
+            # log the core's own shutdown as an EngineDeadError with a traceback.
+            handler = getattr(engine, "output_handler", None)
+            if isinstance(handler, asyncio.Task) and not handler.done():
+                handler.cancel()
+                await asyncio.gather(handler, return_exceptions=True)
+            await asyncio.to_thread(engine.shutdown)
 
     # -- sleep mode (cluster.engines.base.SleepingEngine) ---------------------------------------
 
@@ -272,15 +266,9 @@ class VLLMEngine:
 
     # -- interface -------------------------------------------------------------------------------
 
-    @property
-    def tokenizer(self) -> Tokenizer:
-        if self._tokenizer is None:
-            raise EngineError("the engine is not started")
-        return self._tokenizer
-
     def _require_engine(self) -> Any:
-        if self._engine is None:
-            raise EngineError("the engine is not started")
+        """vLLM's ``AsyncLLM``; :class:`EngineError` unless the engine is started."""
+        self._require_started()
         return self._engine
 
     async def check_health(self) -> None:
@@ -298,8 +286,7 @@ class VLLMEngine:
 
     def sampling_params(self, sampling: SamplingSettings) -> Any:
         """The ``vllm.SamplingParams`` for ``sampling`` (the engine must be started)."""
-        if not self._vllm:
-            raise EngineError("the engine is not started")
+        self._require_started()
         kwargs = sampling_params_kwargs(sampling)
         if sampling.regex is not None:
             kwargs["structured_outputs"] = self._vllm["StructuredOutputsParams"](regex=sampling.regex)

@@ -95,7 +95,7 @@ class _AsyncLLMStandIn:
 
 def vllm_with(stand_in: _AsyncLLMStandIn, sleep_mode: bool = True) -> VLLMEngine:
     engine = VLLMEngine(EngineConfig(kind="vllm", model="m", sleep_mode=sleep_mode))
-    engine._engine = stand_in  # started: what start() leaves behind
+    engine._engine, engine._started = stand_in, True  # started: what start() leaves behind
     return engine
 
 
