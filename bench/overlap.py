@@ -17,7 +17,7 @@ slots groups at once) takes `ratio` x the generation time. --per-token-s default
 CPU vLLM run's measured rate when bench/results/grpo_overlap.json exists.
 
 The limit (docs/exposure.md): no schedule of the same groups, released when they complete, on
-the same --reward-slots finishes before ``F`` (``trainer_bridge.exposure.schedule_finish_bound``);
+the same --reward-slots finishes before ``F`` (``grrm_client.adapters.verl.exposure.schedule_finish_bound``);
 ``limit_exposed_s = F - generation``. Also one REAL run (examples/grpo_overlap.py: tiny policy on the CPU
 vLLM engine, the reward cluster on local Ray Serve) unless --skip-real.
 
@@ -35,7 +35,7 @@ import statistics
 from pathlib import Path
 
 from bench.common import machine, print_table, results_dir, write_json
-from trainer_bridge.exposure import ScoredGroup, schedule_finish_bound
+from grrm_client.adapters.verl.exposure import ScoredGroup, schedule_finish_bound
 
 MODES = ("colocated_sequential", "separate_after_batch", "streamed", "streamed_largest_first")
 

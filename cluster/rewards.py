@@ -85,7 +85,7 @@ def is_failure(reason: str | None) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class RewardSettings:
-    """The arithmetic's parameters (built from :class:`trainer_bridge.config.BridgeConfig`)."""
+    """The arithmetic's parameters (built from :class:`grrm_client.adapters.verl.config.BridgeConfig`)."""
 
     default_reward: float = 0.0
     score_scale_factor: float = 1.0

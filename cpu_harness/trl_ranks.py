@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch.distributed as distributed
 
-    from grrm_client.trl import GRRMReward
+    from grrm_client.adapters.trl import GRRMReward
 
     distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
                                    world_size=args.world)

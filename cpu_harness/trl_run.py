@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from trl import GRPOConfig, GRPOTrainer
 
-    from grrm_client.trl import GRRMReward
+    from grrm_client.adapters.trl import GRRMReward
 
     policy = build_tiny_model(args.workdir / "tiny-policy", seed=1, printable_vocab=True)
     reward = GRRMReward(url=args.url, num_generations=args.num_generations, extractor="none",

@@ -19,10 +19,9 @@ from cluster.config import ScoringConfig
 from cluster.fair_share import TenantPolicy
 from cluster.schema import TENANT_PATTERN
 from cluster.engines.config import SLEEP_ENGINES, EngineConfig
-from cluster.gqm import Extractor
-from cluster.rewards import RewardSettings
 from deployments.autoscaling_policy import POLICY_PATH
 from deployments.placement import ReplicaPlacement, plan_placement
+from grrm_client.adapters.openrlhf import OpenRLHFSettings
 
 
 class _Strict(BaseModel):
@@ -329,27 +328,6 @@ class HTTPSettings(_Strict):
         if duplicated:
             raise ValueError(f"http.tenants: {', '.join(duplicated)} listed more than once")
         return self
-
-
-class OpenRLHFSettings(_Strict):
-    """``POST /openrlhf/get_reward``: OpenRLHF's remote reward model (``--reward.remote_url``)."""
-
-    extractor: Extractor = Field("codeblock", description="How the translation is read from the response "
-                                                          "(the query after its prompt).")
-    src_lang: str | None = Field(None, description="Source language when a sample's label names none.")
-    trg_lang: str | None = Field(None, description="Target language when a sample's label names none.")
-    default_reward: float = Field(0.0, description="Reward of a sample without a translation, of a group with "
-                                                   "fewer than 2 distinct ones, and (flagged) of one whose "
-                                                   "reward could not be obtained.")
-    score_scale_factor: float = Field(1.0, description="Reward = GRRM score x this factor.")
-    # OpenRLHF gives up on a request after 180 s and sends it again as a new sample, which would
-    # join a new group: answer (with the flagged default if need be) before that.
-    answer_within_s: float = Field(170.0, gt=0, description="Every sample is answered within this many "
-                                                            "seconds (OpenRLHF's client waits 180 s).")
-
-    def reward_settings(self) -> RewardSettings:
-        """The reward arithmetic's settings (``cluster/rewards.py``)."""
-        return RewardSettings(default_reward=self.default_reward, score_scale_factor=self.score_scale_factor)
 
 
 class TenantsSettings(_Strict):

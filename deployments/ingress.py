@@ -40,9 +40,10 @@ from deployments.http.auth import caller_of, refuse_open_service, tenant_of
 from deployments.http.errors import HTTPProblem, error_response, install_error_handlers, unanswered
 from deployments.http.guard import RequestGuard, check_group_limits, check_text_limits
 from deployments.http.models import ErrorResponse, ScoreRequest, ScoreResponse
-from deployments.http.openrlhf import OpenRLHFRequest, OpenRLHFResponse, openrlhf_rewards
+from deployments.http.openrlhf import openrlhf_rewards
 from deployments.http.tenant_views import demand_view, tenants_view
 from deployments.replica_list import replica_actor_names
+from grrm_client.adapters.openrlhf import OpenRLHFRequest, OpenRLHFResponse
 from grrm_handles.availability import Availability
 from grrm_handles.send import UNANSWERED_ERRORS
 

@@ -3,9 +3,9 @@
 One GRPO step, run two ways on the same batch:
 
 * **sequential** -- generate every rollout, then score every group (verl's whole-batch path,
-  :func:`trainer_bridge.batch.compute_batch_rewards`): reward time adds to the step;
+  :func:`grrm_client.adapters.verl.batch.compute_batch_rewards`): reward time adds to the step;
 * **streamed** -- each group is sent to the reward cluster as soon as its last rollout finishes
-  (:func:`trainer_bridge.batch.score_group`), so scoring early groups overlaps generating the rest.
+  (:func:`grrm_client.adapters.verl.batch.score_group`), so scoring early groups overlaps generating the rest.
 
 The policy is the tiny random-weight local model (``cluster.tiny_model``) on the CPU vLLM engine,
 ``--n`` rollouts per prompt with varied lengths (each prompt draws a length budget, each rollout
@@ -175,7 +175,7 @@ class Step:
         """verl's GRPO advantage of each rollout (its value on the response tokens)."""
         from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
-        from trainer_bridge.batch import place_rewards
+        from grrm_client.adapters.verl.batch import place_rewards
 
         data = self.batch(texts, uids, list(range(len(texts))))
         token_rewards = place_rewards(data, rewards)
@@ -189,7 +189,7 @@ class Step:
 
     async def sequential(self, repeat: int) -> ModeResult:
         """Generate every rollout, then score the whole batch."""
-        from trainer_bridge.batch import compute_batch_rewards
+        from grrm_client.adapters.verl.batch import compute_batch_rewards
 
         uids = self.uids("seq", repeat)
         start = time.perf_counter()
@@ -206,7 +206,7 @@ class Step:
 
     async def streamed(self, repeat: int) -> ModeResult:
         """Score each group as soon as its last rollout has finished."""
-        from trainer_bridge.batch import read_rollouts, score_group
+        from grrm_client.adapters.verl.batch import read_rollouts, score_group
 
         uids = self.uids("str", repeat)
         n = self.args.n
@@ -346,7 +346,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from cpu_harness.ray_head import free_port
     from deployments.app import build_app
     from grrm_client import RewardClient
-    from trainer_bridge.config import BridgeConfig
+    from grrm_client.adapters.verl.config import BridgeConfig
 
     started = time.perf_counter()
     model_dir = ensure_tiny_model(args.model)

@@ -4,13 +4,15 @@
 * :mod:`grrm_client.transports` -- one attempt over a Ray Serve handle or HTTP;
 * :mod:`grrm_client.reward_client` -- :class:`RewardClient`: deadlines, the one retry layer,
   re-joining incomplete groups; every call ends in a :class:`CallOutcome`;
-* :mod:`grrm_client.handle_send` -- one send through a Serve handle and what its unanswered errors
-  mean (with :mod:`grrm_client.availability` and :mod:`grrm_client.handles`; these import Ray, and
-  are imported only when a handle is used).
+* :mod:`grrm_client.adapters` -- every trainer's adapter (verl, TRL, slime, OpenRLHF's request
+  mapping) over one member pipeline.
+
+A handle transport sends through :mod:`grrm_handles` (one send over a Serve handle, the
+deployment's availability), which the service's ingress and replicas use too; it imports Ray and
+is imported only when a handle is used.
 
 Failures are typed (``cluster/failures.py``); the retry policy is ``cluster/retry.py``. The client
-stands alone: no module of it imports the service (``deployments``), which uses the handle modules
-with a re-send policy of its own (``deployments/client.py``).
+stands alone: no module of it imports the service (``deployments``).
 """
 
 from grrm_client.config import ClientConfig

@@ -1,6 +1,6 @@
 """How a client reaches a GRRM reward service, and its retry policy: typed, validated once.
 
-The trainer bridge's :class:`~trainer_bridge.config.BridgeConfig` extends this with how a rollout
+The trainer bridge's :class:`~grrm_client.adapters.verl.config.BridgeConfig` extends this with how a rollout
 is read and rewarded; ``grrm score`` builds one from its command line.
 """
 

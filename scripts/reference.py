@@ -109,7 +109,7 @@ def undescribed() -> list[str]:
     from deployments.config import AppConfig
     from deployments.http.models import ScoreRequest
     from grrm_client.config import ClientConfig
-    from trainer_bridge.config import BridgeConfig
+    from grrm_client.adapters.verl.config import BridgeConfig
 
     return [f"{model.__name__}.{name}"
             for root in (AppConfig, BridgeConfig, ClientConfig, ScoreRequest, MemberRequest)
@@ -120,7 +120,7 @@ def undescribed() -> list[str]:
 def configuration() -> str:
     from deployments.config import AppConfig
     from grrm_client.config import ClientConfig
-    from trainer_bridge.config import BridgeConfig
+    from grrm_client.adapters.verl.config import BridgeConfig
 
     parts = [
         "# Configuration reference", "",

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from bench.overlap import schedule
-from trainer_bridge.exposure import ScoredGroup, schedule_finish_bound
+from grrm_client.adapters.verl.exposure import ScoredGroup, schedule_finish_bound
 
 
 def test_fifo_serves_groups_in_arrival_order_on_free_slots():

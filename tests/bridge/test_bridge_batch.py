@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from trainer_bridge.batch import compute_batch_rewards, group_rows, mask_failed_rows, place_rewards
+from grrm_client.adapters.verl.batch import compute_batch_rewards, group_rows, mask_failed_rows, place_rewards
 from grrm_client import RewardClient
-from trainer_bridge.config import BridgeConfig
-from trainer_bridge.rewards import EXTRA_INFO_KEYS
+from grrm_client.adapters.verl.config import BridgeConfig
+from grrm_client.adapters.verl.extra_info import EXTRA_INFO_KEYS
 
 from .helpers import LocalTransport, agent_loop_row, codeblock, padded_batch, quality_text, row_fields
 

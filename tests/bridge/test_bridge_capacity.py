@@ -1,12 +1,12 @@
 """The start-time check that verl's reward-loop workers can hold every member waiting for its group
-(trainer_bridge/capacity.py): per trainer mode, from the trainer config verl hands the manager."""
+(grrm_client/adapters/verl/capacity.py): per trainer mode, from the trainer config verl hands the manager."""
 
 from __future__ import annotations
 
 import pytest
 from omegaconf import OmegaConf
 
-from trainer_bridge.capacity import concurrency_problem, rollouts_in_flight, trainer_mode, workers_needed
+from grrm_client.adapters.verl.capacity import concurrency_problem, rollouts_in_flight, trainer_mode, workers_needed
 
 from .helpers import verl_config
 

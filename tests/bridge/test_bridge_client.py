@@ -16,7 +16,7 @@ from ray.serve.exceptions import BackPressureError
 
 from cluster.schema import GroupRequest, MemberRequest, MemberResult
 from grrm_client import HandleTransport, HTTPTransport, RewardClient
-from trainer_bridge.config import BridgeConfig
+from grrm_client.adapters.verl.config import BridgeConfig
 
 from .helpers import LocalTransport, quality_text
 

@@ -21,9 +21,9 @@ from cluster.engines import EngineConfig, ScriptedEngineOptions
 from cluster.schema import GroupRequest, MemberRequest
 from deployments.app import build_app
 from deployments.config import AppConfig, ReplicaSettings
-from trainer_bridge.batch import compute_batch_rewards
+from grrm_client.adapters.verl.batch import compute_batch_rewards
 from grrm_client import RewardClient
-from trainer_bridge.config import BridgeConfig
+from grrm_client.adapters.verl.config import BridgeConfig
 
 from .helpers import agent_loop_row, codeblock, padded_batch, quality_text, row_fields, verl_config
 
@@ -234,7 +234,7 @@ def test_more_waiting_members_than_one_reward_worker_holds_complete_on_the_worke
     app_url, tiny_model_dir
 ):
     """verl's reward workers hold at most 1000 calls each, and a member waiting for its group holds
-    one. The manager's start-time check (trainer_bridge/capacity.py) accepts 2 workers for 1400
+    one. The manager's start-time check (grrm_client/adapters/verl/capacity.py) accepts 2 workers for 1400
     rollouts in flight: then 1050 members wait at once and every group completes, none fails.
     On 1 worker (the check overruled), members queue behind members that wait for them: groups
     never complete and end at the deadline. That stall is what the check prevents."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from trainer_bridge.config import BridgeConfig, lookup
+from grrm_client.adapters.verl.config import BridgeConfig, lookup
 
 from .helpers import verl_config
 

@@ -26,7 +26,7 @@ def test_documented_command_composes_and_configures_the_bridge():
     from hydra import compose, initialize_config_dir
     from verl.trainer import main_ppo
 
-    from trainer_bridge.config import BridgeConfig, validation_group_warning
+    from grrm_client.adapters.verl.config import BridgeConfig, validation_group_warning
 
     overrides = documented_overrides()
     config_dir = Path(main_ppo.__file__).parent / "config"

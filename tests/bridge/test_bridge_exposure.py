@@ -1,5 +1,5 @@
-"""Exposed reward time against the physical limit: the schedule bound (trainer_bridge/exposure.py)
-checked against brute force, and the step figures from reward_extra_info rows (trainer_bridge/metrics.py)."""
+"""Exposed reward time against the physical limit: the schedule bound (grrm_client/adapters/verl/exposure.py)
+checked against brute force, and the step figures from reward_extra_info rows (grrm_client/adapters/verl/metrics.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from trainer_bridge.exposure import ScoredGroup, peak_concurrency, schedule_finish_bound
-from trainer_bridge.metrics import exposure_metrics
+from grrm_client.adapters.verl.exposure import ScoredGroup, peak_concurrency, schedule_finish_bound
+from grrm_client.adapters.verl.metrics import exposure_metrics
 
 
 def optimal_finish(groups: list[ScoredGroup], capacity: int) -> float:

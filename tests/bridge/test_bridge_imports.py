@@ -12,12 +12,12 @@ REPO = Path(__file__).resolve().parents[2]
 def test_bridge_imports_without_vllm_or_sglang():
     code = (
         "import sys\n"
-        "import grrm_client, trainer_bridge, trainer_bridge.config, trainer_bridge.rewards\n"
-        "import trainer_bridge.rollout, trainer_bridge.metrics, trainer_bridge.batch\n"
+        "import grrm_client, trainer_bridge, grrm_client.adapters.verl.config, grrm_client.adapters.verl.extra_info\n"
+        "import grrm_client.adapters.verl.rollout, grrm_client.adapters.verl.metrics, grrm_client.adapters.verl.batch\n"
         "light = sorted(m for m in ('vllm', 'sglang', 'ray', 'verl') if m in sys.modules)\n"
         "import importlib.util\n"
         "if importlib.util.find_spec('orjson'):  # verl's reward loop needs it (requirements/dev.txt)\n"
-        "    import trainer_bridge.reward_manager\n"
+        "    import grrm_client.adapters.verl.reward_manager\n"
         "heavy = sorted(m for m in ('vllm', 'sglang') if m in sys.modules)\n"
         "print(light, heavy)\n"
     )

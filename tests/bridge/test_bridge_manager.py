@@ -17,7 +17,7 @@ import torch
 
 from cluster.engines import ScriptedEngineOptions
 from grrm_client import RewardClient
-from trainer_bridge.rewards import EXTRA_INFO_KEYS
+from grrm_client.adapters.verl.extra_info import EXTRA_INFO_KEYS
 
 from .helpers import (
     LocalTransport,
@@ -51,7 +51,7 @@ def load_manager(tokenizer, n: int, reward_kwargs: dict | None = None, module_pa
 def test_verl_loads_the_manager_by_importlib(tokenizer, module_path):
     from verl.trainer.ppo.reward import resolve_reward_manager_cls
 
-    from trainer_bridge.reward_manager import GRRMRewardManager
+    from grrm_client.adapters.verl.reward_manager import GRRMRewardManager
 
     resolved = resolve_reward_manager_cls(verl_config(n=6, module_path=module_path))
     assert resolved.__name__ == "GRRMRewardManager" and issubclass(resolved, GRRMRewardManager.__mro__[1])
@@ -65,7 +65,7 @@ def test_verl_loads_the_manager_by_importlib(tokenizer, module_path):
 def test_manager_is_also_registered_under_a_name():
     from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls
 
-    from trainer_bridge.reward_manager import GRRMRewardManager
+    from grrm_client.adapters.verl.reward_manager import GRRMRewardManager
 
     assert get_reward_manager_cls("grrm") is GRRMRewardManager
 
@@ -166,7 +166,7 @@ async def test_group_of_one_and_bad_rows_never_raise(tokenizer, caplog):
     fields = row_fields("junk-priority", 0)
     fields["priority"] = "first"
     bad_rows.append(fields)
-    with caplog.at_level(logging.WARNING, logger="trainer_bridge.reward_manager"):
+    with caplog.at_level(logging.WARNING, logger="grrm_client.adapters.verl.reward_manager"):
         answers = [await manager.run_single(agent_loop_row(tokenizer, codeblock("x"), f)) for f in bad_rows]
     for answer in answers:
         info = answer["reward_extra_info"]
@@ -303,7 +303,7 @@ async def test_an_unreachable_service_gives_flagged_defaults_after_retries(token
         tokenizer, n=2, reward_kwargs={"max_attempts": 3, "backoff_s": 0.01, "default_reward": -1.0}, transport=transport
     )
     rows = [agent_loop_row(tokenizer, codeblock(quality_text(0, j, 5)), session_row_fields("down", j)) for j in range(2)]
-    with caplog.at_level(logging.WARNING, logger="trainer_bridge.reward_manager"):
+    with caplog.at_level(logging.WARNING, logger="grrm_client.adapters.verl.reward_manager"):
         answers = await asyncio.gather(*(manager.run_single(row) for row in rows))
     infos = [a["reward_extra_info"] for a in answers]
     assert [a["reward_score"] for a in answers] == [-1.0, -1.0]

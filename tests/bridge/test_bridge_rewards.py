@@ -6,12 +6,11 @@ import itertools
 
 import pytest
 
-from trainer_bridge.metrics import RewardCounters, step_metrics
-from trainer_bridge.rewards import (
-    EXTRA_INFO_KEYS,
+from grrm_client.adapters.verl.metrics import RewardCounters, step_metrics
+from grrm_client.adapters.verl.extra_info import EXTRA_INFO_KEYS, extra_info
+from cluster.rewards import (
     RewardSettings,
     default_outcome,
-    extra_info,
     group_outcomes,
     is_failure,
     member_outcome,

@@ -7,9 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainer_bridge.rewards import EXTRA_INFO_KEYS, RewardSettings, default_outcome, extra_info, scored_outcome
-from trainer_bridge.metrics import step_metrics
-from trainer_bridge.verl_metrics import install_step_metrics
+from cluster.rewards import RewardSettings, default_outcome, scored_outcome
+from grrm_client.adapters.verl.extra_info import EXTRA_INFO_KEYS, extra_info
+from grrm_client.adapters.verl.metrics import step_metrics
+from grrm_client.adapters.verl.verl_metrics import install_step_metrics
 
 from .helpers import codeblock, padded_batch, quality_text, row_fields
 
@@ -66,10 +67,10 @@ def test_the_verl_plugin_wraps_every_trainer_as_it_is_imported():
     import sys
     from importlib.metadata import entry_points
 
-    assert [ep.value for ep in entry_points(group="verl.plugins") if ep.name == "grrm"] == ["trainer_bridge.verl_plugin"]
+    assert [ep.value for ep in entry_points(group="verl.plugins") if ep.name == "grrm"] == ["grrm_client.adapters.verl.plugin"]
     probe = (
         "import verl, importlib\n"
-        "from trainer_bridge.verl_metrics import TRAINER_MODULES\n"
+        "from grrm_client.adapters.verl.verl_metrics import TRAINER_MODULES\n"
         "wrapped = []\n"
         "for name in TRAINER_MODULES:\n"
         "    module = importlib.import_module(name)\n"

@@ -20,7 +20,7 @@ from cluster.schema import GroupRequest
 from deployments.app import build_app
 from deployments.config import AppConfig, ReplicaSettings
 from grrm_client import RewardClient
-from trainer_bridge.config import BridgeConfig
+from grrm_client.adapters.verl.config import BridgeConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

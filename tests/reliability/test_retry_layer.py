@@ -19,7 +19,7 @@ from cluster.schema import MemberRequest
 from deployments.app import build_app
 from deployments.config import AppConfig, ReplicaSettings
 from grrm_client import HandleTransport, RewardClient
-from trainer_bridge.config import BridgeConfig
+from grrm_client.adapters.verl.config import BridgeConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -19,8 +19,8 @@ from deployments.app import build_app
 from deployments.client import ScorerClient
 from deployments.config import AppConfig, ReplicaSettings
 from grrm_client import HandleTransport, RewardClient
+from grrm_client.adapters.verl.config import BridgeConfig
 from grrm_handles.availability import DeploymentAvailability, ReplicasUnschedulableError
-from trainer_bridge.config import BridgeConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

@@ -20,8 +20,9 @@ from ray import serve
 from bench.chaos import replica_actor_names
 from cluster.engines import EngineConfig, ScriptedEngineOptions
 from deployments.app import build_app
-from deployments.config import AppConfig, HTTPSettings, OpenRLHFSettings, ReplicaSettings
-from deployments.http.openrlhf import read_sample, response_of
+from deployments.config import AppConfig, HTTPSettings, ReplicaSettings
+from grrm_client.adapters.openrlhf import OpenRLHFSettings
+from grrm_client.adapters.openrlhf import read_sample, response_of
 from tests.conftest import LOCAL_APP
 
 # The tiny model's ChatML, as OpenRLHF's dataset applies a chat template to the prompt.
@@ -38,10 +39,6 @@ def payload(source: str, response: str, **label_overrides: str) -> dict:
     return {"query": [prompt + response + "<|im_end|>"], "prompts": [prompt], "labels": [label(source, **label_overrides)]}
 
 
-def config(**openrlhf) -> AppConfig:
-    return AppConfig(engine=EngineConfig(kind="scripted"), openrlhf=OpenRLHFSettings(**openrlhf))
-
-
 def test_the_response_is_the_query_after_its_prompt_less_the_end_of_turn_token():
     assert response_of("PROMPT```\nHallo\n```<|im_end|>", "PROMPT", "query[0]") == "```\nHallo\n```"
     assert response_of("PROMPT Hallo </s>\n", "PROMPT", "query[0]") == " Hallo "
@@ -50,16 +47,16 @@ def test_the_response_is_the_query_after_its_prompt_less_the_end_of_turn_token()
 
 
 def test_a_sample_is_read_from_its_label_and_keyed_by_prompt_label_and_n():
-    sample = read_sample("Pq Hallo", "Pq", label("Hello"), 4, config(), 0)
+    sample = read_sample("Pq Hallo", "Pq", label("Hello"), 4, OpenRLHFSettings(), 0)
     assert (sample.source, sample.src_lang, sample.trg_lang, sample.response) == ("Hello", "en", "de", " Hallo")
-    assert read_sample("Pq Servus", "Pq", json.loads(label("Hello")), 4, config(), 0).key == sample.key
-    assert read_sample("Pq Hallo", "Pq", label("Hello"), 8, config(), 0).key != sample.key  # another n
-    assert read_sample("Pr Hallo", "Pr", label("Hello"), 4, config(), 0).key != sample.key  # another prompt
+    assert read_sample("Pq Servus", "Pq", json.loads(label("Hello")), 4, OpenRLHFSettings(), 0).key == sample.key
+    assert read_sample("Pq Hallo", "Pq", label("Hello"), 8, OpenRLHFSettings(), 0).key != sample.key  # another n
+    assert read_sample("Pr Hallo", "Pr", label("Hello"), 4, OpenRLHFSettings(), 0).key != sample.key  # another prompt
     with pytest.raises(ValueError, match=r"labels\[2\]: expected a JSON object with source, src_lang and trg_lang"):
-        read_sample("Pq", "Pq", "the answer is 42", 4, config(), 2)
+        read_sample("Pq", "Pq", "the answer is 42", 4, OpenRLHFSettings(), 2)
     with pytest.raises(ValueError, match=r"labels\[0\].trg_lang: required"):
-        read_sample("Pq", "Pq", json.dumps({"source": "Hello", "src_lang": "en"}), 4, config(), 0)
-    defaults = read_sample("Pq", "Pq", {"source": "Hello"}, 4, config(src_lang="en", trg_lang="fr"), 0)
+        read_sample("Pq", "Pq", json.dumps({"source": "Hello", "src_lang": "en"}), 4, OpenRLHFSettings(), 0)
+    defaults = read_sample("Pq", "Pq", {"source": "Hello"}, 4, OpenRLHFSettings(src_lang="en", trg_lang="fr"), 0)
     assert (defaults.src_lang, defaults.trg_lang) == ("en", "fr")
 
 

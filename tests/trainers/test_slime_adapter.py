@@ -1,4 +1,4 @@
-"""The slime adapter (``grrm_client/slime.py``), following slime's source (``slime/rollout/rm_hub``:
+"""The slime adapter (``grrm_client/adapters/slime.py``), following slime's source (``slime/rollout/rm_hub``:
 ``--custom-rm-path`` with ``--group-rm`` awaits ``func(args, samples)`` once per group of
 ``n_samples_per_prompt`` and wants one float per sample). ``Sample`` below is a stand-in with slime's
 field names (``group_index``, ``index``, ``prompt``, ``response``, ``label``, ``metadata``).
@@ -21,9 +21,9 @@ from ray import serve
 from cluster.engines import EngineConfig, ScriptedEngineOptions
 from deployments.app import build_app
 from deployments.config import AppConfig, ReplicaSettings
-from grrm_client import slime
+from grrm_client.adapters import slime
 from grrm_client.reward_client import RewardClient
-from grrm_client.slime import SlimeRewardConfig, group_rm, sample_languages
+from grrm_client.adapters.slime import SlimeRewardConfig, group_rm, sample_languages
 from tests.bridge.helpers import LocalTransport
 
 

@@ -1,4 +1,4 @@
-"""The TRL adapter's logic (``grrm_client/trl.py``), in milliseconds: how TRL's call becomes groups,
+"""The TRL adapter's logic (``grrm_client/adapters/trl.py``), in milliseconds: how TRL's call becomes groups,
 what comes back, what is logged, and that it pickles. Follows TRL 1.16's source:
 ``GRPOTrainer._calculate_rewards`` (keyword arguments, ``None`` per completion allowed) and
 ``trl.experimental.async_grpo``'s rollout worker (one call per complete group, pickled into a child).
@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from cluster.engines import ScriptedEngineOptions
 from grrm_client.reward_client import RewardClient
-from grrm_client.trl import GRRMReward, completion_text, slice_groups
+from grrm_client.adapters.trl import GRRMReward, completion_text, slice_groups
 from tests.bridge.helpers import LocalTransport
 
 GROUP = 4

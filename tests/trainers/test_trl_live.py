@@ -28,7 +28,7 @@ from cluster.engines import EngineConfig, ScriptedEngineOptions
 from cpu_harness.trl_ranks import GROUP, GROUPS, columns, score_in_child
 from deployments.app import build_app
 from deployments.config import AppConfig, ReplicaSettings
-from grrm_client.trl import GRRMReward
+from grrm_client.adapters.trl import GRRMReward
 from tests.conftest import LOCAL_APP
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -133,8 +133,8 @@ def test_the_client_side_scores_with_neither_ray_nor_an_engine_importable(local_
         (poison / f"{name}.py").write_text(f"raise ImportError('the client must not import {name}')\n")
     code = (
         f"import sys; sys.path.insert(0, {str(poison)!r})\n"
-        "import asyncio, grrm_client.slime\n"
-        "from grrm_client.trl import GRRMReward\n"
+        "import asyncio, grrm_client.adapters.slime\n"
+        "from grrm_client.adapters.trl import GRRMReward\n"
         f"reward = GRRMReward(url={url!r}, num_generations=4, extractor='none', deadline_s=120)\n"
         "texts = [f'Die Katze {k} schlaeft.' for k in range(4)]\n"
         "columns = {'source': ['The cat sleeps.'] * 4, 'src_lang': ['en'] * 4, 'trg_lang': ['de'] * 4}\n"

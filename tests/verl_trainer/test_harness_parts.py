@@ -36,7 +36,7 @@ def run_for(tmp_path: Path, **bridge) -> TrainerRun:
 
 @pytest.mark.parametrize("transport", ["handle", "http"])
 def test_main_ppo_command_composes_with_verls_config(tmp_path, transport):
-    from trainer_bridge.config import BridgeConfig
+    from grrm_client.adapters.verl.config import BridgeConfig
 
     argv, env = main_ppo_command(run_for(tmp_path, transport=transport, http_url="http://127.0.0.1:1", default_reward=-1.0))
     assert argv[1:3] == ["-m", "verl.trainer.main_ppo"]

@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from trainer_bridge.config import lookup
+from grrm_client.adapters.verl.config import lookup
 
 __all__ = ["InFlight", "concurrency_problem", "rollouts_in_flight", "trainer_mode", "workers_needed"]
 

@@ -6,15 +6,15 @@ process, where nothing reads ``reward_extra_info`` during training. Every row's
 (``extra_fields["reward_extra_info"]``, all three v1 modes), and in the batch of the legacy trainer
 and of the two experimental recipes, ``one_step_off_policy`` and ``fully_async_policy`` (their
 non-tensor columns). :func:`install_step_metrics` wraps the one place each trainer computes a step's metrics
-so that, for steps whose rows carry the bridge's keys (:data:`~trainer_bridge.rewards.EXTRA_INFO_KEYS`),
+so that, for steps whose rows carry the bridge's keys (:data:`~grrm_client.adapters.verl.extra_info.EXTRA_INFO_KEYS`),
 the step also logs ``grrm/rewards``, ``grrm/valid``, ``grrm/failed``, ``grrm/retried``,
-``grrm/retries``, ``grrm/default/<reason>`` ... (:func:`trainer_bridge.metrics.step_metrics`)
+``grrm/retries``, ``grrm/default/<reason>`` ... (:func:`grrm_client.adapters.verl.metrics.step_metrics`)
 for exactly that step's rollouts. Steps without them are untouched.
 
 The recipes' shared trainer base (``experimental/separation/ray_trainer.py``) imports
 ``compute_data_metrics`` by name, so its own module attribute is wrapped too. fully_async_policy
 trains in an actor that never loads the reward manager, so the wrapping cannot wait for the manager:
-:mod:`trainer_bridge.verl_plugin`, a verl plugin (the ``verl.plugins`` entry point this package
+:mod:`grrm_client.adapters.verl.plugin`, a verl plugin (the ``verl.plugins`` entry point this package
 declares, loaded by ``import verl`` in every verl process), wraps each trainer module as it is
 imported. A failure to compute the counters is logged and never reaches the training step.
 """
@@ -27,8 +27,8 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from trainer_bridge.metrics import step_metrics
-from trainer_bridge.rewards import EXTRA_INFO_KEYS
+from grrm_client.adapters.verl.metrics import step_metrics
+from grrm_client.adapters.verl.extra_info import EXTRA_INFO_KEYS
 
 __all__ = ["install_step_metrics", "wrap_trainer_module"]
 

@@ -21,11 +21,12 @@ import torch
 
 from cluster.rewards import Completion
 from grrm_client import CallOutcome, RewardClient
-from grrm_client.groups import reward_group
-from trainer_bridge.config import BridgeConfig
-from trainer_bridge.metrics import step_metrics
-from trainer_bridge.rewards import EXTRA_INFO_KEYS, RewardOutcome, RewardSettings, extra_info
-from trainer_bridge.rollout import Rollout, read_rollout
+from grrm_client.adapters.pipeline import reward_group
+from grrm_client.adapters.verl.config import BridgeConfig
+from grrm_client.adapters.verl.metrics import step_metrics
+from cluster.rewards import RewardOutcome, RewardSettings
+from grrm_client.adapters.verl.extra_info import EXTRA_INFO_KEYS, extra_info
+from grrm_client.adapters.verl.rollout import Rollout, read_rollout
 
 __all__ = [
     "BatchRewards",

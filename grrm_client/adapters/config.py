@@ -1,8 +1,9 @@
 """What every trainer adapter of the client reads: where a row keeps its source and languages, how a
 completion's translation is extracted, and the reward arithmetic's settings (``cluster/rewards.py``).
 
-The TRL adapter (:mod:`grrm_client.trl`) and the slime one (:mod:`grrm_client.slime`) extend it;
-verl's bridge has its own (``trainer_bridge.config.BridgeConfig``, read from verl's config).
+Every adapter's settings extend it: TRL's (:mod:`grrm_client.adapters.trl`), slime's
+(:mod:`grrm_client.adapters.slime`) and verl's (:class:`grrm_client.adapters.verl.config.BridgeConfig`,
+read from verl's config, with verl's row keys as defaults).
 """
 
 from __future__ import annotations
@@ -26,10 +27,14 @@ class AdapterConfig(ClientConfig):
     trg_lang_key: str = Field("trg_lang", description="Where a row keeps its target language.")
     src_lang: str | None = Field(None, description="Source language of rows that carry none (None: required).")
     trg_lang: str | None = Field(None, description="Target language of rows that carry none (None: required).")
-    default_reward: float = Field(0.0, description="Reward of a rollout without a translation, or of a group "
-                                                   "with fewer than 2 distinct ones.")
-    score_scale_factor: float = Field(1.0, description="Reward = GRRM score x this factor.")
-    max_text_chars: int = Field(20_000, ge=1, description="Longer translations are invalid (not sent).")
+    default_reward: float = Field(0.0, description="Reward of a rollout without a translation or of a group "
+                                                   "with fewer than 2 distinct ones; never scaled or penalised.")
+    score_scale_factor: float = Field(1.0, description="Reward = GRRM score x this factor (minus verl's overlong "
+                                                       "penalty, where it is on).")
+    # The service refuses texts over its limits.max_text_chars; counting such translations as invalid keeps
+    # the rest of the group from waiting.
+    max_text_chars: int = Field(20_000, ge=1, description="Longer translations, in characters, are not sent; they "
+                                                          "count as invalid.")
     run_id: str | None = Field(None, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$",
                                description="Namespace of this run's group ids (None: a new one per run).")
 

@@ -1,6 +1,6 @@
 """How much reward time a training step exposes, against the physical limit (docs/exposure.md).
 
-From one step's ``reward_extra_info`` (every rollout's times, :mod:`trainer_bridge.timing`):
+From one step's ``reward_extra_info`` (every rollout's times, :mod:`grrm_client.adapters.verl.timing`):
 
 * **exposed reward** ``last answer - last rollout finished``: how long the step waited for rewards
   after its last rollout was done (``answered_at`` and ``sent_at``, both on the bridge's clock);
@@ -21,7 +21,7 @@ From one step's ``reward_extra_info`` (every rollout's times, :mod:`trainer_brid
 * queueing (``scoring_started_at - complete_at``), scoring, and the wait for group-mates
   (``complete_at - sent_at``), mean and max.
 
-Pure Python: the step's figures are computed by :func:`trainer_bridge.metrics.exposure_metrics`
+Pure Python: the step's figures are computed by :func:`grrm_client.adapters.verl.metrics.exposure_metrics`
 (part of every step's metrics); the benchmarks use the bound directly.
 """
 

@@ -3,7 +3,7 @@
 A row is a ``DataProtoItem`` (``data[i]``): ``batch["responses"]`` (right-padded token ids),
 ``batch["attention_mask"]`` (prompt + response), and ``non_tensor_batch`` (``uid``, the dataset's
 ``extra_info``, verl's ``session_id`` or ``priority``, ...). Everything here is a plain function of the row and the
-:class:`~trainer_bridge.config.BridgeConfig`.
+:class:`~grrm_client.adapters.verl.config.BridgeConfig`.
 
 The rollout's index within its group (the member API needs one) is derived, not assigned, from
 what each of verl 0.9.1's trainers puts in the row (:func:`rollout_index`):
@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from cluster.rewards import read_completion
-from trainer_bridge.config import BridgeConfig, lookup
+from cluster.rewards import Completion, read_completion
+from grrm_client.adapters.verl.config import BridgeConfig, lookup
 
 __all__ = [
     "PRIORITY_KEY",
@@ -53,19 +53,16 @@ __all__ = [
 _MISSING = object()
 
 
-@dataclass(frozen=True, slots=True)
-class Rollout:
-    """What the bridge needs from one row."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rollout(Completion):
+    """One row as the bridge reads it: its completion (what the pipeline sends and rewards) and where
+    its group, source and languages are."""
 
     uid: str
     source: str
     src_lang: str
     trg_lang: str
     response: str  # decoded response (special tokens skipped)
-    length: int  # response tokens (valid, i.e. unpadded)
-    extracted: bool  # the extractor found a translation
-    candidate: str | None  # the text to show the reward model; None = invalid rollout
-    invalid_reason: str | None  # why candidate is None (invalid_extraction, invalid_text)
 
 
 def row_field(non_tensor: Mapping[str, Any], dotted: str, default: Any = _MISSING) -> Any:

@@ -1,20 +1,17 @@
 """verl's per-row ``reward_extra_info``: the bridge's record of how each reward came about.
 
-The arithmetic itself is the core's (:mod:`cluster.rewards`, re-exported here for the bridge's
-callers); this module adds the row format verl collects from every reward (:func:`extra_info`,
-the same keys and types for every row).
+Not the reward arithmetic (that is the core's, :mod:`cluster.rewards`): the row format verl collects
+from every reward (:func:`extra_info`, the same keys and types for every row).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from cluster import rewards as _core
-from cluster.rewards import *  # noqa: F403 - the core's arithmetic, re-exported for the bridge's callers
 from cluster.rewards import RewardOutcome
-from trainer_bridge.timing import TIMING_KEYS, RewardTiming
+from grrm_client.adapters.verl.timing import TIMING_KEYS, RewardTiming
 
-__all__ = [*_core.__all__, "EXTRA_INFO_KEYS", "extra_info"]
+__all__ = ["EXTRA_INFO_KEYS", "extra_info"]
 
 # The keys of every row's reward_extra_info, in this order (verl needs the same keys everywhere).
 EXTRA_INFO_KEYS: tuple[str, ...] = (
@@ -29,7 +26,7 @@ EXTRA_INFO_KEYS: tuple[str, ...] = (
     "failed",  # the reward could not be obtained (a failure, not the reference semantics)
     "masked",  # failed and mask_failed is on: the trainer should drop the row from the loss
     "group_id",  # the group id the service knows the rollout's group by ("" when not sent)
-    *TIMING_KEYS,  # when the reward went through the bridge and the service (trainer_bridge/timing.py)
+    *TIMING_KEYS,  # when the reward went through the bridge and the service (grrm_client/adapters/verl/timing.py)
 )
 
 
@@ -64,4 +61,4 @@ def extra_info(
     return info
 
 
-_UNTIMED = RewardTiming(sent_at=0.0)  # rows scored outside the per-rollout path (trainer_bridge.batch)
+_UNTIMED = RewardTiming(sent_at=0.0)  # rows scored outside the per-rollout path (grrm_client.adapters.verl.batch)

@@ -3,8 +3,8 @@
 :func:`step_metrics` computes them from the rows' ``reward_extra_info`` (verl puts it into every
 step; any process can log them): counts of rewards by outcome (:class:`RewardCounters`) and how
 much reward time the step exposed against the physical limit (:func:`exposure_metrics`, with the
-bound of :mod:`trainer_bridge.exposure`). The verl trainers' step metrics
-(:mod:`trainer_bridge.verl_metrics`) and the whole-batch path call it; a reward manager keeps a
+bound of :mod:`grrm_client.adapters.verl.exposure`). The verl trainers' step metrics
+(:mod:`grrm_client.adapters.verl.verl_metrics`) and the whole-batch path call it; a reward manager keeps a
 :class:`RewardCounters` over its lifetime. Pure Python.
 """
 
@@ -16,8 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer_bridge.exposure import ScoredGroup, peak_concurrency, schedule_finish_bound
-from trainer_bridge.rewards import EXTRA_INFO_KEYS
+from grrm_client.adapters.verl.exposure import ScoredGroup, peak_concurrency, schedule_finish_bound
+from grrm_client.adapters.verl.extra_info import EXTRA_INFO_KEYS
 
 __all__ = ["PREFIX", "RewardCounters", "exposure_metrics", "step_metrics"]
 
@@ -53,7 +53,7 @@ class RewardCounters:
 
     def record(self, info: Mapping[str, Any]) -> None:
         """Count one rollout's reward from its ``reward_extra_info`` row
-        (:func:`trainer_bridge.rewards.extra_info`)."""
+        (:func:`grrm_client.adapters.verl.extra_info.extra_info`)."""
         attempts = int(info["request_attempts"])
         self.total += 1
         self.valid += bool(info["valid"])
@@ -88,7 +88,7 @@ class RewardCounters:
 
 def exposure_metrics(infos: Iterable[Mapping[str, Any]], prefix: str = PREFIX) -> dict[str, float]:
     """The exposure figures of one step from its rollouts' ``reward_extra_info`` ({} if none was
-    timed): the exposed reward time, the limit (:mod:`trainer_bridge.exposure`), queueing,
+    timed): the exposed reward time, the limit (:mod:`grrm_client.adapters.verl.exposure`), queueing,
     scoring and the wait for group-mates.
 
     Rows without a scored group (defaults, invalid groups) count for the last rollout and the last

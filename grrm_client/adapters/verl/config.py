@@ -18,15 +18,13 @@ A wrong key or value is an error naming it, at start, not a silent default.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from grrm_client.config import ClientConfig
+from cluster.rewards import RewardSettings
+from grrm_client.adapters.config import AdapterConfig
 from grrm_client.demand import DemandSettings
-from trainer_bridge.rewards import RewardSettings
-
-ExtractorName = Literal["codeblock", "line", "oneline", "none"]
 
 # DAPO's names for the overlong buffer (verl.experimental.reward_loop.reward_manager.dapo).
 _DAPO_OVERLONG_KEYS = {"enable": "enable", "len": "buffer_len", "penalty_factor": "penalty_factor"}
@@ -61,25 +59,24 @@ class OverlongSettings(BaseModel):
         return self
 
 
-class BridgeConfig(ClientConfig, DemandSettings):
-    """Everything the trainer side needs: how to reach the cluster and retry (:class:`ClientConfig`),
-    how to read a rollout, and the reward arithmetic. The keys are flat, as verl passes them."""
+class BridgeConfig(AdapterConfig, DemandSettings):
+    """Everything the trainer side needs: an :class:`AdapterConfig` (how to reach the cluster and retry,
+    how to read a rollout, the reward arithmetic) with verl's row keys as defaults, plus what only
+    verl has: its reward-loop workers, the group id and size in its rows, the overlong penalty. The
+    keys are flat, as verl passes them."""
 
     model_config = ConfigDict(extra="forbid")
 
     max_concurrent_groups: int = Field(256, ge=1, description="Groups scored at once by the whole-batch path.")
     # A member waiting for its group holds one call; the bridge refuses to start when the trainer can have more
-    # rollouts waiting than its reward.num_workers can hold (trainer_bridge/capacity.py).
+    # rollouts waiting than its reward.num_workers can hold (grrm_client/adapters/verl/capacity.py).
     reward_worker_concurrency: int = Field(
         1000, ge=1, description="Concurrent calls one verl reward-loop worker runs (Ray's default for async actors, "
                                 "which verl 0.9.1 does not change). Set it only if you raised the actors' "
                                 "max_concurrency.")
 
-    # -- reading a rollout ---------------------------------------------------------------------
-    extractor: ExtractorName = Field(
-        "codeblock", description="How the translation is read from a rollout's response: `codeblock`, `line`, "
-                                 "`oneline` or `none` (the GQM spec, section 4).")
-    # Row keys: a non_tensor_batch key, then dict keys separated by dots
+    # -- reading a rollout: verl's row keys ------------------------------------------------------
+    # A non_tensor_batch key, then dict keys separated by dots
     # ("extra_info.source" = non_tensor_batch["extra_info"]["source"]).
     source_key: str = Field("extra_info.source", description="Where a row keeps its source text: a "
                                                              "non_tensor_batch key, then dict keys separated by dots.")
@@ -87,18 +84,14 @@ class BridgeConfig(ClientConfig, DemandSettings):
                                                                  "form as source_key).")
     trg_lang_key: str = Field("extra_info.trg_lang", description="Where a row keeps its target language (same "
                                                                  "form as source_key).")
-    src_lang: str | None = Field(None, description="Source language used when a row does not carry one (None: the "
-                                                   "row must carry it).")
-    trg_lang: str | None = Field(None, description="Target language used when a row does not carry one (None: the "
-                                                   "row must carry it).")
     uid_key: str = Field("uid", description="Row key of the GRPO group id (verl puts a uuid per prompt in "
                                             "non_tensor_batch['uid']).")
     # Two runs (or a resumed run) sharing one service never meet in one group.
     run_id: str | None = Field(
         None, max_length=64, pattern=r"^[A-Za-z0-9_.\-]*$",
         description="Namespace of group ids: the service sees `{run_id}:{uid}`. None: derived from the Ray job "
-                    "running the trainer (trainer_bridge/run_identity.py); empty: verl's uid as it is.")
-    # See trainer_bridge/rollout.py.
+                    "running the trainer (grrm_client/adapters/verl/run_identity.py); empty: verl's uid as it is.")
+    # See grrm_client/adapters/verl/rollout.py.
     index_key: str | None = Field(
         None, description="Row key of the rollout's position in its group, for the member API. None: what the "
                           "trainer provides, `session_id` (verl's default trainer) else `priority` % group_size "
@@ -110,23 +103,12 @@ class BridgeConfig(ClientConfig, DemandSettings):
     group_size_key: str | None = Field(
         "extra_info.group_size", description="Row key with which a row may override the group size (e.g. "
                                              "validation with val_kwargs.n != rollout.n); None: no override.")
-    # The service refuses texts over its limits.max_text_chars; counting such translations as invalid keeps the
-    # rest of the group from waiting.
-    max_text_chars: int = Field(20_000, ge=1, description="Longer translations, in characters, are not sent; they "
-                                                          "count as invalid.")
-
-    # -- reward arithmetic (spec section 5) ----------------------------------------------------
-    default_reward: float = Field(
-        0.0, description="Reward of a rollout without a translation, of a group with fewer than 2 distinct ones or "
-                         "a prompt over the token limit, and (flagged) of one whose reward could not be obtained; "
-                         "never scaled or penalised.")
-    score_scale_factor: float = Field(1.0, description="Reward = GRRM score x this factor, minus the overlong "
-                                                       "penalty.")
+    # -- reward arithmetic (spec section 5): AdapterConfig's, plus DAPO's overlong penalty ------------
     overlong: OverlongSettings = Field(default_factory=OverlongSettings, description="DAPO's soft overlong buffer "
                                                                                      "penalty.")
     mask_failed: bool = Field(
         False, description="Flag rows whose reward could not be obtained (service failures) as masked: the trainer "
-                           "can drop them from the loss with trainer_bridge.batch.mask_failed_rows.")
+                           "can drop them from the loss with grrm_client.adapters.verl.batch.mask_failed_rows.")
 
     def reward_settings(self) -> RewardSettings:
         """The pure arithmetic's settings."""

@@ -1,0 +1,196 @@
+"""OpenRLHF's remote reward model: its request mapped onto GRRM members, their answers onto its response.
+
+OpenRLHF 0.11 (``openrlhf/utils/agent.py``, ``SingleTurnAgentExecutor``) posts each sample on its own,
+concurrently for the ``n_samples_per_prompt`` samples of a prompt, as
+``{"query": [prompt + response], "prompts": [prompt], "labels": [label]}`` (the query decoded with its
+special tokens), within 180 s, and reads ``rewards``, ``scores`` and ``extra_logs`` from the answer.
+The payload has no group id and no ``n``: the group size comes from the URL's query (``?n=8``); the
+source text and languages from the label, a JSON object (or a JSON string of one) with ``source``,
+``src_lang`` and ``trg_lang`` (the languages may default to ``openrlhf.src_lang`` / ``trg_lang``).
+
+The response is the query after its prompt, less a trailing end-of-turn token, read with
+``openrlhf.extractor``. The samples of one prompt share a key (prompt, label and ``n``), the group id
+of their members; each member has an id of its own (the service forms groups of ``n`` in arrival
+order, ``cluster/open_groups.py``). OpenRLHF takes numbers only (its samples generator makes a tensor
+of every ``extra_logs`` value): a reward that could not be obtained is ``openrlhf.default_reward``
+flagged in ``extra_logs`` (``grrm_failed`` 1).
+
+The service answers it at ``POST /openrlhf/get_reward`` (``deployments/http/openrlhf.py`` sends the
+members and bounds the wait); this module is the mapping, through :mod:`grrm_client.adapters.pipeline`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, model_validator
+
+from cluster.gqm import Extractor
+from cluster.rewards import Completion, RewardOutcome, RewardSettings, read_completion
+from cluster.schema import MemberRequest, MemberResult
+from grrm_client.adapters.pipeline import member_request, member_reward
+
+__all__ = ["END_OF_TURN", "OpenRLHFRequest", "OpenRLHFResponse", "OpenRLHFSettings", "PayloadError", "Sample",
+           "read_payload", "read_sample", "response_of", "rewards_response"]
+
+# End-of-turn tokens OpenRLHF's decoded query may end with (ChatML, Llama 3, Gemma, SentencePiece).
+END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>", "</s>", "<eos>")
+
+
+class OpenRLHFSettings(BaseModel):
+    """``POST /openrlhf/get_reward``: OpenRLHF's remote reward model (``--reward.remote_url``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    extractor: Extractor = Field("codeblock", description="How the translation is read from the response "
+                                                          "(the query after its prompt).")
+    src_lang: str | None = Field(None, description="Source language when a sample's label names none.")
+    trg_lang: str | None = Field(None, description="Target language when a sample's label names none.")
+    default_reward: float = Field(0.0, description="Reward of a sample without a translation, of a group with "
+                                                   "fewer than 2 distinct ones, and (flagged) of one whose "
+                                                   "reward could not be obtained.")
+    score_scale_factor: float = Field(1.0, description="Reward = GRRM score x this factor.")
+    # OpenRLHF gives up on a request after 180 s and sends it again as a new sample, which would
+    # join a new group: answer (with the flagged default if need be) before that.
+    answer_within_s: float = Field(170.0, gt=0, description="Every sample is answered within this many "
+                                                            "seconds (OpenRLHF's client waits 180 s).")
+
+    def reward_settings(self) -> RewardSettings:
+        """The reward arithmetic's settings (``cluster/rewards.py``)."""
+        return RewardSettings(default_reward=self.default_reward, score_scale_factor=self.score_scale_factor)
+
+
+class OpenRLHFRequest(BaseModel):
+    """OpenRLHF's reward request: one entry per sample in each list (keys it may add are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    query: list[StrictStr] = Field(min_length=1, max_length=1024,
+                                   description="Each sample's prompt and response, decoded with special tokens.")
+    prompts: list[StrictStr] = Field(description="Each sample's prompt.")
+    labels: list[Any] | None = Field(None, description="Each sample's label: a JSON object (or a JSON string "
+                                                       "of one) with source, src_lang and trg_lang.")
+
+    @model_validator(mode="after")
+    def _aligned(self) -> OpenRLHFRequest:
+        if len(self.prompts) != len(self.query):
+            raise ValueError(f"prompts: {len(self.prompts)} prompts for {len(self.query)} queries")
+        if self.labels is not None and len(self.labels) != len(self.query):
+            raise ValueError(f"labels: {len(self.labels)} labels for {len(self.query)} queries")
+        return self
+
+
+class OpenRLHFResponse(BaseModel):
+    """What OpenRLHF reads: one reward and score per sample, and per-sample values it logs."""
+
+    rewards: list[float]
+    scores: list[float]
+    # OpenRLHF turns each value into a tensor (samples_generator.py): numbers only.
+    extra_logs: dict[str, list[float]]
+
+
+class PayloadError(ValueError):
+    """A payload that cannot be scored, with the message naming the field at fault; ``kind`` is the
+    failure kind the service answers it with (``cluster/failures.py``)."""
+
+    def __init__(self, message: str, kind: Literal["invalid_request", "too_large"] = "invalid_request"):
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sample as the service scores it."""
+
+    key: str  # shared by the samples of one prompt (and label, and n)
+    source: str
+    src_lang: str
+    trg_lang: str
+    response: str
+
+
+def response_of(query: str, prompt: str, field: str) -> str:
+    """The response in a query: what follows the prompt, less one trailing end-of-turn token."""
+    if not query.startswith(prompt):
+        raise ValueError(f"{field}: the query does not start with its prompt (was the prompt decoded differently?)")
+    response = query[len(prompt):].rstrip()
+    for token in END_OF_TURN:
+        if response.endswith(token):
+            return response[: -len(token)]
+    return response
+
+
+def read_sample(query: str, prompt: str, label: Any, n: int, settings: OpenRLHFSettings, position: int) -> Sample:
+    """One sample of a payload, or a ValueError naming the field at fault."""
+    if isinstance(label, str):
+        try:
+            label = json.loads(label)
+        except ValueError:
+            label = None
+    if not isinstance(label, dict):
+        raise ValueError(f"labels[{position}]: expected a JSON object with source, src_lang and trg_lang")
+    values = {}
+    for name, default in (("source", None), ("src_lang", settings.src_lang), ("trg_lang", settings.trg_lang)):
+        value = label.get(name, default)
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"labels[{position}].{name}: required (a non-empty string)")
+        values[name] = value
+    digest = hashlib.blake2b("\0".join((str(n), prompt, values["source"], values["src_lang"], values["trg_lang"]))
+                             .encode(), digest_size=12).hexdigest()
+    return Sample(key=f"openrlhf:{digest}", response=response_of(query, prompt, f"query[{position}]"), **values)
+
+
+def read_payload(body: OpenRLHFRequest, n: int, settings: OpenRLHFSettings, max_text_chars: int,
+                 tenant: str | None = None) -> list[tuple[MemberRequest, Completion]]:
+    """Every sample's member request and completion, or a :class:`PayloadError` naming the field at
+    fault. Every sample is read before any is sent, so a payload with one bad sample is refused whole
+    and leaves nobody waiting on the service."""
+    labels = body.labels if body.labels is not None else [None] * len(body.query)
+    try:
+        samples = [read_sample(query, prompt, label, n, settings, position)
+                   for position, (query, prompt, label) in enumerate(zip(body.query, body.prompts, labels, strict=True))]
+        completions = [read_completion(sample.response, settings.extractor, max_text_chars) for sample in samples]
+        members = [_member(sample, completion, n, position, tenant)
+                   for position, (sample, completion) in enumerate(zip(samples, completions, strict=True))]
+    except ValueError as problem:
+        raise PayloadError(str(problem)) from None
+    for position, sample in enumerate(samples):
+        if len(sample.source) > max_text_chars:
+            raise PayloadError(f"labels[{position}].source: longer than limits.max_text_chars ({max_text_chars})",
+                               "too_large")
+    return list(zip(members, completions, strict=True))
+
+
+def _member(sample: Sample, completion: Completion, n: int, position: int, tenant: str | None) -> MemberRequest:
+    """The member request of one sample (an id of its own), or a ValueError naming the field."""
+    try:
+        return member_request(completion, group_id=sample.key, group_size=n, source=sample.source,
+                              src_lang=sample.src_lang, trg_lang=sample.trg_lang, tenant=tenant, sent_at=time.time())
+    except ValidationError as error:
+        first = error.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "labels"
+        raise ValueError(f"labels[{position}].{field}: {first['msg']}") from None
+
+
+def rewards_response(
+    completions: Sequence[Completion],
+    answers: Sequence[tuple[MemberResult | None, str | None]],
+    settings: OpenRLHFSettings,
+) -> tuple[OpenRLHFResponse, list[RewardOutcome]]:
+    """OpenRLHF's response from each sample's answer (the service's result, or why none came), and the
+    outcomes behind it (for the caller's once-per-reason log)."""
+    reward_settings = settings.reward_settings()
+    outcomes = [member_reward(completion, result, failure, reward_settings)
+                for completion, (result, failure) in zip(completions, answers, strict=True)]
+    rewards = [outcome.reward for outcome in outcomes]
+    response = OpenRLHFResponse(rewards=rewards, scores=rewards, extra_logs={
+        "grrm_valid": [float(outcome.valid) for outcome in outcomes],
+        "grrm_default": [float(not outcome.valid and not outcome.failed) for outcome in outcomes],
+        "grrm_failed": [float(outcome.failed) for outcome in outcomes],
+    })
+    return response, outcomes
