@@ -1,9 +1,11 @@
 """The retry policy: how many attempts one logical request gets, how long it may take in all,
 how long to wait between attempts, and which failures are worth another attempt.
 
-One object, one backoff formula, read by the one layer that retries (the client's
-:class:`~grrm_client.RewardClient`) and by the Serve-side re-routing of calls whose replica died
-(``deployments/client.py``'s ``ReplicaCallPolicy``). Pure: no I/O, no clock.
+One object, one backoff formula, read by the one retry loop (the client's
+:class:`~grrm_client.RewardClient`), whoever runs it: a trainer (every transient failure retried,
+incomplete groups re-joined) or the service's HTTP ingress (``deployments/client.py``: only a call
+whose replica died is re-routed, within the caller's attempts; its caller retries the rest). Pure:
+no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -24,16 +26,29 @@ class RetryPolicy:
     deadline_s: float = 1800.0
     backoff_s: float = 0.5
     max_backoff_s: float = 8.0
+    # False: only a call whose replica died is sent again; any other transient failure is the answer
+    # (the ingress's caller retries it, counting the ingress's sends as its own attempts).
+    retry_transient: bool = True
+    # Re-joins of a member whose group did not complete (None: until the deadline); past them it is
+    # answered so. 0: its caller re-joins (the ingress's routes).
+    max_rejoins: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts: must be >= 1, got {self.max_attempts}")
+        if self.max_rejoins is not None and self.max_rejoins < 0:
+            raise ValueError(f"max_rejoins: must be >= 0 or None, got {self.max_rejoins}")
         if self.max_backoff_s < self.backoff_s:
             raise ValueError(f"max_backoff_s ({self.max_backoff_s}) is less than backoff_s ({self.backoff_s})")
 
     def delay(self, retry: int) -> float:
         """Seconds to wait before retry number ``retry`` (1-based): exponential, capped."""
         return min(self.max_backoff_s, self.backoff_s * 2 ** (retry - 1))
+
+    def retries(self, code: str | None, replica_lost: bool) -> bool:
+        """Whether this policy sends a call again after a send failed with ``code`` (``replica_lost``:
+        its replica died holding it)."""
+        return replica_lost or (self.retry_transient and self.retryable(code))
 
     @staticmethod
     def retryable(code: str | None) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import unicodedata
+from typing import Any
 
 from pydantic import (
     BaseModel,
@@ -268,6 +269,13 @@ class DemandAccepted(BaseModel):
     groups: int = Field(description="The groups announced (0: the tenant's announcement was withdrawn).")
 
 
+def _sends() -> Any:
+    """A result's ``sends`` (the same field on group and member results)."""
+    return Field(1, ge=1, description="Sends to the replicas this answer took: more than 1 when the service re-routed "
+                                      "the call after its replica died. The caller's client counts them as its "
+                                      "attempts (max_attempts bounds the sends of all layers).")
+
+
 class GroupResult(BaseModel):
     """The verdict on one group. ``scores`` is None unless ``valid``: never a made-up score."""
 
@@ -281,6 +289,7 @@ class GroupResult(BaseModel):
     attempts: int = Field(0, description="Generations it took (retries of unparseable answers included).")
     repairs: int = Field(0, description="Verdicts obtained by constrained repair of an unparseable answer.")
     replica: str = Field("", description="The replica that scored it.")
+    sends: int = _sends()
     usage: Usage = Field(default_factory=Usage, description="Prompt and answer tokens the engine spent on it.")
     latency_s: float = Field(0.0, description="Seconds the replica spent on it.")
     stages: dict[str, float] = Field(default_factory=dict,
@@ -319,6 +328,7 @@ class MemberResult(BaseModel):
     error: str | None = Field(None, description="Why not, for people (decide on `failure`, never on this text).")
     failure: FailureReason | None = Field(None, description="Why not, as a failure kind (cluster/failures.py).")
     replica: str = Field("", description="The replica that answered.")
+    sends: int = _sends()
     attempts: int = Field(0, description="Generations the group's scoring took.")
     group_scores: list[int | None] | None = Field(
         None, description="The whole group's scores, so one member's caller sees the whole verdict (None at the "

@@ -1,100 +1,109 @@
-"""Calling scorer replicas through a Ray Serve handle, surviving replica death.
+"""Calling scorer replicas through a Ray Serve handle, for the service's own callers.
 
-Used by the HTTP ingress and by the Serve-side callers of the replicas. Each send is
-:class:`~grrm_handles.send.HandleSender`'s (the core the client's handle transport shares);
-this module adds the Serve side's own re-send policy, for callers that may not retry themselves.
-A call whose replica dies is sent again with ``attempt + 1``: the router then uses pure ring
-order, so every member of the group lands together on the same live replica and the group is
-re-assembled there. A replica whose engine dies ends itself (``deployments/replica.py``), so engine
-death reaches callers as replica death and is survived the same way.
+:class:`ScorerClient` is the client's one retry loop (:class:`~grrm_client.RewardClient`) over a
+handle transport that sends with this object's :class:`~grrm_handles.send.HandleSender`, under a
+policy the caller chooses (``cluster/retry.py``):
+
+* :data:`ROUTE_POLICY`, the HTTP routes': only a call whose replica died is sent again, with
+  ``attempt + 1`` (the router then takes pure ring order, so every member of the group lands
+  together on the same live replica), within the sends the HTTP caller's attempt may take. Nothing
+  else is retried here: overload, a group that did not complete, a group that moved go back to the
+  caller, whose client retries or re-joins, counting these sends as its attempts.
+* the default, a trainer's: every transient failure retried, incomplete groups re-joined (the
+  benches); the OpenRLHF route, whose caller never retries, re-joins once (:data:`OPEN_MEMBER_POLICY`),
+  so a sample whose group-mates never come is answered after two assembly timeouts.
+
+A replica whose engine dies ends itself (``deployments/replica.py``), so engine death reaches
+callers as replica death and is survived the same way.
 """
 
 from __future__ import annotations
 
-import asyncio
-from dataclasses import dataclass
+import dataclasses
+from typing import Any
 
 from ray.serve.handle import DeploymentHandle
 
 from cluster.retry import RetryPolicy
 from cluster.schema import DemandAccepted, DemandAnnouncement, GroupRequest, GroupResult, MemberRequest, MemberResult
+from grrm_client import CallOutcome, ClientConfig, HandleTransport, RewardClient
 from grrm_handles.availability import DeploymentAvailability
-from grrm_handles.send import REPLICA_GONE_ERRORS, HandleSender
+from grrm_handles.send import HandleSender
 
+__all__ = ["OPEN_MEMBER_POLICY", "ROUTE_POLICY", "ScorerClient", "answered"]
 
-@dataclass(frozen=True, slots=True)
-class ReplicaCallPolicy(RetryPolicy):
-    """How often a call is re-routed after its replica died (``max_attempts`` sends in all, the
-    backoff of :class:`~cluster.retry.RetryPolicy` between them). Serves the HTTP ingress, whose
-    callers may not retry; the client (``grrm_client``) sends once per attempt and retries itself."""
-
-    max_attempts: int = 4
-    max_backoff_s: float = 5.0
-    # Re-send a member once after its group timed out, or at once when its group moved (see _call).
-    resend_on_timeout: bool = True
+# The HTTP routes' policy: re-route after replica death only (see the module docstring). Its caller's
+# deadline governs (the HTTP client's timeout): none of its own worth the name.
+ROUTE_POLICY = RetryPolicy(max_attempts=4, deadline_s=7 * 24 * 3600.0, backoff_s=0.5, max_backoff_s=5.0,
+                           retry_transient=False, max_rejoins=0)
+# OpenRLHF's samples (the service answers for a caller that never retries): a trainer's loop, one
+# re-join (a group split by a change of the replica set comes together; mates that never come do not
+# hold a sample past two assembly timeouts).
+OPEN_MEMBER_POLICY = RetryPolicy(max_attempts=4, backoff_s=0.5, max_backoff_s=5.0, max_rejoins=1)
 
 
 class ScorerClient(HandleSender):
-    """Group and member scoring through a handle to the replica deployment, re-sent on ``policy``."""
+    """Group and member scoring through a handle to the replica deployment, on the client's retry loop."""
 
     def __init__(
         self,
         handle: DeploymentHandle,
-        policy: ReplicaCallPolicy | None = None,
+        policy: RetryPolicy | None = None,
         availability: DeploymentAvailability | None = None,
     ):
         super().__init__(handle, availability)
-        self.policy = policy or ReplicaCallPolicy()
-        self.replica_failures = 0  # calls re-sent because their replica died
-        self.timeout_retries = 0  # members re-sent once after an assembly timeout
+        config = ClientConfig(transport="handle")
+        self.transport = HandleTransport(config, sender=self)
+        self.loop = RewardClient(config, self.transport, policy=policy)
+        self.policy = self.loop.policy
 
-    async def score_group(self, group: GroupRequest, attempt: int = 0) -> GroupResult:
-        """Score one whole group (``attempt``: sends a caller already made, for the router)."""
-        return await self._call("score_group", group, attempt)
+    @property
+    def replica_failures(self) -> int:
+        """Sends lost with their replica, each re-routed (over every call)."""
+        return self.loop.reroutes
 
-    async def score_member(self, member: MemberRequest, attempt: int = 0) -> MemberResult:
-        """Score one member; answers when its whole group has been scored."""
-        return await self._call("score_member", member, attempt)
+    @property
+    def rejoins(self) -> int:
+        """Members re-sent because their group was still incomplete (over every call)."""
+        return self.loop.rejoins
 
-    async def score_open_member(self, member: MemberRequest, attempt: int = 0) -> MemberResult:
-        """Score a member of a keyed group without an id of its own (``GRRMReplica.score_open_member``)."""
-        return await self._call("score_open_member", member, attempt)
+    async def group_call(self, group: GroupRequest, attempts_left: int | None = None) -> CallOutcome[GroupResult]:
+        """Score one whole group: the loop's outcome (``attempts_left``: the caller's budget of sends)."""
+        return await self.loop.call(self.transport.group, group, self._within(attempts_left))
 
-    async def _call(self, method: str, request: GroupRequest | MemberRequest, first_attempt: int = 0):
-        timeout_retried = False
-        for sent in range(self.policy.max_attempts):
-            if sent:
-                await asyncio.sleep(self.policy.delay(sent))
-            attempt = first_attempt + sent
-            last = sent + 1 == self.policy.max_attempts
-            try:
-                result = await self.send(method, request, attempt)
-            except REPLICA_GONE_ERRORS:
-                self.replica_failures += 1
-                if last:
-                    raise
-                continue
-            # Members of one group sent while routers disagreed (a replica just died, or one was
-            # overloaded for one router's view) can be split over two replicas and time out.
-            # Once more in pure ring order (attempt >= 1) brings them together; only once, so a
-            # genuinely missing member costs at most two assembly timeouts.
-            if (
-                isinstance(result, MemberResult)
-                and result.failure == "timeout"
-                and self.policy.resend_on_timeout
-                and not timeout_retried
-                and not last
-            ):
-                timeout_retried = True
-                self.timeout_retries += 1
-                continue
-            # Its group moved to another replica (the replica set changed, and the replica that now
-            # collects it went away as well): the next send goes where the ring now places it.
-            if isinstance(result, MemberResult) and result.failure == "moved" and self.policy.resend_on_timeout and not last:
-                continue
-            return result
-        raise AssertionError("unreachable")
+    async def member_call(self, member: MemberRequest, attempts_left: int | None = None) -> CallOutcome[MemberResult]:
+        """Score one member; its outcome once its whole group was scored (or why not)."""
+        return await self.loop.call(self.transport.member, member, self._within(attempts_left))
+
+    async def open_member_call(self, member: MemberRequest, deadline_s: float) -> CallOutcome[MemberResult]:
+        """A member of a keyed group without an id of its own (``GRRMReplica.score_open_member``), within
+        ``deadline_s`` (:data:`OPEN_MEMBER_POLICY`)."""
+        policy = dataclasses.replace(OPEN_MEMBER_POLICY, deadline_s=deadline_s)
+        return await self.loop.call(self.transport.open_member, member, policy)
+
+    async def score_group(self, group: GroupRequest) -> GroupResult:
+        """Score one whole group: its result, or the handle's error when no replica answered."""
+        return answered(await self.group_call(group))
+
+    async def score_member(self, member: MemberRequest) -> MemberResult:
+        """Score one member: its result once its group was scored, or the handle's error."""
+        return answered(await self.member_call(member))
 
     async def announce_demand(self, announcement: DemandAnnouncement) -> DemandAccepted:
-        """Tell a replica what work a tenant expects (for the autoscaling policy; any replica will do)."""
-        return await self._call("announce_demand", announcement, 0)
+        """Tell a replica what work a tenant expects (for the autoscaling policy; any replica will do).
+        Advisory, so one send: a lost one is the caller's to log."""
+        return await self.send("announce_demand", announcement)
+
+    def _within(self, attempts_left: int | None) -> RetryPolicy:
+        if attempts_left is None or attempts_left >= self.policy.max_attempts:
+            return self.policy
+        return dataclasses.replace(self.policy, max_attempts=max(1, attempts_left))
+
+
+def answered(outcome: CallOutcome[Any]) -> Any:
+    """An outcome's result with the sends it took, or the error that left it unanswered."""
+    if outcome.result is not None:
+        return outcome.result.model_copy(update={"sends": max(1, outcome.attempts)})
+    if outcome.cause is not None:
+        raise outcome.cause
+    raise TimeoutError(f"{outcome.failure}: {outcome.error}")

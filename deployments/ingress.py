@@ -34,7 +34,7 @@ from cluster.schema import (
     MemberResult,
 )
 from deployments.autoscaling_policy import demand_stats
-from deployments.client import ScorerClient
+from deployments.client import ROUTE_POLICY, ScorerClient, answered
 from deployments.config import AppConfig
 from deployments.http.auth import caller_of, refuse_open_service, tenant_of
 from deployments.http.errors import HTTPProblem, error_response, install_error_handlers, unanswered
@@ -43,7 +43,9 @@ from deployments.http.models import ErrorResponse, ScoreRequest, ScoreResponse
 from deployments.http.openrlhf import openrlhf_rewards
 from deployments.http.tenant_views import demand_view, tenants_view
 from deployments.replica_list import replica_actor_names
+from grrm_client import CallOutcome
 from grrm_client.adapters.openrlhf import OpenRLHFRequest, OpenRLHFResponse
+from grrm_client.transports import ATTEMPTS_LEFT_HEADER
 from grrm_handles.availability import Availability
 from grrm_handles.send import UNANSWERED_ERRORS
 
@@ -75,6 +77,29 @@ def _http_host() -> str | None:
         return None
 
 
+def attempts_left(request: Request) -> int | None:
+    """The sends the caller's attempt may take (its client's ``Grrm-Attempts-Left``; None: not said,
+    the route's own policy bounds them)."""
+    value = request.headers.get(ATTEMPTS_LEFT_HEADER)
+    if value is None:
+        return None
+    try:
+        return max(1, int(value))
+    except ValueError:
+        raise HTTPProblem("invalid_request", f"{ATTEMPTS_LEFT_HEADER}: an integer >= 1 (got {value[:20]!r})") from None
+
+
+def unanswered_call(outcome: CallOutcome) -> Exception:
+    """The answer to a call no replica answered: the handle's error as its problem (503), with the sends
+    it took; anything else (a bug) goes to the internal-error handler as it is."""
+    cause = outcome.cause
+    if isinstance(cause, UNANSWERED_ERRORS):
+        problem = unanswered(cause)
+        problem.sends = max(1, outcome.attempts)
+        return problem
+    return cause if cause is not None else HTTPProblem("unavailable", f"{outcome.failure}: {outcome.error}")
+
+
 @serve.deployment
 @serve.ingress(app)
 class GRRMIngress:
@@ -85,7 +110,7 @@ class GRRMIngress:
         self.http_host = _http_host()
         refuse_open_service(config, self.http_host)
         self.config = config
-        self.client = ScorerClient(replicas)
+        self.client = ScorerClient(replicas, ROUTE_POLICY)  # re-routes after replica death only
         app.state.config = config
         # Every announcement this ingress replica took, reported to the application's autoscaling policy
         # (deployments/autoscaling_policy.py): it hears of them while no scorer replica runs.
@@ -107,10 +132,12 @@ class GRRMIngress:
         check_group_limits(body.groups, self.config)
         groups = [group.model_copy(update={"tenant": tenant_of(request.state, group.tenant, self.config)})
                   for group in body.groups]
-        try:
-            results = await asyncio.gather(*(self.client.score_group(group) for group in groups))
-        except UNANSWERED_ERRORS as error:
-            raise unanswered(error) from None
+        budget = attempts_left(request)
+        outcomes = await asyncio.gather(*(self.client.group_call(group, budget) for group in groups))
+        for outcome in outcomes:
+            if outcome.result is None:
+                raise unanswered_call(outcome) from None
+        results = [answered(outcome) for outcome in outcomes]
         refused = [result for result in results if result.failure == "overloaded"]
         if refused and len(refused) == len(results):
             # Nothing was scored (a tenant over its limit of groups in flight): the request's answer is a 503.
@@ -151,15 +178,15 @@ class GRRMIngress:
                 f"group_size: {member.group_size} exceeds limits.max_candidates_per_group "
                 f"({self.config.limits.max_candidates_per_group})",
             )
-        try:
-            result = await self.client.score_member(member)
-        except UNANSWERED_ERRORS as error:
-            raise unanswered(error) from None
+        outcome = await self.client.member_call(member, attempts_left(request))
+        if outcome.result is None:
+            raise unanswered_call(outcome) from None
+        result = answered(outcome)
         kind = kind_of(result.failure)
         if kind is not None and kind.http_status != 200:
             # One error shape for every non-2xx answer: the member's failure is the body's code.
             raise HTTPProblem(result.failure, result.error or result.failure,
-                              detail={"replica": result.replica} if result.replica else None)
+                              detail={"replica": result.replica} if result.replica else None, sends=result.sends)
         return result
 
     @app.post(
@@ -323,4 +350,3 @@ class GRRMIngress:
             "limits": self.config.limits.model_dump(),
             "http_host": self.http_host,
         }
-

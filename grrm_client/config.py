@@ -47,11 +47,13 @@ class ClientConfig(BaseModel):
                     "training phase in colocate_async, weight syncs), so this must exceed the spread of a group's "
                     "finish times. It is also how long a rollout lost before its reward (its session failed) holds "
                     "the rest of its group.")
-    # Nothing below this layer retries on its own.
+    # The one retry loop: over HTTP the ingress re-routes a call whose replica died within the sends this
+    # attempt may take, and says how many it took; they count here.
     max_attempts: int = Field(
         4, ge=1, description="Sends per logical request, all layers together (503 / back pressure / replica loss / "
-                             "connection errors are retried). An assembly timeout is not a failed attempt: the "
-                             "member re-joins its group until deadline_s.")
+                             "connection errors are retried; the HTTP ingress's re-routes after a replica died "
+                             "count too). An assembly timeout is not a failed attempt: the member re-joins its "
+                             "group until deadline_s.")
     backoff_s: float = Field(0.5, ge=0, description="Wait before the first retry, in seconds; it doubles with each "
                                                     "further retry up to max_backoff_s (a longer Retry-After from "
                                                     "the service wins). Also the pause before a member re-joins its "

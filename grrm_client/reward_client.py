@@ -27,10 +27,12 @@ a member whose index and text it already holds as the same member, so a retried 
 (or reads) the one verdict of its group and is never counted twice; a whole group is answered
 once per call. Bad input (a conflicting member, an invalid or too large request) is not retried.
 
-This is the only layer that retries: ``max_attempts`` bounds the sends of one logical request
-over every layer below (the handle transport sends once per attempt; the HTTP ingress, a server
-of its own, re-routes a call whose replica died and answers once). Importing this module imports
-neither vLLM nor SGLang (nor Ray).
+This is the only retry loop: ``max_attempts`` bounds the sends of one logical request over every
+layer below. The handle transport sends once per attempt. Over HTTP, the ingress runs this same
+loop with a Serve-side policy (``deployments/client.py``: only a call whose replica died is sent
+again) within the sends the attempt may take (``Grrm-Attempts-Left``), and says how many it took
+(``sends`` of the answer, ``Grrm-Sends`` of an error), which count as attempts here. Importing this
+module imports neither vLLM nor SGLang (nor Ray).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from cluster.failures import kind_of
@@ -71,7 +73,8 @@ class CallOutcome(Generic[R]):
     None when no answer was obtained; then ``failure`` says why (``deadline``, ``transport_error``,
     or a failure code of ``cluster/failures.py`` such as ``unavailable``, ``overloaded``,
     ``invalid_request``) and ``error`` describes it. ``attempts`` counts sends that
-    failed or answered; ``rejoins`` the re-sends of a member whose group was still incomplete.
+    failed or answered; ``rejoins`` the re-sends of a member whose group was still incomplete;
+    ``cause``, the last send's own error (a Serve handle's), for the service's callers.
     """
 
     result: R | None
@@ -80,6 +83,7 @@ class CallOutcome(Generic[R]):
     error: str | None = None
     latency_s: float = 0.0
     rejoins: int = 0
+    cause: BaseException | None = field(default=None, repr=False, compare=False)
 
 
 def group_incomplete(result: MemberResult | GroupResult) -> bool:
@@ -104,25 +108,28 @@ class RewardClient:
         *,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
+        policy: RetryPolicy | None = None,
     ):
+        """``policy``: the retry policy (None: the config's, :meth:`ClientConfig.retry_policy`)."""
         self.config = config
-        self.policy = config.retry_policy
+        self.policy = policy or config.retry_policy
         self.transport = transport if transport is not None else make_transport(config)
         self._sleep = sleep
         self._clock = clock
         self.requests = 0
         self.retries = 0  # attempts beyond the first, over all requests
         self.rejoins = 0  # re-sends of members whose group was still incomplete, over all requests
+        self.reroutes = 0  # attempts lost with their replica, over all requests
         self.announcements = 0  # demand announcements taken
         self.announcements_failed = 0
 
     async def score_member(self, member: MemberRequest) -> CallOutcome[MemberResult]:
         """One rollout as a member of its group; answers when the group is scored."""
-        return await self._call(self.transport.member, self._for_tenant(member))
+        return await self.call(self.transport.member, self._for_tenant(member))
 
     async def score_group(self, group: GroupRequest) -> CallOutcome[GroupResult]:
         """One whole group."""
-        return await self._call(self.transport.group, self._for_tenant(group))
+        return await self.call(self.transport.group, self._for_tenant(group))
 
     async def announce_demand(self, groups: int, lasts_s: float, starts_in_s: float = 0.0,
                               tenant: str | None = None, profile: Sequence[float] = ()) -> bool:
@@ -153,8 +160,11 @@ class RewardClient:
         """Release connections."""
         await self.transport.aclose()
 
-    async def _call(self, send: Callable[..., Awaitable[R]], request: Any) -> CallOutcome[R]:
-        policy = self.policy
+    async def call(self, send: Callable[..., Awaitable[R]], request: Any,
+                   policy: RetryPolicy | None = None) -> CallOutcome[R]:
+        """One logical request: ``send`` (one of the transport's attempt methods) as often as ``policy``
+        (None: this client's) allows. Never raises for a service problem."""
+        policy = policy or self.policy
         self.requests += 1
         call = _Call(started=self._clock())
         deadline = call.started + policy.deadline_s
@@ -164,7 +174,9 @@ class RewardClient:
                 return self._outcome(call, "deadline", f"deadline_s {policy.deadline_s} ran out")
             retry_after: float | None = None
             try:
-                result = await asyncio.wait_for(send(request, remaining, attempt=call.reroutes), timeout=remaining)
+                result = await asyncio.wait_for(
+                    send(request, remaining, attempt=call.reroutes, attempts_left=policy.max_attempts - call.attempts),
+                    timeout=remaining)
             except (asyncio.TimeoutError, TimeoutError):
                 call.attempts += 1
                 return self._outcome(call, "deadline", f"deadline_s {policy.deadline_s} ran out")
@@ -174,23 +186,28 @@ class RewardClient:
             except RetryableError as transient:
                 failure, error, retry_after = transient.reason, str(transient), transient.retry_after
                 call.reroutes += transient.replica_lost
+                self.reroutes += transient.replica_lost
+                call.cause, sends = transient.cause, transient.sends
+                if not policy.retries(failure, transient.replica_lost):
+                    call.attempts += sends
+                    return self._outcome(call, failure, error)
             except Exception as unexpected:  # noqa: BLE001 - a reward must not crash the trainer step
-                call.attempts, call.last = call.attempts + 1, None
+                call.attempts, call.last, call.cause = call.attempts + 1, None, unexpected
                 return self._outcome(call, TRANSPORT_ERROR, f"{type(unexpected).__name__}: {unexpected}")
             else:
-                call.last = result
-                if group_incomplete(result):
+                call.last, sends = result, result.sends
+                if group_incomplete(result) and (policy.max_rejoins is None or call.rejoins < policy.max_rejoins):
                     # Not a failed attempt: the group is still being generated. Re-join it at once
                     # (a short pause only, so that even a tiny assembly timeout makes no hot loop).
                     call.rejoins += 1
                     self.rejoins += 1
                     await self._sleep(min(policy.backoff_s, max(0.0, deadline - self._clock())))
                     continue
-                if not retryable_result(result):
-                    call.attempts += 1
+                if not retryable_result(result) or not policy.retry_transient:
+                    call.attempts += sends
                     return self._outcome(call, None, None)
                 failure, error = result.failure or "unavailable", result.error or ""
-            call.attempts += 1
+            call.attempts += sends
             if call.attempts >= policy.max_attempts:
                 return self._outcome(call, failure, error)
             delay = max(policy.delay(call.attempts), retry_after or 0.0)
@@ -210,6 +227,7 @@ class RewardClient:
             error=error,
             latency_s=self._clock() - call.started,
             rejoins=call.rejoins,
+            cause=call.cause if result is None else None,
         )
 
 
@@ -221,6 +239,7 @@ class _Call:
     attempts: int = 0
     rejoins: int = 0
     reroutes: int = 0  # attempts whose replica died (the router's `attempt` of the next send)
+    cause: BaseException | None = None  # the last send's own error
     last: Any = None  # the last answer (a flagged one, when the request ends without a good one)
 
 

@@ -30,20 +30,31 @@ from cluster.retry import TRANSPORT_ERROR
 from cluster.schema import DemandAccepted, DemandAnnouncement, GroupRequest, GroupResult, MemberRequest, MemberResult
 from grrm_client.config import ClientConfig
 
-__all__ = ["FatalError", "HTTPTransport", "HandleTransport", "RetryableError", "Transport", "make_transport"]
+__all__ = ["ATTEMPTS_LEFT_HEADER", "SENDS_HEADER", "FatalError", "HTTPTransport", "HandleTransport", "RetryableError",
+           "Transport", "make_transport"]
+
+# The HTTP ingress re-routes a call whose replica died within the caller's attempts: the caller says how
+# many sends its attempt may take, and the answer says how many it took (RewardClient counts them).
+ATTEMPTS_LEFT_HEADER = "Grrm-Attempts-Left"
+SENDS_HEADER = "Grrm-Sends"
 
 
 class RetryableError(Exception):
     """This attempt failed in a way another attempt may not (overload, lost replica, network).
 
     ``reason`` is a failure code (``cluster/failures.py``) or ``transport_error``;
-    ``replica_lost``: the replica died holding the call (the next attempt is routed in ring order)."""
+    ``replica_lost``: the replica died holding the call (the next attempt is routed in ring order);
+    ``sends``: sends to the replicas the attempt took (the HTTP ingress re-routes a call whose replica
+    died, within the caller's attempts); ``cause``: the handle's own error, for the service's callers."""
 
-    def __init__(self, reason: str, message: str, retry_after: float | None = None, replica_lost: bool = False):
+    def __init__(self, reason: str, message: str, retry_after: float | None = None, replica_lost: bool = False,
+                 sends: int = 1, cause: BaseException | None = None):
         super().__init__(message)
         self.reason = reason
         self.retry_after = retry_after
         self.replica_lost = replica_lost
+        self.sends = sends
+        self.cause = cause
 
 
 class FatalError(Exception):
@@ -55,11 +66,14 @@ class FatalError(Exception):
 
 
 class Transport(Protocol):
-    """One attempt at a member or group call; raises RetryableError / FatalError."""
+    """One attempt at a member or group call; raises RetryableError / FatalError. ``attempts_left``:
+    the sends this attempt may take (the HTTP ingress re-routes within them; a handle sends once)."""
 
-    async def member(self, member: MemberRequest, timeout_s: float, attempt: int = 0) -> MemberResult: ...
+    async def member(self, member: MemberRequest, timeout_s: float, attempt: int = 0,
+                     attempts_left: int = 1) -> MemberResult: ...
 
-    async def group(self, group: GroupRequest, timeout_s: float, attempt: int = 0) -> GroupResult: ...
+    async def group(self, group: GroupRequest, timeout_s: float, attempt: int = 0,
+                    attempts_left: int = 1) -> GroupResult: ...
 
     async def announce(self, announcement: DemandAnnouncement, timeout_s: float) -> DemandAccepted: ...
 
@@ -77,10 +91,12 @@ class HandleTransport:
     """Calls the replica deployment through a Ray Serve handle (the trainer is on the same Ray cluster):
     one :class:`~grrm_handles.send.HandleSender` send per attempt."""
 
-    def __init__(self, config: ClientConfig, handle: Any = None):
+    def __init__(self, config: ClientConfig, handle: Any = None, sender: Any = None):
+        """``handle``: the replica deployment's (None: looked up from ``config`` at the first call);
+        ``sender``: a :class:`~grrm_handles.send.HandleSender` of the caller's own (the service's)."""
         self.config = config
         self._handle = handle
-        self._sender: Any = None
+        self._sender: Any = sender
         self._announce_to: tuple[Any, str] | None = None  # the sender and method that take announcements
         if handle is not None:
             self._send_with()  # its router set up now, not at a first call that may meet a GCS outage
@@ -97,10 +113,17 @@ class HandleTransport:
             self._sender = HandleSender(handle)
         return self._sender
 
-    async def member(self, member: MemberRequest, timeout_s: float, attempt: int = 0) -> MemberResult:
+    async def member(self, member: MemberRequest, timeout_s: float, attempt: int = 0,
+                     attempts_left: int = 1) -> MemberResult:
         return await self._send("score_member", member, attempt)
 
-    async def group(self, group: GroupRequest, timeout_s: float, attempt: int = 0) -> GroupResult:
+    async def open_member(self, member: MemberRequest, timeout_s: float, attempt: int = 0,
+                          attempts_left: int = 1) -> MemberResult:
+        """A member of a keyed group without an id of its own (OpenRLHF's samples; the service's route)."""
+        return await self._send("score_open_member", member, attempt)
+
+    async def group(self, group: GroupRequest, timeout_s: float, attempt: int = 0,
+                    attempts_left: int = 1) -> GroupResult:
         return await self._send("score_group", group, attempt)
 
     async def announce(self, announcement: DemandAnnouncement, timeout_s: float) -> DemandAccepted:
@@ -132,7 +155,7 @@ class HandleTransport:
             # The same kinds as the HTTP ingress answers for these errors (overloaded / unavailable).
             lost = isinstance(error, REPLICA_GONE_ERRORS)
             message = f"{'replica gone: ' if lost else ''}{type(error).__name__}: {error}"
-            raise RetryableError(unanswered_code(error), message, replica_lost=lost) from None
+            raise RetryableError(unanswered_code(error), message, replica_lost=lost, cause=error) from None
 
     async def aclose(self) -> None:
         self._sender = None
@@ -159,22 +182,28 @@ class HTTPTransport:
             self._clients = {loop: client}  # clients of finished loops cannot be reused
         return client
 
-    def _headers(self) -> dict[str, str]:
+    def _headers(self, attempts_left: int | None) -> dict[str, str]:
         token = os.environ.get(self.config.token_env, "") if self.config.token_env else ""
-        return {"Authorization": f"Bearer {token}"} if token else {}
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if attempts_left is not None:
+            headers[ATTEMPTS_LEFT_HEADER] = str(attempts_left)
+        return headers
 
-    async def _post(self, path: str, body: dict[str, Any], timeout_s: float) -> httpx.Response:
+    async def _post(self, path: str, body: dict[str, Any], timeout_s: float,
+                    attempts_left: int | None = None) -> httpx.Response:
         try:
             return await self._client().post(
-                f"{self.base_url}{path}", json=body, headers=self._headers(), timeout=httpx.Timeout(timeout_s)
+                f"{self.base_url}{path}", json=body, headers=self._headers(attempts_left),
+                timeout=httpx.Timeout(timeout_s),
             )
         except httpx.TimeoutException:
             raise asyncio.TimeoutError from None
         except httpx.TransportError as error:
             raise RetryableError("unavailable", f"{type(error).__name__}: {error}") from None
 
-    async def member(self, member: MemberRequest, timeout_s: float, attempt: int = 0) -> MemberResult:
-        response = await self._post("/v1/score/member", member.model_dump(), timeout_s)
+    async def member(self, member: MemberRequest, timeout_s: float, attempt: int = 0,
+                     attempts_left: int = 1) -> MemberResult:
+        response = await self._post("/v1/score/member", member.model_dump(), timeout_s, attempts_left)
         if response.status_code == 200:
             return MemberResult.model_validate(response.json())
         kind, message = _error_of(response, _json(response))
@@ -182,11 +211,12 @@ class HTTPTransport:
             # The member's group answered it (a conflict, refused input, not complete yet, moved):
             # the flagged result a handle call returns, so that both transports read alike.
             return MemberResult(group_id=member.group_id, index=member.index, member_id=member.member_id,
-                                failure=kind.code, error=message)
+                                failure=kind.code, error=message, sends=_sends(response))
         raise _status_error(response, kind, message)
 
-    async def group(self, group: GroupRequest, timeout_s: float, attempt: int = 0) -> GroupResult:
-        response = await self._post("/v1/score", {"groups": [group.model_dump()]}, timeout_s)
+    async def group(self, group: GroupRequest, timeout_s: float, attempt: int = 0,
+                    attempts_left: int = 1) -> GroupResult:
+        response = await self._post("/v1/score", {"groups": [group.model_dump()]}, timeout_s, attempts_left)
         if response.status_code == 200:
             return GroupResult.model_validate(response.json()["results"][0])
         raise _status_error(response, *_error_of(response, _json(response)))
@@ -228,10 +258,18 @@ def _status_error(response: httpx.Response, kind: FailureKind | None, message: s
     retryable (and a 5xx of no kind of ours), refuse the rest."""
     status = response.status_code
     if kind is not None and kind.retryable:
-        return RetryableError(kind.code, message, retry_after=_retry_after(response))
+        return RetryableError(kind.code, message, retry_after=_retry_after(response), sends=_sends(response))
     if kind is None and status >= 500:
-        return RetryableError(TRANSPORT_ERROR, message, retry_after=_retry_after(response))
+        return RetryableError(TRANSPORT_ERROR, message, retry_after=_retry_after(response), sends=_sends(response))
     return FatalError(kind.code if kind is not None else f"http_{status}", message)
+
+
+def _sends(response: httpx.Response) -> int:
+    """Sends to the replicas the service made for this answer (its ``Grrm-Sends`` header; 1 without)."""
+    try:
+        return max(1, int(response.headers.get(SENDS_HEADER, "1")))
+    except ValueError:
+        return 1
 
 
 def _retry_after(response: httpx.Response) -> float | None:

@@ -8,7 +8,7 @@ import threading
 import pytest
 from ray.serve.exceptions import DeploymentUnavailableError
 
-from cluster.schema import GroupRequest
+from cluster.schema import GroupRequest, GroupResult
 from grrm_handles.availability import (
     DeploymentAvailability,
     ReplicasUnschedulableError,
@@ -227,25 +227,27 @@ async def test_a_call_never_waits_for_the_verdict():
 
     clock = FakeClock()
     fetch = BlockedFetch((deployment("RUNNING"), nodes(CPU_NODE)))
-    client = ScorerClient(Handle(answer="scored"),
+    scored = GroupResult(group_id="scored", valid=True, scores=[3, 8])
+    client = ScorerClient(Handle(answer=scored),
                           availability=DeploymentAvailability("grrm", "GRRMReplica", fetch=fetch, clock=clock))
-    assert await asyncio.wait_for(client.score_group(GroupRequest(**GROUP)), 5) == "scored"
+    assert (await asyncio.wait_for(client.score_group(GroupRequest(**GROUP)), 5)).group_id == "scored"
     fetch.released.set()
     while client.availability.peek()[0] is None:
         await asyncio.sleep(0.01)
     fetch.released.clear()
     clock.now += 60  # stale: the next call starts a refresh that blocks again
-    assert await asyncio.wait_for(client.score_group(GroupRequest(**GROUP)), 5) == "scored"
+    assert (await asyncio.wait_for(client.score_group(GroupRequest(**GROUP)), 5)).group_id == "scored"
     assert fetch.calls == 2
     fetch.released.set()
 
 
 async def test_the_first_call_fails_as_soon_as_the_first_look_says_no_replica_can_run():
-    from deployments.client import ScorerClient
+    from deployments.client import ROUTE_POLICY, ScorerClient
 
     handle = Handle(answer=None)  # the call would wait in the handle's queue for ever
     fetch = BlockedFetch((deployment("STARTING", required={"GPU": 1.0}), nodes(CPU_NODE)))
-    client = ScorerClient(handle, availability=DeploymentAvailability("grrm", "GRRMReplica", fetch=fetch))
+    # The HTTP ingress's policy: a caller's retries are the caller's.
+    client = ScorerClient(handle, ROUTE_POLICY, availability=DeploymentAvailability("grrm", "GRRMReplica", fetch=fetch))
     call = asyncio.ensure_future(client.score_group(GroupRequest(**GROUP)))
     await asyncio.sleep(0.2)
     assert not call.done()  # sent, waiting: the look is not back yet

@@ -17,6 +17,7 @@ from starlette.requests import ClientDisconnect
 
 from cluster.failures import KINDS, ErrorCode, code_for_status
 from deployments.http.models import ErrorResponse
+from grrm_client.transports import SENDS_HEADER
 from grrm_handles.availability import ReplicasUnschedulableError
 from grrm_handles.send import REPLICA_GONE_ERRORS, unanswered_code
 
@@ -24,19 +25,25 @@ logger = logging.getLogger("ray.serve")
 
 
 class HTTPProblem(Exception):
-    """An error answer of one failure kind (turned into an ErrorResponse with the kind's status)."""
+    """An error answer of one failure kind (turned into an ErrorResponse with the kind's status);
+    ``sends``: the sends to the replicas it took (the ``Grrm-Sends`` header when more than one)."""
 
-    def __init__(self, code: ErrorCode, error: str, detail: Any = None):
+    def __init__(self, code: ErrorCode, error: str, detail: Any = None, sends: int = 1):
         super().__init__(error)
         self.code = code
         self.error = error
         self.detail = detail
+        self.sends = sends
 
 
-def error_response(code: ErrorCode, error: str, detail: Any = None, retry_after_s: int = 1) -> JSONResponse:
-    """The HTTP answer for a failure kind: its status, an ErrorResponse, Retry-After where it is retryable."""
+def error_response(code: ErrorCode, error: str, detail: Any = None, retry_after_s: int = 1,
+                   sends: int = 1) -> JSONResponse:
+    """The HTTP answer for a failure kind: its status, an ErrorResponse, Retry-After where it is retryable,
+    and the sends to the replicas it took when more than one (the caller's client counts them)."""
     kind = KINDS[code]
-    headers = {"Retry-After": str(retry_after_s)} if kind.retry_after else None
+    headers = {"Retry-After": str(retry_after_s)} if kind.retry_after else {}
+    if sends > 1:
+        headers[SENDS_HEADER] = str(sends)
     body = ErrorResponse(code=code, error=error, detail=detail).model_dump(mode="json")
     return JSONResponse(status_code=kind.http_status, content=body, headers=headers)
 
@@ -51,7 +58,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 async def _problem(request: Request, problem: HTTPProblem) -> JSONResponse:
-    return error_response(problem.code, problem.error, problem.detail, request.app.state.config.http.retry_after_s)
+    return error_response(problem.code, problem.error, problem.detail, request.app.state.config.http.retry_after_s,
+                          problem.sends)
 
 
 async def _http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:

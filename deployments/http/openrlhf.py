@@ -20,7 +20,6 @@ from deployments.config import AppConfig
 from deployments.http.errors import HTTPProblem
 from grrm_client.adapters.openrlhf import OpenRLHFRequest, OpenRLHFResponse, PayloadError, read_payload, rewards_response
 from grrm_client.adapters.pipeline import FailureLog
-from grrm_handles.send import UNANSWERED_ERRORS, unanswered_code
 
 __all__ = ["openrlhf_rewards"]
 
@@ -48,10 +47,6 @@ async def openrlhf_rewards(body: OpenRLHFRequest, n: int, client: ScorerClient, 
 
 
 async def _score(member: MemberRequest, client: ScorerClient, within_s: float) -> tuple[MemberResult | None, str | None]:
-    """(the member's result, or None and why not): never raises, never waits past ``within_s``."""
-    try:
-        return await asyncio.wait_for(client.score_open_member(member), within_s), None
-    except (asyncio.TimeoutError, TimeoutError):
-        return None, "timeout"
-    except UNANSWERED_ERRORS as error:
-        return None, unanswered_code(error)
+    """(the member's result, or None and why not): the client's loop within ``within_s``; never raises."""
+    outcome = await client.open_member_call(member, within_s)
+    return outcome.result, outcome.failure

@@ -226,7 +226,7 @@ class LocalTransport:
             )
         return self.assembler
 
-    async def member(self, member: MemberRequest, timeout_s: float, attempt: int = 0) -> MemberResult:
+    async def member(self, member: MemberRequest, timeout_s: float, attempt: int = 0, attempts_left: int = 1) -> MemberResult:
         from grrm_client.transports import RetryableError
 
         assembler = await self._ready()
@@ -237,7 +237,7 @@ class LocalTransport:
             raise RetryableError("unavailable", "answer lost on the way back (simulated)")
         return result
 
-    async def group(self, group: GroupRequest, timeout_s: float, attempt: int = 0) -> GroupResult:
+    async def group(self, group: GroupRequest, timeout_s: float, attempt: int = 0, attempts_left: int = 1) -> GroupResult:
         await self._ready()
         self.calls += 1
         self.group_requests.append(group)

@@ -180,7 +180,7 @@ async def test_deadline_stops_retrying():
 
 
 async def test_deadline_cuts_a_hanging_request():
-    async def hang(request, timeout_s, attempt=0):
+    async def hang(request, timeout_s, attempt=0, attempts_left=1):
         await asyncio.sleep(30)
 
     class Hanging:
@@ -275,3 +275,40 @@ async def test_a_retried_member_is_not_counted_twice():
     # A late retry of an already-scored member reads the cached verdict: still one scoring.
     again = await client.score_member(members[1])
     assert again.result.score == 9 and transport.assembler.stats()["groups_scored"] == 1
+
+
+async def test_the_ingress_sends_count_as_attempts_and_each_attempt_says_how_many_it_may_take():
+    # One retry layer over HTTP: the ingress re-routes a call whose replica died within the sends the
+    # attempt may take (Grrm-Attempts-Left), and its answer says how many it took (Grrm-Sends, `sends`).
+    seen = []
+    lost = (503, error_body("unavailable", "unavailable: the scorer replicas went away"), {"Grrm-Sends": "2"})
+    config = BridgeConfig(transport="http", http_url="http://grrm.test/app", max_attempts=4)
+    client, _ = http_client([lost, (200, member_answer(sends=2), None)], config, seen=seen)
+    outcome = await client.score_member(MEMBER)
+    assert outcome.result.score == 7 and outcome.attempts == 4  # 2 sends, then 2 more: max_attempts, all layers
+    assert [request.headers["grrm-attempts-left"] for request in seen] == ["4", "2"]
+    client, _ = http_client([lost, lost, lost], config)
+    outcome = await client.score_member(MEMBER)
+    assert outcome.result is None and outcome.failure == "unavailable" and outcome.attempts == 4
+
+
+async def test_the_serve_side_policy_re_routes_lost_replicas_only_and_leaves_re_joins_to_its_caller():
+    from cluster.retry import RetryPolicy
+
+    time = FakeTime()
+    config = BridgeConfig(max_attempts=3)
+    routes = RetryPolicy(max_attempts=3, retry_transient=False, max_rejoins=0)
+    timeout = MemberResult(group_id="g", index=0, failure="timeout", error="assembly timed out")
+    handle = FakeHandle([RayActorError(), timeout])
+    client = RewardClient(config, HandleTransport(config, handle=handle), sleep=time.sleep, clock=time.clock,
+                          policy=routes)
+    outcome = await client.score_member(MEMBER)
+    assert outcome.result.failure == "timeout" and (outcome.attempts, outcome.rejoins) == (2, 0)
+    assert handle.score_member.attempts_seen == [0, 1]  # the lost replica re-routed, in ring order
+    overloaded = BackPressureError(num_queued_requests=3, max_queued_requests=2)
+    handle = FakeHandle([overloaded, MEMBER])
+    client = RewardClient(config, HandleTransport(config, handle=handle), sleep=time.sleep, clock=time.clock,
+                          policy=routes)
+    outcome = await client.score_member(MEMBER)
+    assert outcome.failure == "overloaded" and outcome.attempts == 1 and outcome.cause is overloaded
+    assert len(handle.score_member.attempts_seen) == 1  # the caller retries overload, not this layer

@@ -275,11 +275,11 @@ class _RaisingTransport:
         self.error = error
         self.calls = 0
 
-    async def member(self, member, timeout_s, attempt=0):
+    async def member(self, member, timeout_s, attempt=0, attempts_left=1):
         self.calls += 1
         raise self.error
 
-    async def group(self, group, timeout_s, attempt=0):
+    async def group(self, group, timeout_s, attempt=0, attempts_left=1):
         raise self.error
 
     async def aclose(self):
@@ -379,7 +379,7 @@ async def test_each_run_is_a_tenant_of_the_service(tokenizer):
     sent: list = []
     original = transport.member
 
-    async def recording(member, timeout_s, attempt=0):
+    async def recording(member, timeout_s, attempt=0, attempts_left=1):
         sent.append(member)
         return await original(member, timeout_s, attempt)
 

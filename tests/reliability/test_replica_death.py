@@ -58,10 +58,11 @@ def client(app_name: str, members: list[dict], start_line) -> dict:
     import asyncio
 
     from cluster.schema import MemberRequest
-    from deployments.client import ReplicaCallPolicy, ScorerClient
+    from cluster.retry import RetryPolicy
+    from deployments.client import ScorerClient
 
     handle = serve.get_deployment_handle("GRRMReplica", app_name=app_name)
-    scorer = ScorerClient(handle, ReplicaCallPolicy(max_attempts=6, backoff_s=0.2))
+    scorer = ScorerClient(handle, RetryPolicy(max_attempts=6, backoff_s=0.2))
 
     async def send(member):
         started = time.monotonic()
@@ -76,7 +77,7 @@ def client(app_name: str, members: list[dict], start_line) -> dict:
     answers = asyncio.run(run())
     errors = [repr(a) for a in answers if isinstance(a, BaseException)]
     return {"answers": [a for a in answers if not isinstance(a, BaseException)], "errors": errors,
-            "replica_failures": scorer.replica_failures, "timeout_retries": scorer.timeout_retries}
+            "replica_failures": scorer.replica_failures, "timeout_retries": scorer.rejoins}
 
 
 def run_load(run: str, kill: bool, groups: int = GROUPS) -> tuple[list[dict], dict]:
