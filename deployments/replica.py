@@ -11,7 +11,6 @@ death and re-send their calls to a live replica (why and how: docs/operations/fa
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import logging
@@ -25,14 +24,15 @@ from typing import Any, NoReturn
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from cluster.admission import GroupsInFlight
 from cluster.assembly import GroupAssembler
 from cluster.announced_demand import AnnouncedDemands, demand_of
-from cluster.autoscaling import Demand, EngineWorkMeter
+from cluster.autoscaling import Demand
+from cluster.engine_lane import EngineLane
 from cluster.engine_sleep import EngineSleeper
 from cluster.engines import EngineDeadError, SleepingEngine, make_engine, process_guard
 from cluster.fair_share import FairGate, GateStats
 from cluster.open_groups import OpenGroups
-from cluster.routing import HashRing, demand_route_key
 from cluster.schema import (
     DemandAccepted,
     DemandAnnouncement,
@@ -46,22 +46,16 @@ from cluster.schema import (
 from cluster.scorer import GroupScorer
 from deployments.autoscaling_policy import autoscaling_stats
 from deployments.config import AppConfig
+from deployments.hand_off import RingFollower
 from deployments.ledger import ServeLedger
 from deployments.metrics import ReplicaMetrics
 from deployments.preflight import ensure_replica_can_start
-from deployments.replica_set import ReplicaSetWatch
 from deployments.router import OUTSTANDING_WORK
-from grrm_handles.send import REPLICA_GONE_ERRORS, HandleSender
 
 logger = logging.getLogger("ray.serve")
 
 # A replica that lost its engine gives the engine this long to stop before its process ends.
 ENGINE_STOP_TIMEOUT_S = 5.0
-# How often a member is passed between replicas whose views of the ring differ, before it is answered
-# `moved` for its caller to send again.
-MAX_HAND_OFFS = 3
-# How long a replica waits for another to answer a probe before it hands it nothing.
-PROBE_TIMEOUT_S = 5.0
 # Exit status of a replica process that ended because its engine died.
 ENGINE_LOST_EXIT_CODE = 3
 # How often a replica whose idle engine sleeps (replicas.autoscaling.idle: sleep) looks whether it should
@@ -118,10 +112,10 @@ class GRRMReplica:
         self.engine = make_engine(config.replica_engine())
         await self.engine.start()
         logger.info("replica %s: %s engine ready in %.1f s", self.name, config.engine.kind, time.perf_counter() - started)
-        self.scorer = GroupScorer(self.engine, config.scoring, replica=self.name)
         self.metrics = ReplicaMetrics(max_tenant_labels=config.tenants.max_metric_labels)
+        self.lane = self._engine_lane(config)
         self.assembler = GroupAssembler(
-            self._score_assembled,
+            self.lane.assembled,
             assembly_timeout_s=config.assembly_timeout_s,
             completed_ttl_s=config.completed_ttl_s,
             max_pending_groups=config.replicas.max_assembling_groups,
@@ -132,44 +126,44 @@ class GRRMReplica:
         # Members of keyed groups without ids of their own (OpenRLHF's samples), remembered long
         # enough for a re-send after an assembly timeout.
         self.open_groups = OpenGroups(ttl_s=2 * config.assembly_timeout_s + 60)
-        # Complete groups wait here for the engine, each tenant its fair share (cluster/fair_share.py).
+        # Each tenant's groups here, bounded by its max_groups_in_flight (cluster/admission.py).
+        self.in_flight = GroupsInFlight(lambda tenant: config.tenant(tenant).max_groups_in_flight, self.name)
+        self.demands = AnnouncedDemands()  # the work tenants announced (autoscaling forecast)
+        # The routers' ring: a group it places on another replica is handed there (deployments/hand_off.py).
+        self.ring = RingFollower(self.name, config.routing.virtual_nodes, self.assembler, self.lane.queued,
+                                 self.demands, self.metrics.groups_handed_off.inc)
+        self._outstanding_work = 0.0
+        # Set once the engine is lost; never resolved: the process ends while calls wait on it.
+        self._engine_lost: asyncio.Future[None] | None = None
+        self._ending: asyncio.Task[NoReturn] | None = None
+        self._sleep_loop: asyncio.Task[None] | None = None
+        if self.lane.sleeper is not None:
+            self._sleep_loop = asyncio.get_running_loop().create_task(self._sleep_when_idle(), name="engine-sleep")
+
+    def _engine_lane(self, config: AppConfig) -> EngineLane:
+        """This engine's lane (cluster/engine_lane.py): its fair gate, and its sleeper under idle: sleep."""
         # A group sends `permutations` prompts at once, so the engine's batch holds that many fewer groups.
         tenants = config.tenants
         slots = tenants.engine_slots or max(1, (config.engine.batch_slots() or 256) // config.scoring.permutations)
         # The policy is asked on every pick: cached, as the config never changes in a replica's life.
         policy = functools.lru_cache(maxsize=4096)(config.tenant_policy)
-        self.gate: FairGate[GroupResult] = FairGate(slots, policy, enabled=tenants.fair_share,
-                                                    return_credit=tenants.return_credit_tokens,
-                                                    reserved_slots=min(tenants.reserved_slots, slots - 1),
-                                                    window_s=tenants.window_s)
-        self._in_flight: dict[str, set[str]] = {}  # tenant -> its groups (scoped ids) on this replica
-        self._queued_for_engine: set[str] = set()  # assembled groups (scoped ids) waiting at the gate
-        # What the engine has to do, for the autoscaling policy; members that only wait are not in it.
-        self.engine_work = EngineWorkMeter()
-        self.demands = AnnouncedDemands()  # the work tenants announced (autoscaling forecast)
-        # The routers' ring as the controller last broadcast it (None: not known yet, or outside
-        # Serve): a group it places on another replica is handed there (see _on_replica_set).
-        self._ring: HashRing | None = None
-        self._peer_client: HandleSender | None = None  # this deployment's other replicas, for hand-offs
-        self._probes: dict[str, asyncio.Future[bool]] = {}  # replica -> whether it answered (this replica set)
-        self._gone: set[str] = set()  # replicas on the ring that did not answer
-        self._background: set[asyncio.Task[None]] = set()
-        self._watch = self._watch_replica_set()
-        self._outstanding_work = 0.0
-        self._groups_scored = 0  # GQM groups whose engine path returned (a verdict or a flagged failure)
-        # Set once the engine is lost; never resolved: the process ends while calls wait on it.
-        self._engine_lost: asyncio.Future[None] | None = None
-        self._ending: asyncio.Task[NoReturn] | None = None
-        # Under idle: sleep, the engine sleeps while this replica has nothing for it (cluster/engine_sleep.py).
-        self.sleeper: EngineSleeper | None = None
-        self._sleep_loop: asyncio.Task[None] | None = None
+        gate: FairGate[GroupResult] = FairGate(slots, policy, enabled=tenants.fair_share,
+                                               return_credit=tenants.return_credit_tokens,
+                                               reserved_slots=min(tenants.reserved_slots, slots - 1),
+                                               window_s=tenants.window_s)
+        sleeper = None
         if config.sleeps_when_idle:
             if not isinstance(self.engine, SleepingEngine):  # the config allows only engines that can
                 raise TypeError(f"replicas.autoscaling.idle: the {config.engine.kind} engine cannot sleep")
             assert config.replicas.autoscaling is not None
-            self.sleeper = EngineSleeper(self.engine, config.replicas.autoscaling.scaling_settings(),
-                                         margin_s=2 * SLEEP_CHECK_S)
-            self._sleep_loop = asyncio.get_running_loop().create_task(self._sleep_when_idle(), name="engine-sleep")
+            sleeper = EngineSleeper(self.engine, config.replicas.autoscaling.scaling_settings(),
+                                    margin_s=2 * SLEEP_CHECK_S)
+        return EngineLane(GroupScorer(self.engine, config.scoring, replica=self.name), gate, sleeper,
+                          on_scored=self._scored)
+
+    def _scored(self, group: GroupRequest, result: GroupResult, waited_s: float) -> None:
+        self.metrics.record_group(result)
+        self.metrics.record_tenant(group.tenant, result, waited_s)
 
     async def score_group(self, group: GroupRequest, attempt: int = 0) -> GroupResult:
         """Score one whole group (``attempt`` is read by the router, not here)."""
@@ -181,12 +175,13 @@ class GRRMReplica:
         work = float(len(group.candidates))
         self._outstanding_work += work
         try:
-            result = await self._score(group)
-        except EngineDeadError:
+            result = await self.lane.score(group)
+        except EngineDeadError as error:
+            self._lose_engine(error)
             await self._answer_nothing()
         finally:
             self._outstanding_work -= work
-            self._settle(group.tenant, key)
+            self.in_flight.settle(group.tenant, key)
         return result
 
     async def score_member(self, member: MemberRequest, attempt: int = 0, handed_off: int = 0,
@@ -199,18 +194,8 @@ class GRRMReplica:
         far: replicas whose views of the ring differ for a moment pass a member on a few times at
         most (``attempt`` and ``target_replica`` are read by the router, not here)."""
         scoped = scoped_group_id(member.tenant, member.group_id)
-        # A member re-sent after a replica died (attempt >= 1) was placed by a router that knows of the
-        # death before this replica's view of the ring does: it stays.
-        if handed_off < MAX_HAND_OFFS and (attempt == 0 or handed_off) and not self.assembler.holds(scoped):
-            owner = await self._reachable_owner(member.group_id)
-            if owner is not None:
-                return await self._hand_to(owner, member, handed_off + 1)
-        result = await self._member(member, scoped, route_key=member.group_id)
-        if result.failure == "moved" and handed_off < MAX_HAND_OFFS:
-            owner = await self._reachable_owner(member.group_id)
-            if owner is not None:
-                return await self._hand_to(owner, member, handed_off + 1)
-        return result
+        return await self.ring.place(member, scoped, attempt, handed_off,
+                                     lambda here: self._join(here, scoped, route_key=member.group_id))
 
     async def score_open_member(self, member: MemberRequest, attempt: int = 0) -> MemberResult:
         """A member whose ``group_id`` is only a key shared by the samples of one prompt (and whose
@@ -220,9 +205,10 @@ class GRRMReplica:
             raise ValueError("member_id: required for a member of an open group")
         scoped = self.open_groups.group_of(scoped_group_id(member.tenant, member.group_id), member.group_size,
                                            member.member_id)
-        return await self._member(member.model_copy(update={"group_id": unscoped_group_id(scoped)[1]}), scoped)
+        return await self._join(member.model_copy(update={"group_id": unscoped_group_id(scoped)[1]}), scoped)
 
-    async def _member(self, member: MemberRequest, scoped: str, route_key: str | None = None) -> MemberResult:
+    async def _join(self, member: MemberRequest, scoped: str, route_key: str | None = None) -> MemberResult:
+        """Add a member to its group's assembly here; its answer once the group is scored (or not)."""
         if self._engine_lost is not None:
             await self._answer_nothing()
         refusal = self._admit(member.tenant, scoped)
@@ -232,11 +218,12 @@ class GRRMReplica:
         self._outstanding_work += 1.0
         try:
             result = await self.assembler.submit(member.model_copy(update={"group_id": scoped}), route_key)
-        except EngineDeadError:
+        except EngineDeadError as error:
+            self._lose_engine(error)
             await self._answer_nothing()
         finally:
             self._outstanding_work -= 1.0
-            self._settle(member.tenant, scoped)
+            self.in_flight.settle(member.tenant, scoped)
             self.metrics.members_waiting.set(self.assembler.members_waiting())
         if result.failure == "timeout":
             self.metrics.assembly_timeouts.inc()
@@ -244,75 +231,16 @@ class GRRMReplica:
         return result.model_copy(update={"group_id": member.group_id})
 
     def _admit(self, tenant: str, group: str) -> str | None:
-        """Count a group of ``tenant`` in flight here; why not, when it is over its limit."""
-        groups = self._in_flight.get(tenant, set())
-        limit = self.config.tenant(tenant).max_groups_in_flight
-        if group in groups or limit is None or len(groups) < limit:
-            self._in_flight.setdefault(tenant, groups).add(group)
-            return None
-        self.metrics.record_tenant_failure(tenant, "overloaded")
-        return (f"tenant {tenant}: {len(groups)} groups in flight on replica {self.name}, its limit "
-                f"(tenants max_groups_in_flight {limit}); retry later")
-
-    def _settle(self, tenant: str, group: str) -> None:
-        groups = self._in_flight.get(tenant)
-        if groups is not None:
-            groups.discard(group)
-            if not groups:
-                del self._in_flight[tenant]
-
-    async def _score_assembled(self, group: GroupRequest) -> GroupResult:
-        """A group the assembler completed: until the engine takes it, it may move to a new owner."""
-        return await self._score(group, movable=True)
-
-    async def _score(self, group: GroupRequest, movable: bool = False) -> GroupResult:
-        if self._engine_lost is not None:
-            raise EngineDeadError(f"replica {self.name} lost its engine")
-        # What its prompt will cost, roughly (4 characters a token), charged when it goes to the engine.
-        estimate = (len(group.source) + sum(len(candidate) for candidate in group.candidates)) / 4 + 64
-        meter = self.engine_work
-        meter.queued(estimate, len(group.candidates))
-        at_engine = False
-        used: float | None = None
-        if movable:  # until its turn comes, it may move to a new owner (assembler.hand_off)
-            self._queued_for_engine.add(group.group_id)
-
-        async def at_the_engine() -> GroupResult:
-            nonlocal at_engine
-            if movable:
-                self._queued_for_engine.discard(group.group_id)
-            # A sleeping engine wakes first (the group waits for it), and sleeps not while it generates.
-            async with self.sleeper.awake() if self.sleeper is not None else contextlib.nullcontext():
-                at_engine = True
-                meter.started(time.monotonic())  # after the wake-up: it is no engine work
-                return await self.scorer.score_group(group)
-
-        def tokens(done: GroupResult) -> float:
-            nonlocal used
-            used = float(done.usage.prompt_tokens + done.usage.completion_tokens)
-            return used
-
-        try:
-            result, waited = await self.gate.run(group.tenant, estimate, at_the_engine, tokens)
-        except EngineDeadError as error:
-            self._lose_engine(error)
-            raise
-        finally:
-            if movable:
-                self._queued_for_engine.discard(group.group_id)
-            if at_engine:
-                meter.finished(time.monotonic(), estimate, used)
-            else:
-                meter.withdrawn(estimate)
-        self._groups_scored += 1
-        self.metrics.record_group(result)
-        self.metrics.record_tenant(group.tenant, result, waited)
-        return result
+        refusal = self.in_flight.admit(tenant, group)
+        if refusal is not None:
+            self.metrics.record_tenant_failure(tenant, "overloaded")
+        return refusal
 
     def _lose_engine(self, error: BaseException) -> None:
         """Take no more work and end this replica's process (see the module docstring)."""
         if self._engine_lost is not None:
             return
+        self.lane.lose(error)
         loop = asyncio.get_running_loop()
         self._engine_lost = loop.create_future()
         logger.error(
@@ -351,18 +279,17 @@ class GRRMReplica:
     async def _sleep_when_idle(self) -> None:
         """Put the engine to sleep while this replica has nothing for it, and wake it for work: groups
         queued, or an announced phase known here about to send groups (cluster/engine_sleep.py)."""
-        assert self.sleeper is not None
+        assert self.lane.sleeper is not None
         while self._engine_lost is None:
             await asyncio.sleep(SLEEP_CHECK_S)
-            pending = self.engine_work.waiting > 0  # members assembling are a forecast, not work
             try:
-                await self.sleeper.check(pending=pending, demands=list(self.demands))
+                await self.lane.tend_sleep(self.demands)
             except EngineDeadError as error:
                 self._lose_engine(error)
                 return
             except Exception as error:  # noqa: BLE001 - a failed sleep leaves the engine awake: it serves on
                 logger.warning("replica %s: engine sleep/wake failed: %r", self.name, error)
-            self.metrics.engine_sleeping.set(1.0 if self.sleeper.sleeping else 0.0)
+            self.metrics.engine_sleeping.set(1.0 if self.lane.sleeper.sleeping else 0.0)
 
     def record_routing_stats(self) -> dict[str, Any]:
         """Outstanding work every router reads for bounded-load and least-work decisions."""
@@ -371,10 +298,10 @@ class GRRMReplica:
     def record_autoscaling_stats(self) -> dict[str, float]:
         """What the autoscaling policy decides on (``deployments/autoscaling_policy.py``): this engine's
         queued and running work, members that only wait (apart), and the demand announced here."""
-        load = self.engine_work.load(time.monotonic(), self.assembler.members_waiting(),
-                                     self.config.replicas.max_ongoing_requests)
-        load = dataclasses.replace(load, cold_start_s=self.cold_start_s,
-                                   sleeping=self.sleeper is not None and self.sleeper.sleeping)
+        load = self.lane.work.load(time.monotonic(), self.assembler.members_waiting(),
+                                   self.config.replicas.max_ongoing_requests)
+        sleeper = self.lane.sleeper
+        load = dataclasses.replace(load, cold_start_s=self.cold_start_s, sleeping=sleeper is not None and sleeper.sleeping)
         now, grace_s = time.time(), self.config.replicas.demand_grace_s()
         return autoscaling_stats(load, self.demands.current(now, grace_s), now, grace_s)
 
@@ -391,98 +318,6 @@ class GRRMReplica:
         """Keep a tenant's announced demand unless a later one is kept already (a replica handing on
         the demands the new ring places here calls this; ``target_replica`` is read by the router)."""
         self.demands.keep(demand)
-
-    def _watch_replica_set(self) -> ReplicaSetWatch | None:
-        try:
-            context = serve.get_replica_context()
-        except Exception:  # noqa: BLE001 - outside Serve there is no ring to follow
-            return None
-        return ReplicaSetWatch(context.replica_id.deployment_id, self._on_replica_set, self.name)
-
-    def _on_replica_set(self, replicas: list[str]) -> None:
-        """The running replicas changed: hand every group that the new ring places elsewhere and that
-        this engine has not begun (collecting members, or complete and waiting for the engine) to its
-        new owner (its members here are answered ``moved`` and sent on)."""
-        # A replica being stopped is no longer on the ring: every group it collects goes elsewhere. One
-        # not yet on it is starting: until the broadcast that lists it, it knows no ring to go by.
-        if self.name not in replicas and self._ring is None:
-            return
-        self._ring = HashRing(replicas, virtual_nodes=self.config.routing.virtual_nodes)
-        self._gone &= set(replicas)  # a dead replica the controller still lists stays passed over
-        self._probes.clear()
-        released = self.assembler.hand_off(self._owner_elsewhere, self._queued_for_engine)
-        for tenant in self.demands.tenants():
-            owner = self._owner_elsewhere(demand_route_key(tenant))
-            if owner is not None:  # handed on like a group: one replica reports a tenant's demand
-                self._in_background(self._peers().ask_replica("keep_demand", owner, self.demands.pop(tenant)))
-        if released:
-            self.metrics.groups_handed_off.inc(released)
-            logger.info("replica %s: replica set now %s; %d groups not yet at the engine handed to their new owners",
-                        self.name, replicas, released)
-
-    def _owner_elsewhere(self, route_key: str) -> str | None:
-        """The replica the routers' ring now sends ``route_key``'s members to, if not this one (a
-        replica found gone is passed over, as routers do before the controller has seen the death)."""
-        if self._ring is None:
-            return None
-        owner = next((name for name in self._ring.walk(route_key) if name not in self._gone), None)
-        return owner if owner != self.name else None
-
-    async def _reachable_owner(self, route_key: str) -> str | None:
-        """:meth:`_owner_elsewhere`, once that replica answered a probe: a call routed to one that is
-        gone would wait for it for ever. None: this replica owns the group (or no owner answers)."""
-        for _ in range(len(self._ring.replica_ids) if self._ring is not None else 0):
-            owner = self._owner_elsewhere(route_key)
-            if owner is None or await self._reachable(owner):
-                return owner
-        return None
-
-    async def _reachable(self, replica: str) -> bool:
-        """Whether ``replica`` answers a probe (asked once per replica set; a silent one is gone)."""
-        probe = self._probes.get(replica)
-        if probe is None:
-            probe = self._probes[replica] = asyncio.ensure_future(self._probe(replica))
-        return await asyncio.shield(probe)
-
-    async def _probe(self, replica: str) -> bool:
-        try:
-            await asyncio.wait_for(self._peers().ask_replica("takes_members", replica), PROBE_TIMEOUT_S)
-            return True
-        except Exception as error:  # noqa: BLE001 - whatever the reason, members do not go there
-            logger.warning("replica %s: replica %s did not answer a probe (%s); its groups stay here",
-                           self.name, replica, type(error).__name__)
-            self._gone.add(replica)
-            return False
-
-    def _peers(self) -> HandleSender:
-        """This deployment's replicas, through the group-aware router (made at the first hand-off)."""
-        if self._peer_client is None:
-            context = serve.get_replica_context()
-            self._peer_client = HandleSender(serve.get_deployment_handle(context.deployment, context.app_name))
-        return self._peer_client
-
-    def _in_background(self, call: Any) -> None:
-        """Run a hand-off call without waiting for it; a failure only costs the policy a forecast."""
-        async def run() -> None:
-            try:
-                await call
-            except Exception as error:  # noqa: BLE001 - the announcement is advisory
-                logger.warning("replica %s: handing on a demand failed: %r", self.name, error)
-
-        task = asyncio.get_running_loop().create_task(run())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def _hand_to(self, owner: str, member: MemberRequest, hand_offs: int) -> MemberResult:
-        """Send a member to the replica that now owns its group and pass its answer back; if that
-        replica went away meanwhile, answer ``moved`` so the caller sends it again."""
-        try:
-            return await self._peers().ask_replica("score_member", owner, member, handed_off=hand_offs)
-        except REPLICA_GONE_ERRORS as error:
-            return MemberResult(group_id=member.group_id, index=member.index, member_id=member.member_id, valid=False,
-                                failure="moved", replica=self.name,
-                                error=f"group {member.group_id}: replica {owner}, which now collects it, went away "
-                                      f"({type(error).__name__}); send the member again")
 
     async def check_health(self) -> None:
         """Serve calls this periodically; raising makes Serve replace the replica.
@@ -519,15 +354,15 @@ class GRRMReplica:
             "engine": self.config.engine.kind,
             "prompt_type": self.config.scoring.prompt_type,
             **self.config.engine.parallelism(),
-            "groups_scored": self._groups_scored,
+            "groups_scored": self.lane.groups_scored,
             "cold_start_s": self.cold_start_s,  # construction to serving, as the policy reads it
             # Resident memory of this replica process now, and its peak so far (Linux: KiB).
             "rss_bytes": _current_rss_bytes(),
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "assembler": self.assembler.stats(),
-            "engine_sleep": None if self.sleeper is None else {
-                "sleeping": self.sleeper.sleeping, "sleeps": self.sleeper.sleeps, "wakes": self.sleeper.wakes,
-                "woken_for_work": self.sleeper.woken_for_work},
+            "engine_sleep": None if (sleeper := self.lane.sleeper) is None else {
+                "sleeping": sleeper.sleeping, "sleeps": sleeper.sleeps, "wakes": sleeper.wakes,
+                "woken_for_work": sleeper.woken_for_work},
         }
 
     def recent_groups(self, since: float | None = None, target_replica: str | None = None) -> list[dict[str, Any]]:
@@ -543,12 +378,12 @@ class GRRMReplica:
 
     def tenants(self, target_replica: str | None = None) -> dict[str, dict[str, Any]]:
         """Each active tenant's work on this replica now and what the engine served it lately."""
-        stats = self.gate.stats()
+        stats = self.lane.gate.stats()
         collecting = self.assembler.members_collecting()
         report = {}
-        for name in set(stats) | set(self._in_flight) | set(collecting):
+        for name in set(stats) | self.in_flight.tenants() | set(collecting):
             gate = stats.get(name, GateStats())
-            report[name] = {"groups_in_flight": len(self._in_flight.get(name, ())),
+            report[name] = {"groups_in_flight": self.in_flight.count(name),
                             "members_waiting": collecting.get(name, 0), "waiting_for_engine": gate.waiting,
                             "at_engine": gate.running, "recent_groups": gate.recent_groups,
                             "recent_tokens": gate.recent_tokens}
@@ -560,9 +395,9 @@ class GRRMReplica:
         next one still runs."""
         assembler = getattr(self, "assembler", None)
         engine = getattr(self, "engine", None)
-        watch = getattr(self, "_watch", None)
-        if watch is not None:
-            watch.stop()
+        ring = getattr(self, "ring", None)
+        if ring is not None:
+            ring.stop()
         sleep_loop = getattr(self, "_sleep_loop", None)
         if sleep_loop is not None:
             sleep_loop.cancel()

@@ -99,7 +99,7 @@ def test_openrlhfs_concurrent_single_sample_posts_are_scored_as_groups(local_app
         assert len(body["rewards"]) == 1 and body["scores"] == body["rewards"] and 0 <= body["rewards"][0] <= 10
         assert body["extra_logs"] == {"grrm_valid": [1.0], "grrm_default": [0.0], "grrm_failed": [0.0]}, body
     groups = open_groups_scored(handle, LOCAL_APP, since)
-    keys = {read_sample(p["query"][0], p["prompts"][0], p["labels"][0], 4, app_config, 0).key
+    keys = {read_sample(p["query"][0], p["prompts"][0], p["labels"][0], 4, app_config.openrlhf, 0).key
             for p in (first_round[0], first_round[4])}
     by_key = {key: [group for group in groups if group["group_id"].startswith(key)] for key in keys}
     assert sorted(len(found) for found in by_key.values()) == [1, 2], groups  # the dog once, the cat twice

@@ -1,0 +1,176 @@
+"""A scorer replica following the routers' ring: groups and members handed to the replica that owns them.
+
+The routers place a group's members on one replica by a consistent-hash ring over the running
+replicas (``deployments/router.py``). When that set changes (scaling, a death, a redeploy), a replica
+learns of it from the same broadcast (``deployments/replica_set.py``) and:
+
+* releases every group the new ring places elsewhere and its engine has not begun (members that
+  wait are answered ``moved``, and sent on), and hands on the tenants' announced demand likewise;
+* hands a member that arrives for a group the ring places elsewhere to that replica, once it
+  answered a probe (a replica that lost its engine answers none), and passes the answer back. Views of
+  the ring differ for a moment between replicas: a member is passed on :data:`MAX_HAND_OFFS` times
+  at most, then answered ``moved`` for its caller to send again.
+
+Why a group never splits for good and what a hand-off costs: docs/operations/faults.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ray import serve
+
+from cluster.announced_demand import AnnouncedDemands
+from cluster.assembly import GroupAssembler
+from cluster.routing import HashRing, demand_route_key
+from cluster.schema import MemberRequest, MemberResult
+from deployments.replica_set import ReplicaSetWatch
+from grrm_handles.send import REPLICA_GONE_ERRORS, HandleSender
+
+__all__ = ["MAX_HAND_OFFS", "PROBE_TIMEOUT_S", "RingFollower"]
+
+logger = logging.getLogger("ray.serve")
+
+# How often a member is passed between replicas whose views of the ring differ, before it is answered
+# `moved` for its caller to send again.
+MAX_HAND_OFFS = 3
+# How long a replica waits for another to answer a probe before it hands it nothing.
+PROBE_TIMEOUT_S = 5.0
+
+ScoreHere = Callable[[MemberRequest], Awaitable[MemberResult]]
+
+
+class RingFollower:
+    """One replica's view of the ring, and the hand-offs it makes (see the module docstring)."""
+
+    def __init__(self, name: str, virtual_nodes: int, assembler: GroupAssembler, queued: set[str],
+                 demands: AnnouncedDemands, on_released: Callable[[int], None]):
+        """``queued``: the groups waiting for this replica's engine, which may still move;
+        ``on_released(n)``: ``n`` groups were released to their new owners (a metric)."""
+        self.name = name
+        self.virtual_nodes = virtual_nodes
+        self.assembler = assembler
+        self.queued = queued
+        self.demands = demands
+        self.on_released = on_released
+        # The routers' ring as the controller last broadcast it (None: not known yet, or outside Serve).
+        self.ring: HashRing | None = None
+        self.gone: set[str] = set()  # replicas on the ring that did not answer a probe
+        self._probes: dict[str, asyncio.Future[bool]] = {}  # replica -> whether it answered (this replica set)
+        self._background: set[asyncio.Task[None]] = set()
+        self.peers, self.watch = self._follow()
+
+    def _follow(self) -> tuple[HandleSender | None, ReplicaSetWatch | None]:
+        """This deployment's replicas through the group-aware router, and the broadcast of their set. Both
+        are made now: a handle's router made at its first use reads the GCS, and a hand-off during a GCS
+        outage would freeze this replica until the GCS is back (docs/operations/faults.md)."""
+        try:
+            context = serve.get_replica_context()
+        except Exception:  # noqa: BLE001 - outside Serve there is no ring to follow
+            return None, None
+        peers = HandleSender(serve.get_deployment_handle(context.deployment, context.app_name))
+        return peers, ReplicaSetWatch(context.replica_id.deployment_id, self.on_replica_set, self.name)
+
+    async def place(self, member: MemberRequest, scoped: str, attempt: int, handed_off: int,
+                    score_here: ScoreHere) -> MemberResult:
+        """Score ``member`` here (``score_here``) or on the replica the ring now places its group on."""
+        # A member re-sent after a replica died (attempt >= 1) was placed by a router that knows of the
+        # death before this replica's view of the ring does: it stays.
+        if handed_off < MAX_HAND_OFFS and (attempt == 0 or handed_off) and not self.assembler.holds(scoped):
+            owner = await self.reachable_owner(member.group_id)
+            if owner is not None:
+                return await self.hand_to(owner, member, handed_off + 1)
+        result = await score_here(member)
+        if result.failure == "moved" and handed_off < MAX_HAND_OFFS:
+            owner = await self.reachable_owner(member.group_id)
+            if owner is not None:
+                return await self.hand_to(owner, member, handed_off + 1)
+        return result
+
+    def on_replica_set(self, replicas: list[str]) -> None:
+        """The running replicas changed: hand every group that the new ring places elsewhere and that
+        this engine has not begun (collecting members, or complete and waiting for the engine) to its
+        new owner (its members here are answered ``moved`` and sent on)."""
+        # A replica being stopped is no longer on the ring: every group it collects goes elsewhere. One
+        # not yet on it is starting: until the broadcast that lists it, it knows no ring to go by.
+        if self.name not in replicas and self.ring is None:
+            return
+        self.ring = HashRing(replicas, virtual_nodes=self.virtual_nodes)
+        self.gone &= set(replicas)  # a dead replica the controller still lists stays passed over
+        self._probes.clear()
+        released = self.assembler.hand_off(self.owner_elsewhere, self.queued)
+        for tenant in self.demands.tenants():
+            owner = self.owner_elsewhere(demand_route_key(tenant))
+            if owner is not None and self.peers is not None:  # one replica reports a tenant's demand
+                self._in_background(self.peers.ask_replica("keep_demand", owner, self.demands.pop(tenant)))
+        if released:
+            self.on_released(released)
+            logger.info("replica %s: replica set now %s; %d groups not yet at the engine handed to their new owners",
+                        self.name, replicas, released)
+
+    def owner_elsewhere(self, route_key: str) -> str | None:
+        """The replica the routers' ring now sends ``route_key``'s members to, if not this one (a
+        replica found gone is passed over, as routers do before the controller has seen the death)."""
+        if self.ring is None:
+            return None
+        owner = next((name for name in self.ring.walk(route_key) if name not in self.gone), None)
+        return owner if owner != self.name else None
+
+    async def reachable_owner(self, route_key: str) -> str | None:
+        """:meth:`owner_elsewhere`, once that replica answered a probe: a call routed to one that is
+        gone would wait for it for ever. None: this replica owns the group (or no owner answers)."""
+        for _ in range(len(self.ring.replica_ids) if self.ring is not None else 0):
+            owner = self.owner_elsewhere(route_key)
+            if owner is None or await self._reachable(owner):
+                return owner
+        return None
+
+    async def _reachable(self, replica: str) -> bool:
+        """Whether ``replica`` answers a probe (asked once per replica set; a silent one is gone)."""
+        probe = self._probes.get(replica)
+        if probe is None:
+            probe = self._probes[replica] = asyncio.ensure_future(self._probe(replica))
+        return await asyncio.shield(probe)
+
+    async def _probe(self, replica: str) -> bool:
+        try:
+            assert self.peers is not None
+            await asyncio.wait_for(self.peers.ask_replica("takes_members", replica), PROBE_TIMEOUT_S)
+            return True
+        except Exception as error:  # noqa: BLE001 - whatever the reason, members do not go there
+            logger.warning("replica %s: replica %s did not answer a probe (%s); its groups stay here",
+                           self.name, replica, type(error).__name__)
+            self.gone.add(replica)
+            return False
+
+    async def hand_to(self, owner: str, member: MemberRequest, hand_offs: int) -> MemberResult:
+        """Send a member to the replica that now owns its group and pass its answer back; if that
+        replica went away meanwhile, answer ``moved`` so the caller sends it again."""
+        assert self.peers is not None
+        try:
+            return await self.peers.ask_replica("score_member", owner, member, handed_off=hand_offs)
+        except REPLICA_GONE_ERRORS as error:
+            return MemberResult(group_id=member.group_id, index=member.index, member_id=member.member_id, valid=False,
+                                failure="moved", replica=self.name,
+                                error=f"group {member.group_id}: replica {owner}, which now collects it, went away "
+                                      f"({type(error).__name__}); send the member again")
+
+    def _in_background(self, call: Any) -> None:
+        """Run a hand-off call without waiting for it; a failure only costs the policy a forecast."""
+        async def run() -> None:
+            try:
+                await call
+            except Exception as error:  # noqa: BLE001 - the announcement is advisory
+                logger.warning("replica %s: handing on a demand failed: %r", self.name, error)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def stop(self) -> None:
+        """Stop following the broadcast."""
+        if self.watch is not None:
+            self.watch.stop()
