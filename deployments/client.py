@@ -4,14 +4,16 @@
 handle transport that sends with this object's :class:`~grrm_handles.send.HandleSender`, under a
 policy the caller chooses (``cluster/retry.py``):
 
-* :data:`ROUTE_POLICY`, the HTTP routes': only a call whose replica died is sent again, with
+* :data:`ROUTE_POLICY`, the HTTP routes' for a caller that says how many sends its attempt may take
+  (``Grrm-Attempts-Left``, as ``RewardClient`` does): only a call whose replica died is sent again, with
   ``attempt + 1`` (the router then takes pure ring order, so every member of the group lands
   together on the same live replica), within the sends the HTTP caller's attempt may take. Nothing
   else is retried here: overload, a group that did not complete, a group that moved go back to the
   caller, whose client retries or re-joins, counting these sends as its attempts.
-* the default, a trainer's: every transient failure retried, incomplete groups re-joined (the
-  benches); the OpenRLHF route, whose caller never retries, re-joins once (:data:`OPEN_MEMBER_POLICY`),
-  so a sample whose group-mates never come is answered after two assembly timeouts.
+* :data:`SERVICE_POLICY`, the default (a caller that says nothing, such as curl; the OpenRLHF route,
+  whose caller never retries, within its answer time; the benches): the same, and a member whose group did not complete is sent once more
+  (a group split by a change of the replica set comes together; group-mates that never come do not
+  hold it past two assembly timeouts).
 
 A replica whose engine dies ends itself (``deployments/replica.py``), so engine death reaches
 callers as replica death and is survived the same way.
@@ -30,16 +32,14 @@ from grrm_client import CallOutcome, ClientConfig, HandleTransport, RewardClient
 from grrm_handles.availability import DeploymentAvailability
 from grrm_handles.send import HandleSender
 
-__all__ = ["OPEN_MEMBER_POLICY", "ROUTE_POLICY", "ScorerClient", "answered"]
+__all__ = ["ROUTE_POLICY", "SERVICE_POLICY", "ScorerClient", "answered"]
 
 # The HTTP routes' policy: re-route after replica death only (see the module docstring). Its caller's
 # deadline governs (the HTTP client's timeout): none of its own worth the name.
 ROUTE_POLICY = RetryPolicy(max_attempts=4, deadline_s=7 * 24 * 3600.0, backoff_s=0.5, max_backoff_s=5.0,
                            retry_transient=False, max_rejoins=0)
-# OpenRLHF's samples (the service answers for a caller that never retries): a trainer's loop, one
-# re-join (a group split by a change of the replica set comes together; mates that never come do not
-# hold a sample past two assembly timeouts).
-OPEN_MEMBER_POLICY = RetryPolicy(max_attempts=4, backoff_s=0.5, max_backoff_s=5.0, max_rejoins=1)
+# The service's own callers that answer for their caller (see the module docstring).
+SERVICE_POLICY = dataclasses.replace(ROUTE_POLICY, max_rejoins=1)
 
 
 class ScorerClient(HandleSender):
@@ -54,7 +54,7 @@ class ScorerClient(HandleSender):
         super().__init__(handle, availability)
         config = ClientConfig(transport="handle")
         self.transport = HandleTransport(config, sender=self)
-        self.loop = RewardClient(config, self.transport, policy=policy)
+        self.loop = RewardClient(config, self.transport, policy=policy or SERVICE_POLICY)
         self.policy = self.loop.policy
 
     @property
@@ -77,8 +77,8 @@ class ScorerClient(HandleSender):
 
     async def open_member_call(self, member: MemberRequest, deadline_s: float) -> CallOutcome[MemberResult]:
         """A member of a keyed group without an id of its own (``GRRMReplica.score_open_member``), within
-        ``deadline_s`` (:data:`OPEN_MEMBER_POLICY`)."""
-        policy = dataclasses.replace(OPEN_MEMBER_POLICY, deadline_s=deadline_s)
+        ``deadline_s``."""
+        policy = dataclasses.replace(self.policy, deadline_s=deadline_s)
         return await self.loop.call(self.transport.open_member, member, policy)
 
     async def score_group(self, group: GroupRequest) -> GroupResult:
@@ -95,9 +95,11 @@ class ScorerClient(HandleSender):
         return await self.send("announce_demand", announcement)
 
     def _within(self, attempts_left: int | None) -> RetryPolicy:
-        if attempts_left is None or attempts_left >= self.policy.max_attempts:
+        """A caller that says how many sends its attempt may take retries itself: :data:`ROUTE_POLICY`
+        within them. One that does not (curl, a script) gets this client's own policy."""
+        if attempts_left is None:
             return self.policy
-        return dataclasses.replace(self.policy, max_attempts=max(1, attempts_left))
+        return dataclasses.replace(ROUTE_POLICY, max_attempts=max(1, min(ROUTE_POLICY.max_attempts, attempts_left)))
 
 
 def answered(outcome: CallOutcome[Any]) -> Any:

@@ -34,7 +34,7 @@ from cluster.schema import (
     MemberResult,
 )
 from deployments.autoscaling_policy import demand_stats
-from deployments.client import ROUTE_POLICY, ScorerClient, answered
+from deployments.client import ScorerClient, answered
 from deployments.config import AppConfig
 from deployments.http.auth import caller_of, refuse_open_service, tenant_of
 from deployments.http.errors import HTTPProblem, error_response, install_error_handlers, unanswered
@@ -110,7 +110,7 @@ class GRRMIngress:
         self.http_host = _http_host()
         refuse_open_service(config, self.http_host)
         self.config = config
-        self.client = ScorerClient(replicas, ROUTE_POLICY)  # re-routes after replica death only
+        self.client = ScorerClient(replicas)  # ROUTE_POLICY for callers that say their budget of sends
         app.state.config = config
         # Every announcement this ingress replica took, reported to the application's autoscaling policy
         # (deployments/autoscaling_policy.py): it hears of them while no scorer replica runs.

@@ -28,6 +28,10 @@ ROOT = Path(__file__).resolve().parents[2]
 CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")
 
 
+# How long the GCS (and the head) stay down; groups count as due while down only if they were sent by
+# the outage's margin before its end, and at least this long must be left for them.
+HEAD_DOWN_S = 20
+MIN_DUE_WINDOW_S = 5.0
 # In the order a cut message needs them: which phase, then whether one scorer froze (a share of the groups
 # waiting) or all were slow.
 OUTAGE_KEYS = ("phase", "groups_due_while_down", "groups_waiting_for_the_outage", "scorers_answering_while_down",
@@ -43,7 +47,7 @@ def test_no_member_is_lost_when_a_node_the_gcs_or_the_head_dies(tmp_path):
         # The GCS and the head stay down 20 s (the bench's default is 5): on CI's loaded machine a 5 s
         # outage once saw no answer over HTTP at all, and groups took 7-10 s while the GCS was down, so a
         # 10 s outage left too little of it for a group to be due (bench.node_chaos.outage_waits).
-        run = subprocess.run([sys.executable, "-m", "bench.node_chaos", "--quick", "--redis", "--head-down-s", "20",
+        run = subprocess.run([sys.executable, "-m", "bench.node_chaos", "--quick", "--redis", "--head-down-s", str(HEAD_DOWN_S),
                               "--out", str(out)],
                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)
     finally:
@@ -77,7 +81,14 @@ def test_no_member_is_lost_when_a_node_the_gcs_or_the_head_dies(tmp_path):
         assert row["answered_while_down"]["http"] > 0 and row["answered_while_down"]["handle"] > 0, row
         # No group that had time to be scored while it was down waited for it: nothing froze waiting
         # for the GCS (a frozen scorer replica holds every group the ring gives it).
-        assert row["groups_due_while_down"] >= 3 and row["groups_waiting_for_the_outage"] == 0, row
+        assert row["groups_waiting_for_the_outage"] == 0, row
+        if row["outage_margin_s"] <= HEAD_DOWN_S - MIN_DUE_WINDOW_S:
+            assert row["groups_due_while_down"] >= 3, row
+        else:
+            # A machine so loaded that a group the outage did not hold took most of it (the full suite's
+            # two shards: 16.7 s of a 20 s outage) leaves no group due by the margin: then the evidence
+            # that nothing froze is that every scorer replica answered while it was down.
+            assert row["scorers_answering_while_down"] == 3, row
         assert row["scorers_replaced"] == 0 and row["app_status_after"] == "RUNNING", row
         assert row["replicas_back_s"] is not None, row
     # Serve ran every scorer replica again after each node died.
