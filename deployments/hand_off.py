@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -39,6 +40,10 @@ logger = logging.getLogger("ray.serve")
 MAX_HAND_OFFS = 3
 # How long a replica waits for another to answer a probe before it hands it nothing.
 PROBE_TIMEOUT_S = 5.0
+# How long a replica that did not answer a probe is passed over before it is probed again. Not until the
+# replica set changes: in a fixed pool that never comes, and a probe that timed out under load (a peer
+# busy starting) would keep every group this replica was sent while routers disagreed split for good.
+GONE_FOR_S = 5.0
 
 ScoreHere = Callable[[MemberRequest], Awaitable[MemberResult]]
 
@@ -47,7 +52,8 @@ class RingFollower:
     """One replica's view of the ring, and the hand-offs it makes (see the module docstring)."""
 
     def __init__(self, name: str, virtual_nodes: int, assembler: GroupAssembler, queued: set[str],
-                 demands: AnnouncedDemands, on_released: Callable[[int], None]):
+                 demands: AnnouncedDemands, on_released: Callable[[int], None],
+                 clock: Callable[[], float] = time.monotonic):
         """``queued``: the groups waiting for this replica's engine, which may still move;
         ``on_released(n)``: ``n`` groups were released to their new owners (a metric)."""
         self.name = name
@@ -58,7 +64,8 @@ class RingFollower:
         self.on_released = on_released
         # The routers' ring as the controller last broadcast it (None: not known yet, or outside Serve).
         self.ring: HashRing | None = None
-        self.gone: set[str] = set()  # replicas on the ring that did not answer a probe
+        self.gone: dict[str, float] = {}  # replicas on the ring that did not answer a probe -> when
+        self._clock = clock
         self._probes: dict[str, asyncio.Future[bool]] = {}  # replica -> whether it answered (this replica set)
         self._background: set[asyncio.Task[None]] = set()
         self.peers, self.watch = self._follow()
@@ -99,7 +106,8 @@ class RingFollower:
         if self.name not in replicas and self.ring is None:
             return
         self.ring = HashRing(replicas, virtual_nodes=self.virtual_nodes)
-        self.gone &= set(replicas)  # a dead replica the controller still lists stays passed over
+        # A dead replica the controller still lists stays passed over (for GONE_FOR_S).
+        self.gone = {name: at for name, at in self.gone.items() if name in replicas}
         self._probes.clear()
         released = self.assembler.hand_off(self.owner_elsewhere, self.queued)
         for tenant in self.demands.tenants():
@@ -116,7 +124,7 @@ class RingFollower:
         replica found gone is passed over, as routers do before the controller has seen the death)."""
         if self.ring is None:
             return None
-        owner = next((name for name in self.ring.walk(route_key) if name not in self.gone), None)
+        owner = next((name for name in self.ring.walk(route_key) if not self._passed_over(name)), None)
         return owner if owner != self.name else None
 
     async def reachable_owner(self, route_key: str) -> str | None:
@@ -128,10 +136,17 @@ class RingFollower:
                 return owner
         return None
 
+    def _passed_over(self, replica: str) -> bool:
+        """Whether ``replica`` did not answer a probe within the last :data:`GONE_FOR_S`."""
+        at = self.gone.get(replica)
+        return at is not None and self._clock() - at < GONE_FOR_S
+
     async def _reachable(self, replica: str) -> bool:
-        """Whether ``replica`` answers a probe (asked once per replica set; a silent one is gone)."""
+        """Whether ``replica`` answers a probe (asked once per replica set; a silent one is asked again
+        once it has been passed over for :data:`GONE_FOR_S`)."""
         probe = self._probes.get(replica)
-        if probe is None:
+        if probe is None or (probe.done() and replica in self.gone and not self._passed_over(replica)):
+            self.gone.pop(replica, None)
             probe = self._probes[replica] = asyncio.ensure_future(self._probe(replica))
         return await asyncio.shield(probe)
 
@@ -143,7 +158,7 @@ class RingFollower:
         except Exception as error:  # noqa: BLE001 - whatever the reason, members do not go there
             logger.warning("replica %s: replica %s did not answer a probe (%s); its groups stay here",
                            self.name, replica, type(error).__name__)
-            self.gone.add(replica)
+            self.gone[replica] = self._clock()
             return False
 
     async def hand_to(self, owner: str, member: MemberRequest, hand_offs: int) -> MemberResult:
