@@ -90,7 +90,7 @@ class EngineLane:
         try:
             result, waited = await self.gate.run(group.tenant, estimate, at_the_engine, tokens)
         except EngineDeadError as error:
-            self.lost = self.lost or error
+            self.lose(error)
             raise
         finally:
             if movable:
@@ -121,5 +121,5 @@ class EngineLane:
         try:
             await self.sleeper.check(pending=pending, demands=list(demands))
         except EngineDeadError as error:
-            self.lost = self.lost or error
+            self.lose(error)
             raise

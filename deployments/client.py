@@ -11,9 +11,9 @@ policy the caller chooses (``cluster/retry.py``):
   else is retried here: overload, a group that did not complete, a group that moved go back to the
   caller, whose client retries or re-joins, counting these sends as its attempts.
 * :data:`SERVICE_POLICY`, the default (a caller that says nothing, such as curl; the OpenRLHF route,
-  whose caller never retries, within its answer time; the benches): the same, and a member whose group did not complete is sent once more
-  (a group split by a change of the replica set comes together; group-mates that never come do not
-  hold it past two assembly timeouts).
+  whose caller never retries, within its answer time; the benches): the same, and a member whose
+  group did not complete is sent once more (a group split by a change of the replica set comes
+  together; group-mates that never come do not hold it past two assembly timeouts).
 
 A replica whose engine dies ends itself (``deployments/replica.py``), so engine death reaches
 callers as replica death and is survived the same way.
