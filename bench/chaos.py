@@ -47,6 +47,7 @@ from cluster import gqm, prompt_guard
 from cluster.assembly import LEDGER_WRITE_BUDGET_S
 from cluster.schema import MemberRequest
 from deployments.replica_list import replica_actor_names
+from grrm_handles.send import to_replica
 
 LOCAL_YAML = Path(__file__).resolve().parent.parent / "deployments" / "local.yaml"
 REPLICA_DEPLOYMENT = "GRRMReplica"
@@ -86,7 +87,7 @@ async def replica_infos(handle, app: str, timeout_s: float = 10,
 
     async def ask(replica: str) -> dict | None:
         try:
-            return await asyncio.wait_for(handle.info.remote(target_replica=replica), timeout_s)
+            return await asyncio.wait_for(to_replica(handle, replica).info.remote(), timeout_s)
         except Exception:  # noqa: BLE001 - a replica starting or going away has no info to give
             return None
 

@@ -77,10 +77,10 @@ class BareScorer:
         await self.engine.start()
         self.scorer = GroupScorer(self.engine, config.scoring)
 
-    async def score_group(self, group: GroupRequest, attempt: int = 0) -> GroupResult:
+    async def score_group(self, group: GroupRequest) -> GroupResult:
         return await self.scorer.score_group(group)
 
-    def info(self, target_replica: str | None = None) -> dict[str, Any]:
+    def info(self) -> dict[str, Any]:
         return {"pid": os.getpid()}
 
 
@@ -156,7 +156,7 @@ def measure(path: Path, engine: str, concurrency: int, groups: int) -> dict[str,
         if client is not None:
             result = await client.score_group(group)
         else:
-            result = await handle.score_group.remote(group, attempt=0)
+            result = await handle.score_group.remote(group)
         assert result.valid, result
 
     asyncio.run(closed_loop(send, concurrency, min(groups, 4 * concurrency)))  # warm-up

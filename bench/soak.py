@@ -20,6 +20,7 @@ import httpx
 from bench.common import local_serve, machine, percentile, print_table, results_dir, write_json
 from cluster.engines import EngineConfig, ScriptedEngineOptions
 from cluster.schema import MemberRequest
+from grrm_handles.send import to_replica
 
 
 def make_group(i: int, size: int = 4) -> dict:
@@ -79,7 +80,7 @@ async def soak(url: str, handle, seconds: float, window_s: float):
 
                 names = {a["name"].rsplit("#", 1)[-1] for a in ray.util.list_named_actors(all_namespaces=True)
                          if a.get("namespace") == "serve" and "soak#GRRMReplica" in a["name"]}
-            infos = [await handle.info.remote(target_replica=name) for name in sorted(names)]
+            infos = [await to_replica(handle, name).info.remote() for name in sorted(names)]
             windows.append({
                 "t_s": round(time.monotonic() - started, 1),
                 "completed": len(window),

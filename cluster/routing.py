@@ -167,6 +167,45 @@ class RoutingPolicy:
 
 
 @dataclass(frozen=True)
+class RouteHint:
+    """How a call to a scorer replica is to be routed, beside the request it carries.
+
+    It travels as the call's Serve session id (a handle option, ``grrm_handles.send``), which only
+    the group-aware router and the replica read: replica methods take the request and nothing the
+    router needs. A session id that is not one of ours (a caller's own, or garbage) reads as no hint.
+    """
+
+    # Earlier sends of this call whose replica died: a re-send (>= 1) takes pure ring order, so the
+    # members of a group split by a death converge on one replica.
+    attempt: int = 0
+    # One replica by id: diagnostics (each replica's info), probes and hand-offs between replicas.
+    target_replica: str | None = None
+    # How often replicas whose views of the ring differ passed this member on (deployments/hand_off.py).
+    handed_off: int = 0
+
+    PREFIX = "grrm-route:"
+
+    def encode(self) -> str:
+        """The session id that carries this hint ("" for none: the handle's default)."""
+        if self == NO_HINT:
+            return ""
+        return f"{self.PREFIX}{self.attempt}:{self.handed_off}:{self.target_replica or ''}"
+
+    @classmethod
+    def decode(cls, session_id: str | None) -> RouteHint:
+        """The hint a session id carries; :data:`NO_HINT` for one that is not a hint (never raises)."""
+        if not session_id or not session_id.startswith(cls.PREFIX):
+            return NO_HINT
+        attempt, handed_off, target = (session_id[len(cls.PREFIX):].split(":", 2) + ["", "", ""])[:3]
+        if not (attempt.isdigit() and handed_off.isdigit()):
+            return NO_HINT
+        return cls(attempt=int(attempt), handed_off=int(handed_off), target_replica=target or None)
+
+
+NO_HINT = RouteHint()
+
+
+@dataclass(frozen=True)
 class RouteKey:
     """What the router needs to know about one call to a scorer replica."""
 
@@ -187,21 +226,19 @@ def demand_route_key(tenant: str) -> str:
     return f"demand:{tenant}"
 
 
-def route_key(args: tuple | list, kwargs: Mapping[str, object]) -> RouteKey:
-    """Read a :class:`RouteKey` from the arguments of a replica call.
+def route_key(args: tuple | list, kwargs: Mapping[str, object], hint: RouteHint = NO_HINT) -> RouteKey:
+    """Read a :class:`RouteKey` from the arguments of a replica call and its :class:`RouteHint`.
 
-    Replica methods take the request as their first argument (a ``MemberRequest`` or a
-    ``GroupRequest``) and an optional ``attempt`` keyword.
+    Replica methods take the request as their first argument (a ``MemberRequest``, a
+    ``GroupRequest`` or a ``DemandAnnouncement``).
     """
     # Imported here so this module stays importable by routers that never see schema objects.
     from cluster.schema import DemandAnnouncement, GroupRequest, MemberRequest
 
     request = args[0] if args else kwargs.get("member", kwargs.get("group"))
-    attempt = kwargs.get("attempt", 0)
-    attempt = attempt if isinstance(attempt, int) else 0
-    target = kwargs.get("target_replica")
-    if isinstance(target, str):
-        return RouteKey(group_id=None, work=0.0, member=False, target_replica=target)
+    attempt = hint.attempt
+    if hint.target_replica is not None:
+        return RouteKey(group_id=None, work=0.0, member=False, target_replica=hint.target_replica)
     if isinstance(request, MemberRequest):
         return RouteKey(group_id=request.group_id, work=1.0, member=True, attempt=attempt)
     if isinstance(request, DemandAnnouncement):

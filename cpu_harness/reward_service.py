@@ -74,9 +74,11 @@ def replica_stats(address: str, config: AppConfig) -> dict[str, dict]:
     """``{replica_id: info}`` for every running replica (``info`` as ``GRRMReplica.info`` returns it)."""
     from ray import serve
 
+    from grrm_handles.send import to_replica
+
     names = _replica_names(address, config)
     handle = serve.get_deployment_handle(config.replica_deployment_name, app_name=APP_NAME)
-    return {name: handle.info.remote(target_replica=name).result(timeout_s=60) for name in names}
+    return {name: to_replica(handle, name).info.remote().result(timeout_s=60) for name in names}
 
 
 def _replica_names(address: str, config: AppConfig) -> list[str]:
@@ -97,12 +99,14 @@ def scored_groups(address: str, config: AppConfig, since: float) -> dict[str, li
     plus the replica's id), oldest first."""
     from ray import serve
 
+    from grrm_handles.send import to_replica
+
     names = _replica_names(address, config)
     handle = serve.get_deployment_handle(config.replica_deployment_name, app_name=APP_NAME)
     groups = [
         {**trace, "replica": name}
         for name in names
-        for trace in handle.recent_groups.remote(since, target_replica=name).result(timeout_s=60)
+        for trace in to_replica(handle, name).recent_groups.remote(since).result(timeout_s=60)
     ]
     return {"groups": sorted(groups, key=lambda trace: trace["scoring_ended_at"])}
 

@@ -26,7 +26,7 @@ from ray import serve
 
 from cluster.announced_demand import AnnouncedDemands
 from cluster.assembly import GroupAssembler
-from cluster.routing import HashRing, demand_route_key
+from cluster.routing import HashRing, RouteHint, demand_route_key
 from cluster.schema import MemberRequest, MemberResult
 from deployments.replica_set import ReplicaSetWatch
 from grrm_handles.send import REPLICA_GONE_ERRORS, HandleSender
@@ -81,9 +81,10 @@ class RingFollower:
         peers = HandleSender(serve.get_deployment_handle(context.deployment, context.app_name))
         return peers, ReplicaSetWatch(context.replica_id.deployment_id, self.on_replica_set, self.name)
 
-    async def place(self, member: MemberRequest, scoped: str, attempt: int, handed_off: int,
-                    score_here: ScoreHere) -> MemberResult:
-        """Score ``member`` here (``score_here``) or on the replica the ring now places its group on."""
+    async def place(self, member: MemberRequest, scoped: str, hint: RouteHint, score_here: ScoreHere) -> MemberResult:
+        """Score ``member`` here (``score_here``) or on the replica the ring now places its group on
+        (``hint``: the call's routing hint, its attempt and the hand-offs so far)."""
+        attempt, handed_off = hint.attempt, hint.handed_off
         # A member re-sent after a replica died (attempt >= 1) was placed by a router that knows of the
         # death before this replica's view of the ring does: it stays.
         if handed_off < MAX_HAND_OFFS and (attempt == 0 or handed_off) and not self.assembler.holds(scoped):

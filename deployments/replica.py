@@ -6,33 +6,36 @@ through the group-aware router (``deployments/router.py``).
 
 A replica whose engine dies or hangs ends its own process, so that its callers see a replica's
 death and re-send their calls to a live replica (why and how: docs/operations/faults.md).
+
+This class keeps Serve's surface and the engine's life; its parts live apart: the engine lane
+(fair gate, work meter, sleep, scorer: ``cluster/engine_lane.py``, built by
+``deployments/replica_lane.py``), the assembler (``cluster/assembly.py``), the ring and its hand-offs
+(``deployments/hand_off.py``), the engine's loss (``deployments/engine_loss.py``) and the reports
+(``deployments/replica_report.py``). Routing hints (a re-send's attempt, a replica addressed by id,
+hand-offs so far) come as the call's session id, never as method arguments (``cluster.routing.RouteHint``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import logging
-import os
-import resource
 import time
 import uuid
 from collections.abc import Awaitable
-from typing import Any, NoReturn
+from typing import Any
 
 from ray import serve
+from ray.serve import context as serve_context
 from ray.serve.handle import DeploymentHandle
 
 from cluster.admission import GroupsInFlight
 from cluster.assembly import GroupAssembler
 from cluster.announced_demand import AnnouncedDemands, demand_of
 from cluster.autoscaling import Demand
-from cluster.engine_lane import EngineLane
-from cluster.engine_sleep import EngineSleeper
-from cluster.engines import EngineDeadError, SleepingEngine, make_engine, process_guard
-from cluster.fair_share import FairGate, GateStats
+from cluster.engines import EngineDeadError, make_engine, process_guard
 from cluster.open_groups import OpenGroups
+from cluster.routing import RouteHint
 from cluster.schema import (
     DemandAccepted,
     DemandAnnouncement,
@@ -43,32 +46,23 @@ from cluster.schema import (
     scoped_group_id,
     unscoped_group_id,
 )
-from cluster.scorer import GroupScorer
 from deployments.autoscaling_policy import autoscaling_stats
 from deployments.config import AppConfig
+from deployments.engine_loss import EngineLoss
 from deployments.hand_off import RingFollower
 from deployments.ledger import ServeLedger
 from deployments.metrics import ReplicaMetrics
 from deployments.preflight import ensure_replica_can_start
+from deployments.replica_lane import engine_lane, sleep_when_idle
+from deployments.replica_report import recent_group_rows, replica_info, tenant_rows
 from deployments.router import OUTSTANDING_WORK
 
 logger = logging.getLogger("ray.serve")
 
-# A replica that lost its engine gives the engine this long to stop before its process ends.
-ENGINE_STOP_TIMEOUT_S = 5.0
-# Exit status of a replica process that ended because its engine died.
-ENGINE_LOST_EXIT_CODE = 3
-# How often a replica whose idle engine sleeps (replicas.autoscaling.idle: sleep) looks whether it should
-# sleep or wake; it wakes this much earlier than an announced phase needs (twice: a late tick).
-SLEEP_CHECK_S = 1.0
 
-
-def _current_rss_bytes() -> int | None:
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * resource.getpagesize()
-    except OSError:  # not Linux
-        return None
+def _route_hint() -> RouteHint:
+    """The routing hint of the call being served (its Serve session id; Ray 2.60's request context)."""
+    return RouteHint.decode(serve_context._get_serve_request_context().session_id)
 
 
 def _replica_name() -> str:
@@ -113,7 +107,7 @@ class GRRMReplica:
         await self.engine.start()
         logger.info("replica %s: %s engine ready in %.1f s", self.name, config.engine.kind, time.perf_counter() - started)
         self.metrics = ReplicaMetrics(max_tenant_labels=config.tenants.max_metric_labels)
-        self.lane = self._engine_lane(config)
+        self.lane = engine_lane(config, self.engine, self.name, self._scored)
         self.assembler = GroupAssembler(
             self.lane.assembled,
             assembly_timeout_s=config.assembly_timeout_s,
@@ -133,40 +127,20 @@ class GRRMReplica:
         self.ring = RingFollower(self.name, config.routing.virtual_nodes, self.assembler, self.lane.queued,
                                  self.demands, self.metrics.groups_handed_off.inc)
         self._outstanding_work = 0.0
-        # Set once the engine is lost; never resolved: the process ends while calls wait on it.
-        self._engine_lost: asyncio.Future[None] | None = None
-        self._ending: asyncio.Task[NoReturn] | None = None
+        self.loss = EngineLoss(self.name, self.engine, self.lane, self.assembler)
         self._sleep_loop: asyncio.Task[None] | None = None
         if self.lane.sleeper is not None:
-            self._sleep_loop = asyncio.get_running_loop().create_task(self._sleep_when_idle(), name="engine-sleep")
-
-    def _engine_lane(self, config: AppConfig) -> EngineLane:
-        """This engine's lane (cluster/engine_lane.py): its fair gate, and its sleeper under idle: sleep."""
-        # A group sends `permutations` prompts at once, so the engine's batch holds that many fewer groups.
-        tenants = config.tenants
-        slots = tenants.engine_slots or max(1, (config.engine.batch_slots() or 256) // config.scoring.permutations)
-        # The policy is asked on every pick: cached, as the config never changes in a replica's life.
-        policy = functools.lru_cache(maxsize=4096)(config.tenant_policy)
-        gate: FairGate[GroupResult] = FairGate(slots, policy, enabled=tenants.fair_share,
-                                               return_credit=tenants.return_credit_tokens,
-                                               reserved_slots=min(tenants.reserved_slots, slots - 1),
-                                               window_s=tenants.window_s)
-        sleeper = None
-        if config.sleeps_when_idle:
-            if not isinstance(self.engine, SleepingEngine):  # the config allows only engines that can
-                raise TypeError(f"replicas.autoscaling.idle: the {config.engine.kind} engine cannot sleep")
-            assert config.replicas.autoscaling is not None
-            sleeper = EngineSleeper(self.engine, config.replicas.autoscaling.scaling_settings(),
-                                    margin_s=2 * SLEEP_CHECK_S)
-        return EngineLane(GroupScorer(self.engine, config.scoring, replica=self.name), gate, sleeper,
-                          on_scored=self._scored)
+            sleeping = self.metrics.engine_sleeping.set
+            self._sleep_loop = asyncio.get_running_loop().create_task(
+                sleep_when_idle(self.lane, self.demands, self.name, self.loss.lose,
+                                lambda asleep: sleeping(1.0 if asleep else 0.0)), name="engine-sleep")
 
     def _scored(self, group: GroupRequest, result: GroupResult, waited_s: float) -> None:
         self.metrics.record_group(result)
         self.metrics.record_tenant(group.tenant, result, waited_s)
 
-    async def score_group(self, group: GroupRequest, attempt: int = 0) -> GroupResult:
-        """Score one whole group (``attempt`` is read by the router, not here)."""
+    async def score_group(self, group: GroupRequest) -> GroupResult:
+        """Score one whole group."""
         key = scoped_group_id(group.tenant, group.group_id or uuid.uuid4().hex)
         refusal = self._admit(group.tenant, key)
         if refusal is not None:
@@ -177,27 +151,24 @@ class GRRMReplica:
         try:
             result = await self.lane.score(group)
         except EngineDeadError as error:
-            self._lose_engine(error)
-            await self._answer_nothing()
+            await self.loss.ended_by(error)
         finally:
             self._outstanding_work -= work
             self.in_flight.settle(group.tenant, key)
         return result
 
-    async def score_member(self, member: MemberRequest, attempt: int = 0, handed_off: int = 0,
-                           target_replica: str | None = None) -> MemberResult:
+    async def score_member(self, member: MemberRequest) -> MemberResult:
         """Add one member to its group; answers when the group is scored (or times out). Its group is
         kept under its tenant's scope: two tenants' equal group ids never meet.
 
         A member of a group the routers' ring now places on another replica (the replica set changed)
-        is handed to that replica, and its answer passed back. ``handed_off`` counts the hand-offs so
-        far: replicas whose views of the ring differ for a moment pass a member on a few times at
-        most (``attempt`` and ``target_replica`` are read by the router, not here)."""
+        is handed to that replica, and its answer passed back (the call's routing hint counts the
+        hand-offs so far: replicas whose views of the ring differ pass a member on a few times at most)."""
         scoped = scoped_group_id(member.tenant, member.group_id)
-        return await self.ring.place(member, scoped, attempt, handed_off,
+        return await self.ring.place(member, scoped, _route_hint(),
                                      lambda here: self._join(here, scoped, route_key=member.group_id))
 
-    async def score_open_member(self, member: MemberRequest, attempt: int = 0) -> MemberResult:
+    async def score_open_member(self, member: MemberRequest) -> MemberResult:
         """A member whose ``group_id`` is only a key shared by the samples of one prompt (and whose
         ``member_id`` is its own): it joins the key's group that takes members now, in arrival order
         (``cluster/open_groups.py``), and answers as :meth:`score_member` once that group is scored."""
@@ -209,8 +180,8 @@ class GRRMReplica:
 
     async def _join(self, member: MemberRequest, scoped: str, route_key: str | None = None) -> MemberResult:
         """Add a member to its group's assembly here; its answer once the group is scored (or not)."""
-        if self._engine_lost is not None:
-            await self._answer_nothing()
+        if self.loss.lost:
+            await self.loss.answer_nothing()
         refusal = self._admit(member.tenant, scoped)
         if refusal is not None:
             return MemberResult(group_id=member.group_id, index=member.index, member_id=member.member_id,
@@ -219,8 +190,7 @@ class GRRMReplica:
         try:
             result = await self.assembler.submit(member.model_copy(update={"group_id": scoped}), route_key)
         except EngineDeadError as error:
-            self._lose_engine(error)
-            await self._answer_nothing()
+            await self.loss.ended_by(error)
         finally:
             self._outstanding_work -= 1.0
             self.in_flight.settle(member.tenant, scoped)
@@ -236,61 +206,6 @@ class GRRMReplica:
             self.metrics.record_tenant_failure(tenant, "overloaded")
         return refusal
 
-    def _lose_engine(self, error: BaseException) -> None:
-        """Take no more work and end this replica's process (see the module docstring)."""
-        if self._engine_lost is not None:
-            return
-        self.lane.lose(error)
-        loop = asyncio.get_running_loop()
-        self._engine_lost = loop.create_future()
-        logger.error(
-            "replica %s: engine lost (%s: %s); ending the replica: its calls are re-sent to live replicas "
-            "and Serve starts a new one",
-            self.name,
-            type(error).__name__,
-            error,
-        )
-        self._ending = loop.create_task(self._end_process(), name="end-replica")
-
-    async def _end_process(self) -> NoReturn:
-        # Meanwhile the records of groups already answered reach the ledger (bounded), for the
-        # members whose answers this process's end cuts off.
-        ledger_writes = asyncio.ensure_future(self.assembler.finish_ledger_writes(ENGINE_STOP_TIMEOUT_S))
-        try:
-            # Stopping the engine releases its processes and memory; the process guard kills what it leaves.
-            await asyncio.wait_for(self.engine.stop(), ENGINE_STOP_TIMEOUT_S)
-            await ledger_writes
-        except BaseException as error:  # noqa: BLE001 - the process ends whatever happened
-            logger.warning("replica %s: engine stop after its loss failed: %r", self.name, error)
-        finally:
-            for handler in logging.getLogger().handlers + logger.handlers:
-                handler.flush()
-            # The process ends, not just the actor's work: every call held here then fails as on a
-            # replica's death (RayActorError), which callers know to re-send.
-            os._exit(ENGINE_LOST_EXIT_CODE)
-
-    async def _answer_nothing(self) -> NoReturn:
-        """Hold a call until the process ends: a replica without an engine answers nothing, not
-        even an error, so that its callers see a dead replica and re-send the call elsewhere."""
-        assert self._engine_lost is not None
-        await asyncio.shield(self._engine_lost)
-        raise AssertionError("unreachable: the replica process ends first")
-
-    async def _sleep_when_idle(self) -> None:
-        """Put the engine to sleep while this replica has nothing for it, and wake it for work: groups
-        queued, or an announced phase known here about to send groups (cluster/engine_sleep.py)."""
-        assert self.lane.sleeper is not None
-        while self._engine_lost is None:
-            await asyncio.sleep(SLEEP_CHECK_S)
-            try:
-                await self.lane.tend_sleep(self.demands)
-            except EngineDeadError as error:
-                self._lose_engine(error)
-                return
-            except Exception as error:  # noqa: BLE001 - a failed sleep leaves the engine awake: it serves on
-                logger.warning("replica %s: engine sleep/wake failed: %r", self.name, error)
-            self.metrics.engine_sleeping.set(1.0 if self.lane.sleeper.sleeping else 0.0)
-
     def record_routing_stats(self) -> dict[str, Any]:
         """Outstanding work every router reads for bounded-load and least-work decisions."""
         return {OUTSTANDING_WORK: self._outstanding_work, "pending_groups": self.assembler.pending_groups()}
@@ -305,8 +220,7 @@ class GRRMReplica:
         now, grace_s = time.time(), self.config.replicas.demand_grace_s()
         return autoscaling_stats(load, self.demands.current(now, grace_s), now, grace_s)
 
-    def announce_demand(self, announcement: DemandAnnouncement, attempt: int = 0,
-                        target_replica: str | None = None) -> DemandAccepted:
+    def announce_demand(self, announcement: DemandAnnouncement) -> DemandAccepted:
         """Remember work a tenant expects to send (its next generation phase), for the autoscaling
         policy. A tenant's announcements go to one replica (its ring owner) and the latest counts
         wherever earlier ones are kept; one of 0 groups withdraws them (kept as such for a minute:
@@ -314,9 +228,9 @@ class GRRMReplica:
         self.keep_demand(demand_of(announcement, time.time()))
         return DemandAccepted(replica=self.name, tenant=announcement.tenant, groups=announcement.groups)
 
-    def keep_demand(self, demand: Demand, target_replica: str | None = None) -> None:
+    def keep_demand(self, demand: Demand) -> None:
         """Keep a tenant's announced demand unless a later one is kept already (a replica handing on
-        the demands the new ring places here calls this; ``target_replica`` is read by the router)."""
+        the demands the new ring places here calls this)."""
         self.demands.keep(demand)
 
     async def check_health(self) -> None:
@@ -325,7 +239,7 @@ class GRRMReplica:
         A failed check is the engine's loss: the replica ends at once instead of serving on
         until Serve has seen enough failed checks in a row.
         """
-        if self._engine_lost is not None:
+        if self.loss.lost:
             raise EngineDeadError(f"replica {self.name} lost its engine")
         hang_timeout_s = self.config.replicas.hang_timeout_s
         try:
@@ -334,60 +248,30 @@ class GRRMReplica:
             except asyncio.TimeoutError as timeout:
                 raise EngineDeadError(f"the engine did not answer a health probe within {hang_timeout_s} s") from timeout
         except Exception as error:
-            self._lose_engine(error)
+            self.loss.lose(error)
             raise
 
-    async def takes_members(self, target_replica: str | None = None) -> str:
+    async def takes_members(self) -> str:
         """A peer's probe before it hands this replica members: a replica that lost its engine answers
         nothing (as to members), so its peer keeps them rather than hand them to a process about to
         end (they would come back ``moved`` and cost their callers an attempt)."""
-        if self._engine_lost is not None:
-            await self._answer_nothing()
+        if self.loss.lost:
+            await self.loss.answer_nothing()
         return self.name
 
-    def info(self, target_replica: str | None = None) -> dict[str, Any]:
-        """What this replica runs (``target_replica`` lets the router address one replica)."""
-        return {
-            "replica": self.name,
-            "pid": os.getpid(),
-            "model": self.config.engine.model,
-            "engine": self.config.engine.kind,
-            "prompt_type": self.config.scoring.prompt_type,
-            **self.config.engine.parallelism(),
-            "groups_scored": self.lane.groups_scored,
-            "cold_start_s": self.cold_start_s,  # construction to serving, as the policy reads it
-            # Resident memory of this replica process now, and its peak so far (Linux: KiB).
-            "rss_bytes": _current_rss_bytes(),
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "assembler": self.assembler.stats(),
-            "engine_sleep": None if (sleeper := self.lane.sleeper) is None else {
-                "sleeping": sleeper.sleeping, "sleeps": sleeper.sleeps, "wakes": sleeper.wakes,
-                "woken_for_work": sleeper.woken_for_work},
-        }
+    def info(self) -> dict[str, Any]:
+        """What this replica runs, what it did so far, and its memory."""
+        return replica_info(self.name, self.config, self.lane, self.assembler, self.cold_start_s)
 
-    def recent_groups(self, since: float | None = None, target_replica: str | None = None) -> list[dict[str, Any]]:
+    def recent_groups(self, since: float | None = None) -> list[dict[str, Any]]:
         """The groups this replica scored lately, oldest first, with their tenant and times (Unix seconds
         on this replica's clock): when the first member was sent and arrived, when the group was
-        complete, when its scoring started and ended (``since``: scoring ended at or after).
-        For diagnostics and tests; ``target_replica`` lets the router address one replica."""
-        traces = []
-        for trace in self.assembler.recent_groups(since):
-            tenant, group_id = unscoped_group_id(trace.group_id)
-            traces.append({**dataclasses.asdict(trace), "group_id": group_id, "tenant": tenant})
-        return traces
+        complete, when its scoring started and ended (``since``: scoring ended at or after)."""
+        return recent_group_rows(self.assembler, since)
 
-    def tenants(self, target_replica: str | None = None) -> dict[str, dict[str, Any]]:
+    def tenants(self) -> dict[str, dict[str, Any]]:
         """Each active tenant's work on this replica now and what the engine served it lately."""
-        stats = self.lane.gate.stats()
-        collecting = self.assembler.members_collecting()
-        report = {}
-        for name in set(stats) | self.in_flight.tenants() | set(collecting):
-            gate = stats.get(name, GateStats())
-            report[name] = {"groups_in_flight": self.in_flight.count(name),
-                            "members_waiting": collecting.get(name, 0), "waiting_for_engine": gate.waiting,
-                            "at_engine": gate.running, "recent_groups": gate.recent_groups,
-                            "recent_tokens": gate.recent_tokens}
-        return report
+        return tenant_rows(self.lane, self.in_flight, self.assembler)
 
     async def _release(self) -> None:
         """Close the assembler, stop the engine and then disarm the process guard, whichever exist (a

@@ -18,7 +18,7 @@ from typing import Any
 from ray.serve.experimental.consistent_hash_router import ConsistentHashRouter
 from ray.serve.request_router import PendingRequest, RunningReplica
 
-from cluster.routing import RoutingPolicy, route_key
+from cluster.routing import RouteHint, RoutingPolicy, route_key
 
 # Key under which replicas report outstanding work in record_routing_stats().
 OUTSTANDING_WORK = "outstanding_work"
@@ -69,11 +69,12 @@ class GroupAwareRequestRouter(ConsistentHashRouter):
         pending_request.routing_context.should_backoff = True
         by_name = {replica_name(replica): replica for replica in candidate_replicas}
         loads = {name: self._load(replica) for name, replica in by_name.items()}
-        key = route_key(pending_request.args, pending_request.kwargs)
+        metadata = pending_request.metadata
+        key = route_key(pending_request.args, pending_request.kwargs, RouteHint.decode(metadata.session_id))
         if key.target_replica is not None:
             order = [key.target_replica]
         elif key.group_id is None:
-            order = self._policy.rank_least_loaded(loads, pending_request.metadata.internal_request_id)
+            order = self._policy.rank_least_loaded(loads, metadata.internal_request_id)
         else:
             # Members must meet on one replica whichever router they come through: pure ring
             # order, and wait for that replica rather than spill over to another.
@@ -82,7 +83,7 @@ class GroupAwareRequestRouter(ConsistentHashRouter):
                 order = order[:1]
         ranks = [[by_name[name]] for name in order if name in by_name]
         if ranks:
-            self._account(pending_request.metadata.internal_request_id, order[0], key.work)
+            self._account(metadata.internal_request_id, order[0], key.work)
         return ranks
 
     def _account(self, internal_request_id: str, name: str, work: float) -> None:

@@ -26,10 +26,11 @@ from ray.serve import context as serve_context
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle
 
+from cluster.routing import NO_HINT, RouteHint
 from grrm_handles.availability import DeploymentAvailability, wait_for_refresh
 from grrm_handles.ready import ready_handle
 
-__all__ = ["REPLICA_GONE_ERRORS", "UNANSWERED_ERRORS", "HandleSender", "unanswered_code"]
+__all__ = ["REPLICA_GONE_ERRORS", "UNANSWERED_ERRORS", "HandleSender", "routed", "to_replica", "unanswered_code"]
 
 # Errors that mean "the replica went away", not "the request is bad": safe to send again.
 REPLICA_GONE_ERRORS: tuple[type[BaseException], ...] = (RayActorError, ReplicaUnavailableError)
@@ -44,6 +45,19 @@ def unanswered_code(error: BaseException) -> Literal["overloaded", "unavailable"
     """The failure kind (``cluster/failures.py``) of a call that met one of :data:`UNANSWERED_ERRORS`:
     Serve's back pressure is overload; no replica to answer (none placed, all gone) is unavailable."""
     return "overloaded" if isinstance(error, BackPressureError) else "unavailable"
+
+
+def routed(handle: DeploymentHandle, hint: RouteHint) -> DeploymentHandle:
+    """``handle``, its calls carrying ``hint`` for the group-aware router (as their Serve session id,
+    ``cluster.routing.RouteHint``); the handle itself when there is no hint. The new handle shares the
+    old one's router: it costs an options copy, not a router."""
+    return handle if hint == NO_HINT else handle.options(session_id=hint.encode())
+
+
+def to_replica(handle: DeploymentHandle, replica: str) -> DeploymentHandle:
+    """``handle``, its calls addressed to one replica by id (diagnostics such as ``info``, probes and
+    hand-offs between replicas). Ids: :func:`deployments.replica_list.replica_actor_names`."""
+    return routed(handle, RouteHint(target_replica=replica))
 
 
 class HandleSender:
@@ -88,15 +102,18 @@ class HandleSender:
                 # Its end (RequestCancelledError) is expected: read it so asyncio does not report it.
                 waiting.add_done_callback(lambda task: task.cancelled() or task.exception())
 
-    def ask_replica(self, method: str, replica: str, *args: Any, **kwargs: Any):
+    def ask_replica(self, method: str, replica: str, *args: Any, handed_off: int = 0):
         """Call a method of one replica by its id (diagnostics such as ``tenants`` and ``info``, or a
-        hand-off between replicas), once, without retries; a response."""
-        return contextvars.copy_context().run(self._remote, method, *args, target_replica=replica, **kwargs)
+        hand-off between replicas: ``handed_off`` counts them), once, without retries; a response."""
+        hint = RouteHint(target_replica=replica, handed_off=handed_off)
+        return contextvars.copy_context().run(self._remote, routed(self.handle, hint), method, *args)
 
     def _sent(self, method: str, request: BaseModel, attempt: int):
-        return contextvars.copy_context().run(self._remote, method, request, attempt=attempt)
+        handle = routed(self.handle, RouteHint(attempt=attempt))
+        return contextvars.copy_context().run(self._remote, handle, method, request)
 
-    def _remote(self, method: str, *args: Any, **kwargs: Any):
+    @staticmethod
+    def _remote(handle: DeploymentHandle, method: str, *args: Any):
         # Calls made while serving one HTTP request inherit its internal request id, and Serve's
         # routing loop matches routed requests by that id: a fan-out of several calls would be
         # fulfilled as one (the others never). Each call gets its own id, set in a copied context
@@ -105,4 +122,4 @@ class HandleSender:
         serve_context._serve_request_context.set(
             dataclasses.replace(current, _internal_request_id=uuid.uuid4().hex)
         )
-        return getattr(self.handle, method).remote(*args, **kwargs)
+        return getattr(handle, method).remote(*args)

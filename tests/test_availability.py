@@ -210,7 +210,7 @@ class Handle:
         handle = self
 
         class Method:
-            def remote(self, request, attempt=0):
+            def remote(self, request):
                 handle.responses.append(Response(answer))
                 return handle.responses[-1]
 

@@ -121,9 +121,9 @@ async def test_a_replica_that_lost_its_engine_answers_no_peers_probe(lifecycle):
     replica = await construct(AppConfig(engine=EngineConfig(kind="scripted")))
     try:
         assert await asyncio.wait_for(replica.takes_members(), 1.0) == replica.name
-        replica._engine_lost = asyncio.get_running_loop().create_future()  # what _lose_engine sets first
+        replica.loss._lost = asyncio.get_running_loop().create_future()  # what EngineLoss.lose sets first
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(replica.takes_members(), 0.5)
     finally:
-        replica._engine_lost = None
+        replica.loss._lost = None
         await replica.__del__()

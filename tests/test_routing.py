@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from cluster.routing import HashRing, RoutingPolicy, route_key, stable_hash
+from cluster.routing import NO_HINT, HashRing, RouteHint, RoutingPolicy, route_key, stable_hash
 from cluster.schema import DemandAnnouncement, GroupRequest, MemberRequest
 
 REPLICAS = ["r1", "r2", "r3"]
@@ -115,15 +115,26 @@ def test_least_loaded_counts_work_not_requests():
     assert set(ties) == set(REPLICAS)
 
 
+def test_a_route_hint_survives_its_session_id_and_garbage_reads_as_none():
+    hint = RouteHint(attempt=3, target_replica="abc:def", handed_off=2)  # a colon in an id is kept
+    assert RouteHint.decode(hint.encode()) == hint
+    assert NO_HINT.encode() == ""  # no hint: the handle keeps Serve's default session id
+    for session_id in (None, "", "a user's own session", "grrm-route:", "grrm-route:x:1:r", "grrm-route:1"):
+        assert RouteHint.decode(session_id) == NO_HINT
+
+
 def test_route_key_reads_members_groups_and_hints():
     member = MemberRequest(group_id="g", group_size=4, index=1, source="s", candidate="c", src_lang="en", trg_lang="de")
     group = GroupRequest(group_id="g2", source="s", candidates=["a", "b", "c"], src_lang="en", trg_lang="de")
-    assert route_key((member,), {"attempt": 2}) == route_key((member,), {"attempt": 2})
-    key = route_key((member,), {"attempt": 2})
+    resent = RouteHint.decode(RouteHint(attempt=2).encode())  # as the router reads the session id
+    key = route_key((member,), {}, resent)
     assert (key.group_id, key.work, key.member, key.attempt) == ("g", 1.0, True, 2)
+    # A keyword named like a hint is the request's business, not the router's.
+    assert route_key((member,), {"attempt": 2}).attempt == 0
     key = route_key((group,), {})
     assert (key.group_id, key.work, key.member) == ("g2", 3.0, False)
-    assert route_key((), {"target_replica": "r9"}).target_replica == "r9"
+    addressed = route_key((member,), {}, RouteHint.decode(RouteHint(target_replica="r9").encode()))
+    assert addressed.target_replica == "r9" and not addressed.member
     assert route_key((), {}).group_id is None
     # A tenant's demand announcements all go to its ring owner, where the next replaces the last.
     key = route_key((DemandAnnouncement(tenant="run-7", groups=64, lasts_s=30),), {})

@@ -14,6 +14,7 @@ import httpx
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError
 
+from cluster.routing import RouteHint
 from cluster.schema import GroupRequest, MemberRequest, MemberResult
 from grrm_client import HandleTransport, HTTPTransport, RewardClient
 from grrm_client.adapters.verl.config import BridgeConfig
@@ -194,13 +195,21 @@ async def test_deadline_cuts_a_hanging_request():
     assert outcome.failure == "deadline" and outcome.attempts == 1 and outcome.latency_s < 5
 
 
-class FakeMethod:
-    def __init__(self, answers):
-        self.answers = answers
-        self.attempts_seen = []
+class FakeHandle:
+    """A handle whose ``score_member`` answers from a script; ``options(session_id=...)`` is a view
+    sending under that routing hint, as Serve's handle is (``grrm_handles.send.routed``)."""
 
-    def remote(self, request, attempt=0):
-        self.attempts_seen.append(attempt)
+    def __init__(self, answers, attempt=0, attempts_seen=None):
+        self.answers = answers
+        self.attempt = attempt
+        self.attempts_seen = [] if attempts_seen is None else attempts_seen
+        self.score_member = self
+
+    def options(self, session_id=""):
+        return FakeHandle(self.answers, RouteHint.decode(session_id).attempt, self.attempts_seen)
+
+    def remote(self, request):
+        self.attempts_seen.append(self.attempt)
         answer = self.answers.pop(0)
 
         async def respond():
@@ -209,11 +218,6 @@ class FakeMethod:
             return answer
 
         return respond()
-
-
-class FakeHandle:
-    def __init__(self, answers):
-        self.score_member = FakeMethod(answers)
 
 
 async def test_handle_transport_retries_back_pressure():

@@ -24,6 +24,7 @@ from deployments.config import AppConfig, ReplicaSettings
 from grrm_client.adapters.verl.batch import compute_batch_rewards
 from grrm_client import RewardClient
 from grrm_client.adapters.verl.config import BridgeConfig
+from grrm_handles.send import to_replica
 
 from .helpers import agent_loop_row, codeblock, padded_batch, quality_text, row_fields, verl_config
 
@@ -66,7 +67,7 @@ def replica_stats() -> dict[str, dict]:
     handle = serve.get_deployment_handle("GRRMReplica", app_name=APP)
     names = replica_names()
     assert len(names) == 2, names
-    return {name: handle.info.remote(target_replica=name).result(timeout_s=30)["assembler"] for name in names}
+    return {name: to_replica(handle, name).info.remote().result(timeout_s=30)["assembler"] for name in names}
 
 
 async def areplica_stats() -> dict[str, dict]:
@@ -74,7 +75,7 @@ async def areplica_stats() -> dict[str, dict]:
     handle = serve.get_deployment_handle("GRRMReplica", app_name=APP)
     names = replica_names()
     assert len(names) == 2, names
-    return {name: (await handle.info.remote(target_replica=name))["assembler"] for name in names}
+    return {name: (await to_replica(handle, name).info.remote())["assembler"] for name in names}
 
 
 def total(stats: dict[str, dict], key: str) -> int:
@@ -223,7 +224,7 @@ def _wait_at_the_barrier(rollouts_per_worker_limit: int, workers: int, reward_kw
     waiting, first_waited, give_up = 0, None, time.monotonic() + 420
     while waiting < min(len(refs), rollouts_per_worker_limit * workers) - 5 and time.monotonic() < give_up:
         time.sleep(0.5)
-        waiting = sum(handle.info.remote(target_replica=name).result(timeout_s=30)["assembler"]["members_waiting"]
+        waiting = sum(to_replica(handle, name).info.remote().result(timeout_s=30)["assembler"]["members_waiting"]
                       for name in replica_names())
         if waiting and first_waited is None:
             first_waited = time.monotonic()

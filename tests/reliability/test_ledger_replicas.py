@@ -16,9 +16,11 @@ import ray
 from ray import serve
 
 from cluster.engines import EngineConfig, ScriptedEngineOptions
+from cluster.routing import RouteHint
 from cluster.schema import MemberRequest
 from deployments.app import build_app
 from deployments.config import AppConfig, ReplicaSettings, ServiceSettings
+from grrm_handles.send import routed, to_replica
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -120,13 +122,13 @@ def test_scored_groups_outlive_any_one_ledger_replica(serve_instance):
     group_id = "l-0"
     holders = [name for name, info in scorer_infos(replicas).items()
                if any(trace["group_id"] == group_id
-                      for trace in replicas.recent_groups.remote(target_replica=name).result(timeout_s=30))]
+                      for trace in to_replica(replicas, name).recent_groups.remote().result(timeout_s=30))]
     assert len(holders) == 1, holders
     kill_replica("GRRMReplica", holders[0])
     answer = None
     for attempt in range(1, 20):  # the handle learns of the death, then routes in ring order
         try:
-            answer = replicas.score_member.remote(members_of(0)[1], attempt=attempt).result(timeout_s=30)
+            answer = routed(replicas, RouteHint(attempt=attempt)).score_member.remote(members_of(0)[1]).result(timeout_s=30)
             break
         except ray.exceptions.RayActorError:
             time.sleep(0.5)
@@ -145,4 +147,4 @@ def scorer_infos(replicas) -> dict[str, dict]:
     prefix = f"{APP}#GRRMReplica#"
     names = [entry["name"].split(prefix)[1] for entry in ray.util.list_named_actors(all_namespaces=True)
              if prefix in entry["name"]]
-    return {name: replicas.info.remote(target_replica=name).result(timeout_s=30) for name in names}
+    return {name: to_replica(replicas, name).info.remote().result(timeout_s=30) for name in names}

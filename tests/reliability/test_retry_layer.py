@@ -31,9 +31,13 @@ MAX_ATTEMPTS = 8
 class CountingHandle:
     """A Serve handle that counts the sends of each member (what reaches Serve's router)."""
 
-    def __init__(self, handle):
+    def __init__(self, handle, sends: Counter[tuple[str, int]] | None = None):
         self.handle = handle
-        self.sends: Counter[tuple[str, int]] = Counter()
+        self.sends: Counter[tuple[str, int]] = Counter() if sends is None else sends
+
+    def options(self, **options):
+        """The handle under a routing hint (a re-send's attempt), its sends counted with these."""
+        return CountingHandle(self.handle.options(**options), self.sends)
 
     @property
     def score_member(self):
@@ -42,9 +46,9 @@ class CountingHandle:
 
         class Counted:
             @staticmethod
-            def remote(member, attempt=0):
+            def remote(member):
                 sends[(member.group_id, member.index)] += 1
-                return method.remote(member, attempt=attempt)
+                return method.remote(member)
 
         return Counted
 

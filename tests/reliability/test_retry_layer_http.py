@@ -24,6 +24,7 @@ from deployments.app import build_app
 from deployments.config import AppConfig, ReplicaSettings
 from deployments.replica_list import replica_actor_names
 from grrm_client import ClientConfig, RewardClient
+from grrm_handles.send import to_replica
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -35,7 +36,7 @@ async def holder(handle, timeout_s: float = 2.0) -> str | None:
     """The replica whose engine holds a group now (None: none does yet)."""
     for replica, actor in replica_actor_names(APP).items():
         try:
-            rows = await asyncio.wait_for(handle.tenants.remote(target_replica=replica), timeout_s)
+            rows = await asyncio.wait_for(to_replica(handle, replica).tenants.remote(), timeout_s)
         except Exception:  # noqa: BLE001 - a replica starting or just killed answers nothing
             continue
         if any(row["at_engine"] for row in rows.values()):

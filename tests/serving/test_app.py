@@ -16,6 +16,7 @@ from cluster.schema import GroupRequest, MemberRequest
 from deployments.app import build_app
 from deployments.client import ScorerClient
 from deployments.config import AppConfig, LimitSettings, ReplicaSettings
+from grrm_handles.send import to_replica
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -100,7 +101,7 @@ def test_members_sent_shuffled_from_concurrent_clients_meet_on_one_replica(app_u
     # Each group was scored exactly once: the replicas' assemblers scored 16 groups in total.
     handle = serve.get_deployment_handle("GRRMReplica", app_name="grrm")
     replicas = {a["replica"] for answers in by_group.values() for a in answers}
-    scored = [handle.info.remote(target_replica=name).result(timeout_s=30) for name in replicas]
+    scored = [to_replica(handle, name).info.remote().result(timeout_s=30) for name in replicas]
     assert sorted(info["replica"] for info in scored) == sorted(replicas)
     assert sum(info["assembler"]["groups_scored"] for info in scored) == 16
     # The group-aware router spread groups over both replicas.
@@ -282,7 +283,7 @@ async def _replica_with_waiting_members(app_name: str, count: int, timeout_s: fl
     deadline = asyncio.get_running_loop().time() + timeout_s
     while asyncio.get_running_loop().time() < deadline:
         for name in _replica_names(app_name):
-            info = await handle.info.remote(target_replica=name)
+            info = await to_replica(handle, name).info.remote()
             if info["assembler"]["members_waiting"] == count:
                 return info
         await asyncio.sleep(0.2)

@@ -19,7 +19,7 @@ from cluster.engines import EngineConfig, ScriptedEngineOptions
 from cluster.schema import GroupRequest, MemberRequest
 from deployments.app import build_app
 from deployments.config import AppConfig, AutoscalingSettings, ReplicaSettings
-from deployments.replica import SLEEP_CHECK_S
+from deployments.replica_lane import SLEEP_CHECK_S
 from grrm_client import ClientConfig, RewardClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

@@ -23,6 +23,7 @@ from deployments.config import AppConfig, AutoscalingSettings, ReplicaSettings, 
 from deployments.declared import deploy_declared
 from deployments.replica_list import replica_actor_names
 from grrm_client import ClientConfig, RewardClient
+from grrm_handles.send import to_replica
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -71,7 +72,7 @@ def held_replicas(app: str = APP) -> int:
 def assemblers(app: str = APP) -> list[dict]:
     """Every running replica's assembler counters (one being stopped is not routed to: it is skipped)."""
     handle = serve.get_deployment_handle("GRRMReplica", app_name=app)
-    calls = [handle.info.remote(target_replica=name) for name in replica_actor_names(app)]
+    calls = [to_replica(handle, name).info.remote() for name in replica_actor_names(app)]
     answers = []
     for call in calls:
         try:

@@ -23,6 +23,7 @@ from deployments.app import build_app
 from deployments.config import AppConfig, HTTPSettings, ReplicaSettings
 from grrm_client.adapters.openrlhf import OpenRLHFSettings
 from grrm_client.adapters.openrlhf import read_sample, response_of
+from grrm_handles.send import to_replica
 from tests.conftest import LOCAL_APP
 
 # The tiny model's ChatML, as OpenRLHF's dataset applies a chat template to the prompt.
@@ -75,7 +76,7 @@ async def post_like_openrlhf(url: str, bodies: list[dict]) -> list[tuple[int, di
 def open_groups_scored(handle, app: str, since: float) -> list[dict]:
     groups = []
     for name in replica_actor_names(app):
-        groups += [trace for trace in handle.recent_groups.remote(since, target_replica=name).result(timeout_s=30)
+        groups += [trace for trace in to_replica(handle, name).recent_groups.remote(since).result(timeout_s=30)
                    if trace["group_id"].startswith("openrlhf:")]
     return groups
 

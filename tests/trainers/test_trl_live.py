@@ -29,6 +29,7 @@ from cpu_harness.trl_ranks import GROUP, GROUPS, columns, score_in_child
 from deployments.app import build_app
 from deployments.config import AppConfig, ReplicaSettings
 from grrm_client.adapters.trl import GRRMReward
+from grrm_handles.send import to_replica
 from tests.conftest import LOCAL_APP
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -40,7 +41,7 @@ def member_groups(handle, prefix: str) -> list[dict]:
     """The groups the app's replicas assembled from members, whose ids start with ``prefix``."""
     groups = []
     for name in replica_actor_names(LOCAL_APP):
-        traces = handle.recent_groups.remote(target_replica=name).result(timeout_s=30)
+        traces = to_replica(handle, name).recent_groups.remote().result(timeout_s=30)
         groups += [{**trace, "replica": name} for trace in traces if trace["group_id"].startswith(prefix)]
     return groups
 
