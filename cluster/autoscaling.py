@@ -388,18 +388,18 @@ def decide_replicas(
     state = dict(state or {})
     serving = len(loads) if serving is None else serving
     _measure_lead(state, now, serving)
-    decision = _decide(now, current, loads, demands, settings, state, queued_at_callers)
+    decision = _decide(now, current, loads, demands, settings, state, queued_at_callers, serving)
     _note_ask(decision.state, now, current, serving, decision.replicas)
     return decision
 
 
 def _decide(now: float, current: int, loads: list[ReplicaLoad], demands: list[Demand], settings: ScalingSettings,
-            state: dict[str, float], queued_at_callers: float) -> ScalingDecision:
+            state: dict[str, float], queued_at_callers: float, serving: int) -> ScalingDecision:
     settings = dataclasses.replace(settings, cold_start_s=cold_start_s(loads, settings.cold_start_s,
                                                                        measured_leads(state)))
     per_group_s = seconds_per_group(loads, settings.default_seconds_per_group)
     engine_work_s = (sum(engine_work(load, per_group_s) for load in loads)
-                     + queued_groups(loads, queued_at_callers) * per_group_s)
+                     + queued_groups(loads, queued_at_callers, serving) * per_group_s)
     for_work = math.ceil(engine_work_s / settings.target_backlog_s - 1e-9)
     for_demand = replicas_for_demand(demands, now, per_group_s, settings)
     # With idle="sleep", the replicas running now that an announced need within the break-even horizon
@@ -459,13 +459,16 @@ def _decide(now: float, current: int, loads: list[ReplicaLoad], demands: list[De
     return ScalingDecision(current, "steady", state, **details)
 
 
-def queued_groups(loads: list[ReplicaLoad], queued_at_callers: float) -> float:
+def queued_groups(loads: list[ReplicaLoad], queued_at_callers: float, serving: int | None = None) -> float:
     """The groups of engine work in requests queued at callers' handles (Serve's
     ``total_queued_requests``): none unless a replica is saturated (or none serves), since a burst of
     members routed one by one queues in the handles for a moment with every replica's slots free, and
     those members are only on their way to wait for group-mates; then each request is a member, and
-    ``members_per_group`` of them (the replicas' mean, else 1) a group's work."""
-    if queued_at_callers <= 0 or (loads and not any(load.saturated for load in loads)):
+    ``members_per_group`` of them (the replicas' mean, else 1) a group's work. ``serving``: replicas
+    that serve (default: those reporting); one that serves but has not reported yet (an app just
+    deployed) is not an empty pool: the queue is on its way to it, and its first report tells."""
+    serving = len(loads) if serving is None else serving
+    if queued_at_callers <= 0 or (loads and not any(load.saturated for load in loads)) or (not loads and serving):
         return 0.0
     sizes = [load.members_per_group for load in loads if load.members_per_group]
     return queued_at_callers / (sum(sizes) / len(sizes) if sizes else 1.0)

@@ -164,6 +164,11 @@ def test_a_burst_of_members_in_transit_is_no_engine_work():
     # Once the replica's slots are (nearly) all taken, the same queue is 150 groups' work.
     full = [dataclasses.replace(in_transit[0], saturated=True)]
     assert queued_groups(full, 600) == 150.0
+    # A replica that serves but has not reported yet (right after a deploy; the real-Serve test saw the
+    # policy's first look come before the first report, and the pool went 1 -> 2) is no empty pool.
+    assert queued_groups([], 600, serving=1) == 0.0
+    assert decide(0.0, 1, [], settings=settings, queued_at_callers=600, serving=1).replicas == 1
+    assert decide(0.0, 1, [], settings=settings, queued_at_callers=600, serving=0).replicas == 4  # none serves yet
 
 
 def test_a_replica_reports_saturation_from_its_slots_and_its_mean_group_size():
