@@ -1,5 +1,8 @@
 """SIMULATED: one elastic reward pool for several GRPO runs against a fixed pool per run, at scale.
 
+The pool model is ``cluster/planning/pool_model.py`` (``grrm plan`` replays runs through it too); this
+bench makes synthetic runs, sizes the pools and writes the tables and the plot.
+
 A discrete-time simulation (no Ray, no engine) of GRRM replicas scoring the groups of 1 to 4
 concurrent GRPO runs on up to 64 GPUs, with the project's autoscaling decision itself
 (:func:`cluster.autoscaling.decide_replicas`, the function Serve's controller calls) deciding the
@@ -46,250 +49,12 @@ sleeping_cost x asleep) and the exposure, and writes its own results file.
 from __future__ import annotations
 
 import argparse
-import bisect
 import dataclasses
-import heapq
-import math
 import random
-import statistics
-from collections import deque
-from dataclasses import dataclass, field
 
 from bench.common import machine, print_table, results_dir, write_json
-from cluster.autoscaling import Demand, ReplicaLoad, ScalingSettings, break_even_s, decide_replicas
-from cluster.demand_forecast import PhaseForecaster
-from cluster.engine_sleep import sleep_action
-
-TICK_S = 1.0
-
-
-@dataclass(frozen=True)
-class ServeDefault:
-    """A model of Ray Serve's default autoscaling policy (``replica_queue_length_autoscaling_policy``):
-    as many replicas as the ongoing requests averaged over ``look_back_s``, divided by ``target``,
-    applied once the wish has held for the up or down delay. Ongoing requests are every member
-    sent and not yet answered, those waiting for group-mates included (what Serve counts)."""
-
-    target: int = 64  # grrm.yaml before the project's policy
-    upscale_delay_s: float = 30.0
-    downscale_delay_s: float = 300.0
-    look_back_s: float = 30.0
-    max_replicas: int = 64
-
-    def decide(self, now: float, current: int, ongoing: float, state: dict) -> int:
-        history = state.setdefault("ongoing", deque())
-        history.append((now, ongoing))
-        while history[0][0] <= now - self.look_back_s:
-            history.popleft()
-        wished = max(1, min(self.max_replicas, math.ceil(statistics.mean(value for _, value in history) / self.target)))
-        direction = (wished > current) - (wished < current)
-        if direction != state.get("direction"):  # a new wish, or one the other way: its delay starts now
-            state["direction"], state["since"] = direction, now
-        delay = self.upscale_delay_s if direction > 0 else self.downscale_delay_s
-        if direction == 0 or now - state["since"] < delay:
-            return current
-        state["direction"] = None  # applied: the next wish waits its whole delay
-        return wished
-
-
-@dataclass
-class Run:
-    """One GRPO run's schedule: when each step's groups complete."""
-
-    name: str
-    offset_s: float
-    steps: int
-    groups: int
-    group_size: int
-    generation_s: float
-    training_s: float
-    completions: list[list[float]] = field(default_factory=list)  # per step, group completion times
-    rollouts: list[float] = field(default_factory=list)  # every rollout's finish time, in order
-    # (announced at, what): the run's demand announcements, as its trainer's client makes them.
-    announcements: list[tuple[float, Demand]] = field(default_factory=list)
-
-    def build(self, rng: random.Random) -> Run:
-        for step in range(self.steps):
-            start = self.phase_start(step)
-            finishes = [[start + self.generation_s * rng.random() for _ in range(self.group_size)]
-                        for _ in range(self.groups)]
-            self.completions.append(sorted(max(group) for group in finishes))
-            self.rollouts.extend(finish for group in finishes for finish in group)
-        self.rollouts.sort()
-        self.announcements = self.announce()
-        return self
-
-    def announce(self) -> list[tuple[float, Demand]]:
-        """What the client announces: the first step while the trainer starts (it knows its batch and
-        phase length, not yet when in the phase the groups come: the prior), then, from the rollouts
-        it sees, each phase as it opens and the next one ahead (grrm_client/demand.py's forecast)."""
-        forecaster = PhaseForecaster(self.groups, gap_s=10.0, first_phase_s=self.generation_s, group_size=self.group_size)
-        start = self.phase_start(0)
-        announced = [(start - self.training_s,
-                      Demand(self.name, self.groups, start, start + self.generation_s, start - self.training_s,
-                             forecaster.profile()))]
-        for finish in self.rollouts:
-            forecast = forecaster.arrive(finish)
-            if forecast is None:
-                continue
-            announced.append((finish, Demand(self.name, self.groups, finish, finish + forecast.lasts_s, finish,
-                                             forecast.profile)))
-            ahead = forecast.next_announcement()
-            if ahead is not None:
-                at, starts_in_s = finish + ahead[0], ahead[1]
-                announced.append((at, Demand(self.name, self.groups, at + starts_in_s,
-                                             at + starts_in_s + forecast.lasts_s, at, forecast.profile)))
-        return sorted(announced, key=lambda pair: pair[0])
-
-    def phase_start(self, step: int) -> float:
-        return self.offset_s + step * (self.generation_s + self.training_s)
-
-    def end_s(self) -> float:
-        return self.phase_start(self.steps)
-
-
-def simulate(runs: list[Run], replicas_of, seconds_per_group: float, cold_start_s: float,
-             settings: ScalingSettings | None, serve_default: ServeDefault | None = None) -> dict:
-    """Score every run's groups on pools: ``replicas_of`` maps a run to its pool's name; a pool with
-    ``settings`` is elastic by the project's decision (every tick), one with ``serve_default`` by the
-    model of Serve's default policy (from ``replicas_of``'s size up to its ``max_replicas``), else fixed
-    at its starting size."""
-    arrivals = sorted((time, run.name, step) for run in runs for step, times in enumerate(run.completions)
-                      for time in times)
-    pools: dict[str, dict] = {}
-    for run in runs:
-        name, size = replicas_of(run)
-        pool = pools.setdefault(name, {"size": size, "starting": [], "free_at": [], "asleep": [], "busy_until": [],
-                                       "queue": [], "answered": [], "answered_groups": 0,
-                                       "state": {}, "replica_seconds": 0.0, "asleep_seconds": 0.0, "timeline": [],
-                                       "runs": []})
-        pool["runs"].append(run)
-    for pool in pools.values():
-        pool["free_at"] = [0.0] * pool["size"]  # the first replicas are up from the start
-        pool["asleep"] = [False] * pool["size"]
-        pool["busy_until"] = [0.0] * pool["size"]  # when each replica last finished work (idle since)
-    last_scored: dict[tuple[str, int], float] = {}
-    horizon = max(run.end_s() for run in runs) + 600
-    index, now = 0, 0.0
-    pool_of = {run.name: replicas_of(run)[0] for run in runs}
-    while now < horizon:
-        while index < len(arrivals) and arrivals[index][0] <= now:
-            _, run_name, step = arrivals[index]
-            heapq.heappush(pools[pool_of[run_name]]["queue"], (arrivals[index][0], run_name, step))
-            index += 1
-        for pool in pools.values():
-            started = [ready for ready in pool["starting"] if ready <= now]
-            pool["free_at"].extend(started)
-            pool["asleep"].extend([False] * len(started))
-            pool["busy_until"].extend(started)
-            pool["starting"] = [ready for ready in pool["starting"] if ready > now]
-            sleeps = settings is not None and settings.idle == "sleep"
-            if sleeps:
-                wake(pool, now, settings, pool["runs"])
-            # Serve each free (awake) replica's next group within this tick.
-            for slot, free in enumerate(pool["free_at"]):
-                if pool["asleep"][slot]:
-                    continue
-                free = max(free, now)
-                while pool["queue"] and free < now + TICK_S:
-                    _, run_name, step = heapq.heappop(pool["queue"])
-                    free += seconds_per_group
-                    heapq.heappush(pool["answered"], free)
-                    last_scored[(run_name, step)] = max(last_scored.get((run_name, step), 0.0), free)
-                    pool["busy_until"][slot] = free
-                pool["free_at"][slot] = free
-            if sleeps:
-                fall_asleep(pool, now, settings, pool["runs"])
-            running = len(pool["free_at"]) + len(pool["starting"])
-            pool["replica_seconds"] += running * TICK_S
-            pool["asleep_seconds"] += sum(pool["asleep"]) * TICK_S
-            pool["timeline"].append((now, running, len(pool["queue"])))
-            if settings is not None:
-                busy = sum(1 for free in pool["free_at"] if free > now)
-                load = ReplicaLoad(groups_waiting=len(pool["queue"]), groups_running=busy,
-                                   queued_work_s=(len(pool["queue"]) + busy) * seconds_per_group,
-                                   members_waiting=members_waiting(pool["runs"], now),
-                                   seconds_per_group=seconds_per_group)
-                decision = decide_replicas(now=now, current=running, loads=[load], demands=demands(pool["runs"], now),
-                                           settings=settings, state=pool["state"], serving=len(pool["free_at"]))
-                pool["state"] = decision.state
-                resize(pool, decision.replicas, now, cold_start_s)
-            elif serve_default is not None:
-                while pool["answered"] and pool["answered"][0] <= now:
-                    heapq.heappop(pool["answered"])
-                    pool["answered_groups"] += 1
-                ongoing = rollouts_arrived(pool["runs"], now) - pool["answered_groups"] * pool["runs"][0].group_size
-                resize(pool, serve_default.decide(now, running, ongoing, pool["state"]), now,
-                       cold_start_s)
-        now += TICK_S
-        if index >= len(arrivals) and all(not pool["queue"] for pool in pools.values()) and now > max(
-                run.end_s() for run in runs):
-            break
-    exposure = [last_scored[(run.name, step)] - max(run.completions[step]) for run in runs for step in range(run.steps)]
-    asleep_seconds = sum(pool["asleep_seconds"] for pool in pools.values())
-    return {"replica_seconds": sum(pool["replica_seconds"] for pool in pools.values()),
-            "asleep_replica_seconds": asleep_seconds,
-            "exposed_s_mean": statistics.mean(exposure), "exposed_s_max": max(exposure),
-            "timelines": {name: pool["timeline"] for name, pool in pools.items()}}
-
-
-def rollouts_arrived(runs: list[Run], now: float) -> int:
-    """The runs' rollouts finished by ``now`` (each a member sent to the pool)."""
-    return sum(bisect.bisect_right(run.rollouts, now) for run in runs)
-
-
-def members_waiting(runs: list[Run], now: float) -> int:
-    """Members sent by ``now`` whose group is not complete yet (waiting for group-mates)."""
-    complete = sum(run.group_size * bisect.bisect_right(times, now) for run in runs for times in run.completions)
-    return rollouts_arrived(runs, now) - complete
-
-
-def known_to(slot: int, replicas: int, runs: list[Run], now: float) -> list[Demand]:
-    """The announcements replica ``slot`` holds: those of the runs it owns (one replica per run)."""
-    return demands([run for index, run in enumerate(runs) if index % replicas == slot], now)
-
-
-def wake(pool: dict, now: float, settings: ScalingSettings, runs: list[Run]) -> None:
-    """Wake sleeping replicas (``cluster/engine_sleep.py``'s decision): the owner of a run ahead of its
-    announced groups, and one for each queued group no awake replica takes at once (the service's
-    ring spreads groups over every replica, sleeping ones included; the group waits for the wake-up)."""
-    unserved = len(pool["queue"]) - sum(1 for slot, free in enumerate(pool["free_at"])
-                                        if not pool["asleep"][slot] and free <= now)
-    for slot, asleep in enumerate(pool["asleep"]):
-        if not asleep:
-            continue
-        action = sleep_action(now=now, sleeping=True, busy=unserved > 0, idle_since=None,
-                              demands=known_to(slot, len(pool["asleep"]), runs, now), settings=settings,
-                              margin_s=TICK_S)
-        if action == "wake":
-            pool["asleep"][slot] = False
-            pool["free_at"][slot] = pool["busy_until"][slot] = now + settings.wake_s  # it serves once awake
-            unserved -= 1
-
-
-def fall_asleep(pool: dict, now: float, settings: ScalingSettings, runs: list[Run]) -> None:
-    """Put awake replicas with nothing to do since ``sleep_after_s`` to sleep (a replica is idle
-    since it finished its last group, woke or started)."""
-    for slot, until in enumerate(pool["busy_until"]):
-        if pool["asleep"][slot]:
-            continue
-        busy = until > now or bool(pool["queue"])
-        action = sleep_action(now=now, sleeping=False, busy=busy, idle_since=None if busy else until,
-                              demands=known_to(slot, len(pool["asleep"]), runs, now), settings=settings,
-                              margin_s=TICK_S)
-        if action == "sleep":
-            pool["asleep"][slot] = True
-
-
-def demands(runs: list[Run], now: float) -> list[Demand]:
-    """Each run's latest announcement by ``now`` (the service keeps a tenant's latest)."""
-    latest = []
-    for run in runs:
-        made = [demand for at, demand in run.announcements if at <= now]
-        if made:
-            latest.append(made[-1])
-    return latest
-
+from cluster.autoscaling import ScalingSettings, break_even_s
+from cluster.planning.pool_model import Run, ServeDefault, simulate
 
 def peak_sized(runs: list[Run], args: argparse.Namespace) -> dict:
     """Fixed pools, one per run, each the smallest whose exposure is within 5% of a whole-cluster
@@ -303,24 +68,6 @@ def peak_sized(runs: list[Run], args: argparse.Namespace) -> dict:
         if result["exposed_s_mean"] <= 1.05 * best:
             return {**result, "size": size}
     return {**fixed(args.gpus // len(runs)), "size": args.gpus // len(runs)}
-
-
-def resize(pool: dict, target: int, now: float, cold_start_s: float) -> None:
-    """Start replicas (up after a cold start) or stop idle ones, sleeping ones first, newest first."""
-    running = len(pool["free_at"]) + len(pool["starting"])
-    if target > running:
-        pool["starting"].extend([now + cold_start_s] * (target - running))
-    while target < len(pool["free_at"]) + len(pool["starting"]):
-        if pool["starting"]:
-            pool["starting"].pop()
-        else:
-            idle = [slot for slot, free in enumerate(pool["free_at"]) if free <= now]
-            if not idle:
-                break
-            gone = ([slot for slot in idle if pool["asleep"][slot]] or idle)[-1]
-            pool["free_at"].pop(gone)
-            pool["asleep"].pop(gone)
-            pool["busy_until"].pop(gone)
 
 
 def main(argv: list[str] | None = None) -> int:

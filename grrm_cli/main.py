@@ -1,11 +1,11 @@
-"""The ``grrm`` console script: ``grrm check``, ``grrm serve``, ``grrm score``, ``grrm eval``."""
+"""The ``grrm`` console script: ``grrm check``, ``grrm serve``, ``grrm score``, ``grrm eval``, ``grrm plan``."""
 
 from __future__ import annotations
 
 import argparse
 from importlib import metadata
 
-from grrm_cli import check, evaluate, score, serve
+from grrm_cli import check, evaluate, plan, score, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,8 +14,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="grrm",
         description=(
             "GRRM Cluster: check a machine for a deployment, serve the GRRM group reward model, score whole "
-            "datasets of translation groups with it, and measure ranking accuracy. `grrm COMMAND --help` "
-            "explains each command."
+            "datasets of translation groups with it, measure ranking accuracy, and size a reward pool before "
+            "renting it. `grrm COMMAND --help` explains each command."
         ),
     )
     try:
@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_parser(commands)
     score.add_parser(commands)
     evaluate.add_parser(commands)
+    plan.add_parser(commands)
     return parser
 
 

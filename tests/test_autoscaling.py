@@ -456,7 +456,8 @@ def test_the_simulated_shared_pool_costs_less_than_a_pool_per_run_at_the_same_ex
     import argparse
     import random
 
-    from bench.autoscaling_sim import Run, peak_sized, simulate
+    from bench.autoscaling_sim import peak_sized
+    from cluster.planning.pool_model import Run, simulate
 
     args = argparse.Namespace(gpus=32, seconds_per_group=1.5, cold_start_s=90.0)
     rng = random.Random(2)
@@ -481,7 +482,7 @@ def test_the_simulated_pool_with_idle_sleep_keeps_replicas_asleep_between_steps_
     replicas asleep (the next step is within the break-even horizon) instead of removing them."""
     import random
 
-    from bench.autoscaling_sim import Run, simulate
+    from cluster.planning.pool_model import Run, simulate
 
     runs = [Run("run-0", offset_s=30.0, steps=3, groups=64, group_size=8, generation_s=120.0,
                 training_s=240.0).build(random.Random(1))]
@@ -499,7 +500,7 @@ def test_the_simulated_pool_with_idle_sleep_keeps_replicas_asleep_between_steps_
 
 def test_the_simulated_serve_default_policy_counts_waiting_members_and_waits_its_delays():
     """bench/autoscaling_sim.py's model of Serve's default policy (the baseline it is compared with)."""
-    from bench.autoscaling_sim import ServeDefault
+    from cluster.planning.pool_model import ServeDefault
 
     policy, state = ServeDefault(target=10, upscale_delay_s=30.0, downscale_delay_s=300.0, look_back_s=1.0), {}
     # 45 members sent and unanswered (most only waiting for group-mates): 5 replicas wished, after 30 s.
@@ -520,7 +521,7 @@ def test_the_simulated_shared_pool_costs_less_than_serves_default_policy_and_exp
     target, the less it exposes and the more it costs (still above the project's exposure at 5x its cost)."""
     import random
 
-    from bench.autoscaling_sim import Run, ServeDefault, simulate
+    from cluster.planning.pool_model import Run, ServeDefault, simulate
 
     rng = random.Random(2)
     runs = [Run(f"run-{k}", offset_s=rng.uniform(0, 360), steps=3, groups=64, group_size=8, generation_s=120.0,

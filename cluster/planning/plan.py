@@ -1,0 +1,116 @@
+"""The plan: what each pool would cost and expose for given runs, and the pool to deploy.
+
+Every candidate pool is replayed through the pool model (``cluster/planning/pool_model.py``, the
+project's autoscaling decision inside): fixed pools of 1 to ``max_replicas`` replicas, and autoscaled
+pools over a small grid of the ``replicas.autoscaling`` settings. For each: mean and worst exposed
+reward per step (``docs/exposure.md``: the last reward after the step's last rollout), replica-seconds
+per run-step, GPU-hours per 1,000 run-steps and the peak replicas. Then the two answers users ask
+for: the cheapest pool whose mean exposure is within ``within_pct`` of unlimited replicas (a fixed
+pool of ``max_replicas``), and the lowest exposure within ``gpus`` GPUs.
+
+SIMULATED: a prediction from a model whose inputs (seconds per group, cold start) come from a
+profile or are given; ``bench/`` checks such predictions against real Serve.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cluster.autoscaling import ScalingSettings
+from cluster.planning.pool_model import Run, simulate
+from cluster.planning.trace import RunTrace
+
+__all__ = ["AUTOSCALING_GRID", "Plan", "PoolPrediction", "autoscaling_block", "plan_pool"]
+
+# The autoscaled candidates: each combination of these settings (the rest as ScalingSettings' defaults,
+# upscale at once, a 10 s backlog per replica).
+AUTOSCALING_GRID: dict[str, tuple] = {
+    "min_replicas": (0, 1),
+    "demand_headroom": (1.25, 1.5, 2.0),
+    "downscale_delay_s": (10.0, 60.0),
+}
+
+
+@dataclass(frozen=True)
+class PoolPrediction:
+    """One candidate pool's predicted cost and exposure."""
+
+    pool: str  # "fixed" or "autoscaled"
+    replicas: int  # the fixed size, or the autoscaled pool's max_replicas
+    exposed_s_mean: float
+    exposed_s_max: float
+    replica_seconds_per_step: float
+    gpu_hours_per_1000_steps: float
+    peak_replicas: int
+    settings: ScalingSettings | None = None  # the autoscaled pool's settings
+
+    def row(self) -> dict[str, object]:
+        """A table row (the settings flattened to the grid's fields)."""
+        row = {field.name: getattr(self, field.name) for field in dataclasses.fields(self) if field.name != "settings"}
+        for name in AUTOSCALING_GRID:
+            row[name] = getattr(self.settings, name) if self.settings is not None else None
+        return row
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every candidate, and the answers."""
+
+    candidates: list[PoolPrediction]
+    unlimited: PoolPrediction
+    cheapest_within: PoolPrediction  # the cheapest whose mean exposure is within within_pct of unlimited
+    best_within_gpus: PoolPrediction | None  # the lowest mean exposure whose peak fits in the GPUs (None: none fits)
+    within_pct: float
+    gpus: int | None
+
+
+def plan_pool(traces: Sequence[RunTrace], *, seconds_per_group: float, cold_start_s: float, max_replicas: int,
+              gpus_per_replica: int = 1, within_pct: float = 5.0, gpus: int | None = None,
+              demand_grace_s: float = 5.0) -> Plan:
+    """Replay ``traces`` (runs sharing one pool, each started at its trace's own clock) on every
+    candidate pool and answer the two questions (see the module docstring)."""
+    if not traces:
+        raise ValueError("traces: at least one run is needed")
+    if max_replicas < 1:
+        raise ValueError(f"max_replicas: {max_replicas}, must be at least 1")
+    runs = [Run.from_trace(trace, offset_s=trace.steps[0].start_s) for trace in traces]
+    steps = sum(run.steps for run in runs)
+
+    def predicted(pool: str, replicas: int, settings: ScalingSettings | None) -> PoolPrediction:
+        result = simulate(runs, lambda run: ("shared", replicas if settings is None else max(settings.min_replicas, 1)),
+                          seconds_per_group, cold_start_s, settings)
+        per_step = result["replica_seconds"] / steps
+        return PoolPrediction(pool=pool, replicas=replicas, exposed_s_mean=result["exposed_s_mean"],
+                              exposed_s_max=result["exposed_s_max"], replica_seconds_per_step=per_step,
+                              gpu_hours_per_1000_steps=per_step * gpus_per_replica * 1000 / 3600,
+                              peak_replicas=max(running for _, running, _ in result["timelines"]["shared"]),
+                              settings=settings)
+
+    candidates = [predicted("fixed", size, None) for size in range(1, max_replicas + 1)]
+    base = ScalingSettings(max_replicas=max_replicas, target_backlog_s=10.0, upscale_delay_s=0.0,
+                           cold_start_s=cold_start_s, default_seconds_per_group=seconds_per_group,
+                           demand_grace_s=demand_grace_s)
+    for values in itertools.product(*AUTOSCALING_GRID.values()):
+        settings = dataclasses.replace(base, **dict(zip(AUTOSCALING_GRID, values)))
+        candidates.append(predicted("autoscaled", max_replicas, settings))
+    unlimited = candidates[max_replicas - 1]
+    bound = unlimited.exposed_s_mean * (1 + within_pct / 100)
+    within = [candidate for candidate in candidates if candidate.exposed_s_mean <= bound]
+    cheapest = min(within, key=lambda candidate: (candidate.replica_seconds_per_step, candidate.exposed_s_mean))
+    fitting = [candidate for candidate in candidates
+               if gpus is not None and candidate.peak_replicas * gpus_per_replica <= gpus]
+    best = min(fitting, key=lambda candidate: (candidate.exposed_s_mean, candidate.replica_seconds_per_step),
+               default=None)
+    return Plan(candidates=candidates, unlimited=unlimited, cheapest_within=cheapest, best_within_gpus=best,
+                within_pct=within_pct, gpus=gpus)
+
+
+def autoscaling_block(settings: ScalingSettings) -> dict[str, object]:
+    """The ``replicas.autoscaling`` block of the app config for ``settings`` (the engine_work policy)."""
+    fields = ("min_replicas", "max_replicas", "target_backlog_s", "upscale_delay_s", "downscale_delay_s",
+              "idle_downscale_delay_s", "cold_start_s", "default_seconds_per_group", "demand_headroom",
+              "demand_grace_s")
+    return {"policy": "engine_work", **{name: getattr(settings, name) for name in fields}}

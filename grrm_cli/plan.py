@@ -1,0 +1,156 @@
+"""``grrm plan``: size a reward pool from recorded or synthetic runs before renting GPUs.
+
+Replays the runs (several share one pool) on fixed pools and on autoscaled pools through the pool
+model (``cluster/planning/``: the project's own autoscaling decision), prints what each would expose
+and cost, answers "the cheapest pool within X% of unlimited replicas" and "the lowest exposure within
+N GPUs", and prints the ``replicas.autoscaling`` block to paste into the app config. SIMULATED: a
+prediction; its engine figures (seconds per group, cold start) are given here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from cluster.planning.plan import Plan, PoolPrediction, autoscaling_block, plan_pool
+from cluster.planning.trace import RunTrace, synthetic_trace
+
+SYNTHETIC_KEYS = {"batch": int, "n": int, "gen_s": float, "train_s": float, "spread_s": float, "steps": int,
+                  "offset_s": float, "seed": int}
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``grrm plan``."""
+    parser = subparsers.add_parser(
+        "plan", help="size a reward pool from recorded or synthetic runs (simulated)",
+        description=__doc__.split("\n\n")[1].replace("\n", " "))
+    parser.add_argument("--trace", action="append", default=[], metavar="FILE",
+                        help="a run's trace (JSON, cluster/planning/trace.py's format 1); repeat for runs sharing the pool")
+    parser.add_argument("--synthetic", action="append", default=[], metavar="KEY=VALUE,...",
+                        help="a run not yet made: batch (groups per step), n (group size), gen_s, train_s, "
+                             "steps, optional spread_s (rollouts finish within the phase's last spread_s), offset_s, seed")
+    parser.add_argument("--seconds-per-group", type=float, required=True, metavar="S",
+                        help="engine seconds one replica takes per group (measure it on your engine)")
+    parser.add_argument("--cold-start-s", type=float, required=True, metavar="S",
+                        help="seconds from asking for a replica to its serving")
+    parser.add_argument("--max-replicas", type=int, default=16, metavar="N",
+                        help="the largest pool tried; a fixed pool of N stands for unlimited replicas (default: %(default)s)")
+    parser.add_argument("--gpus-per-replica", type=int, default=1, metavar="G", help="(default: %(default)s)")
+    parser.add_argument("--within-pct", type=float, default=5.0, metavar="X",
+                        help="the cheapest pool whose mean exposure is within X%% of unlimited (default: %(default)s)")
+    parser.add_argument("--gpus", type=int, metavar="N", help="also: the lowest exposure whose peak fits in N GPUs")
+    parser.add_argument("--json", type=Path, metavar="OUT", help="write every candidate and the answers as JSON")
+    parser.set_defaults(handler=main)
+    return parser
+
+
+def parse_synthetic(text: str, index: int) -> RunTrace:
+    """A synthetic run from ``--synthetic``'s KEY=VALUE list; a ValueError names the bad key."""
+    values: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, _, value = item.partition("=")
+        if key not in SYNTHETIC_KEYS:
+            raise ValueError(f"--synthetic: unknown key {key!r} (known: {', '.join(SYNTHETIC_KEYS)})")
+        try:
+            values[key] = SYNTHETIC_KEYS[key](value)
+        except ValueError:
+            kind = "an integer" if SYNTHETIC_KEYS[key] is int else "a number"
+            raise ValueError(f"--synthetic: {key}={value!r} is not {kind}") from None
+    missing = [key for key in ("batch", "n", "gen_s", "train_s", "steps") if key not in values]
+    if missing:
+        raise ValueError(f"--synthetic: missing {', '.join(missing)}")
+    return synthetic_trace(f"synthetic-{index}", groups=values["batch"], group_size=values["n"],
+                           generation_s=values["gen_s"], training_s=values["train_s"], steps=values["steps"],
+                           spread_s=values.get("spread_s"), offset_s=values.get("offset_s", 0.0),
+                           seed=values.get("seed", index))
+
+
+def load_trace(path: Path) -> RunTrace:
+    """A trace file; a ValueError names the file and the field."""
+    try:
+        return RunTrace.model_validate_json(path.read_text())
+    except OSError as error:
+        raise ValueError(f"--trace {path}: {error.strerror}") from None
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "(the file)"
+        raise ValueError(f"--trace {path}: {where}: {first['msg']}") from None
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``grrm plan``."""
+    try:
+        traces = [load_trace(Path(path)) for path in args.trace]
+        traces += [parse_synthetic(text, index) for index, text in enumerate(args.synthetic)]
+        if not traces:
+            raise ValueError("give at least one --trace or --synthetic run")
+        plan = plan_pool(traces, seconds_per_group=args.seconds_per_group, cold_start_s=args.cold_start_s,
+                         max_replicas=args.max_replicas, gpus_per_replica=args.gpus_per_replica,
+                         within_pct=args.within_pct, gpus=args.gpus)
+    except ValueError as error:
+        print(f"grrm plan: {error}")
+        return 2
+    print(f"SIMULATED plan for {len(traces)} run(s) sharing one pool ({args.seconds_per_group:g} s per group, "
+          f"cold start {args.cold_start_s:g} s)")
+    print_table([candidate.row() for candidate in plan.candidates])
+    print(answers(plan))
+    if args.json is not None:
+        args.json.write_text(json.dumps(as_json(plan), indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+def answers(plan: Plan) -> str:
+    """The answers, and the config block to paste."""
+    lines = [f"unlimited ({plan.unlimited.replicas} fixed): mean exposed reward {plan.unlimited.exposed_s_mean:.2f} s/step",
+             f"cheapest within {plan.within_pct:g}%: {describe(plan.cheapest_within)}"]
+    if plan.gpus is not None:
+        best = plan.best_within_gpus
+        lines.append(f"lowest exposure within {plan.gpus} GPUs: " + (describe(best) if best else "no pool fits"))
+    lines += ["", "# paste into the app config (deployments/grrm.yaml's `config`):",
+              yaml.safe_dump(config_block(plan.cheapest_within), sort_keys=False).rstrip()]
+    return "\n".join(lines)
+
+
+def config_block(chosen: PoolPrediction) -> dict[str, Any]:
+    """The app config's ``replicas`` settings for the chosen pool."""
+    if chosen.settings is not None:
+        return {"replicas": {"autoscaling": autoscaling_block(chosen.settings)}}
+    return {"replicas": {"num_replicas": chosen.replicas}}
+
+
+def describe(prediction: PoolPrediction) -> str:
+    """One candidate in a line."""
+    kind = (f"a fixed pool of {prediction.replicas}" if prediction.settings is None else
+            f"autoscaled up to {prediction.replicas} (peak {prediction.peak_replicas})")
+    return (f"{kind}: {prediction.exposed_s_mean:.2f} s exposed per step, "
+            f"{prediction.replica_seconds_per_step:.0f} replica-s per step, "
+            f"{prediction.gpu_hours_per_1000_steps:.1f} GPU-h per 1,000 steps")
+
+
+def as_json(plan: Plan) -> dict[str, Any]:
+    """The plan as the JSON ``--json`` writes."""
+    return {"simulated": True, "within_pct": plan.within_pct, "gpus": plan.gpus,
+            "candidates": [candidate.row() for candidate in plan.candidates],
+            "unlimited": plan.unlimited.row(), "cheapest_within": plan.cheapest_within.row(),
+            "best_within_gpus": plan.best_within_gpus.row() if plan.best_within_gpus else None,
+            "config": config_block(plan.cheapest_within)}
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    """Rows as aligned columns."""
+    columns = list(rows[0])
+
+    def cell(value: Any) -> str:
+        return "-" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)
+
+    cells = [[cell(row[column]) for column in columns] for row in rows]
+    widths = [max(len(column), *(len(line[index]) for line in cells)) for index, column in enumerate(columns)]
+    print("  ".join(column.ljust(width) for column, width in zip(columns, widths)))
+    for line in cells:
+        print("  ".join(value.ljust(width) for value, width in zip(line, widths)))

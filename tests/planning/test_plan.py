@@ -1,0 +1,81 @@
+"""The plan (cluster/planning/plan.py): replays through the pool model, and the answers it gives."""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster.planning.plan import AUTOSCALING_GRID, plan_pool
+from cluster.planning.pool_model import Run, simulate
+from cluster.planning.trace import GroupTrace, RunTrace, StepTrace, synthetic_trace
+from deployments.config import AppConfig
+
+
+def test_one_replica_scores_a_hand_computed_step():
+    # One step: groups complete at 1.0, 1.0 and 2.0 s; one replica, 2 s per group, first come first
+    # served within each 1 s tick: scored at 3, 5 and 7 s. Exposure: 7 - 2 = 5 s after the last rollout.
+    step = StepTrace(start_s=0.0, generation_s=2.0, training_s=10.0,
+                     groups=[GroupTrace(members_at=[0.5, 1.0]), GroupTrace(members_at=[1.0]), GroupTrace(members_at=[2.0])])
+    run = Run.from_trace(RunTrace(run="r", group_size=2, steps=[step]))
+    result = simulate([run], lambda _: ("shared", 1), 2.0, 0.0, None)
+    assert result["exposed_s_mean"] == pytest.approx(5.0)
+    # The replica is held from 0 until the tick after its last group (7 s): 7 ticks of 1 s, then the loop
+    # runs to the run's end (12 s) before it may stop: 13 replica-seconds.
+    assert result["replica_seconds"] == pytest.approx(13.0)
+
+
+@pytest.fixture(scope="module")
+def two_runs():
+    return [synthetic_trace(f"r{k}", groups=16, group_size=4, generation_s=60.0, training_s=120.0, steps=3,
+                            offset_s=90.0 * k, seed=k) for k in range(2)]
+
+
+@pytest.fixture(scope="module")
+def plan(two_runs):
+    return plan_pool(two_runs, seconds_per_group=1.0, cold_start_s=30.0, max_replicas=6, within_pct=20.0, gpus=4)
+
+
+def test_more_fixed_replicas_never_expose_more_and_cost_in_proportion(plan):
+    fixed = [candidate for candidate in plan.candidates if candidate.pool == "fixed"]
+    assert [candidate.replicas for candidate in fixed] == [1, 2, 3, 4, 5, 6]
+    exposures = [candidate.exposed_s_mean for candidate in fixed]
+    assert all(later <= earlier + 1e-9 for earlier, later in zip(exposures, exposures[1:]))
+    assert exposures[0] > exposures[-1]  # one replica is a real queue here
+    per_replica = {round(candidate.replica_seconds_per_step / candidate.replicas, 6) for candidate in fixed}
+    assert len(per_replica) == 1  # a fixed pool holds its replicas for the whole replay
+    assert fixed[1].gpu_hours_per_1000_steps == pytest.approx(fixed[1].replica_seconds_per_step * 1000 / 3600)
+
+
+def test_the_answers_are_the_cheapest_within_the_bound_and_the_best_that_fits(plan):
+    autoscaled = [candidate for candidate in plan.candidates if candidate.pool == "autoscaled"]
+    assert len(autoscaled) == len(AUTOSCALING_GRID["min_replicas"]) * len(AUTOSCALING_GRID["demand_headroom"]) * len(
+        AUTOSCALING_GRID["downscale_delay_s"])
+    assert plan.unlimited.pool == "fixed" and plan.unlimited.replicas == 6
+    bound = plan.unlimited.exposed_s_mean * 1.2
+    chosen = plan.cheapest_within
+    assert chosen.exposed_s_mean <= bound
+    assert all(other.replica_seconds_per_step >= chosen.replica_seconds_per_step
+               for other in plan.candidates if other.exposed_s_mean <= bound)
+    best = plan.best_within_gpus
+    assert best is not None and best.peak_replicas <= 4
+    assert all(other.exposed_s_mean >= best.exposed_s_mean for other in plan.candidates if other.peak_replicas <= 4)
+
+
+def test_an_autoscaled_recommendation_is_a_valid_config_block(two_runs):
+    from grrm_cli.plan import config_block
+
+    # With a generous bound, an autoscaled pool is the cheapest here (it drops replicas in training).
+    plan = plan_pool(two_runs, seconds_per_group=1.0, cold_start_s=30.0, max_replicas=6, within_pct=100.0)
+    assert plan.cheapest_within.pool == "autoscaled"
+    block = config_block(plan.cheapest_within)
+    config = AppConfig.model_validate({"engine": {"kind": "scripted"}, **block})
+    assert config.replicas.autoscaling is not None
+    assert config.replicas.autoscaling.demand_headroom == plan.cheapest_within.settings.demand_headroom
+    assert config.replicas.autoscaling.max_replicas == 6
+
+
+def test_a_plan_needs_runs_and_a_pool():
+    with pytest.raises(ValueError, match="traces"):
+        plan_pool([], seconds_per_group=1.0, cold_start_s=1.0, max_replicas=2)
+    one = [synthetic_trace("r", groups=2, group_size=2, generation_s=5.0, training_s=5.0, steps=1)]
+    with pytest.raises(ValueError, match="max_replicas: 0"):
+        plan_pool(one, seconds_per_group=1.0, cold_start_s=1.0, max_replicas=0)
