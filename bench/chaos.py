@@ -198,7 +198,7 @@ class MemberSender:
                 if response.status_code != 200:  # the one error body: its code is the member's failure
                     body = {"valid": False, "failure": body["code"], "error": body["error"]}
             else:
-                body = (await self.client.score_member(MemberRequest(**member))).model_dump()
+                body = (await self.client.member_result(MemberRequest(**member))).model_dump()
                 record["status"] = None
             for key in ("valid", "replica", "group_scores", "failure", "error"):
                 record[key] = body.get(key)

@@ -4,7 +4,7 @@ deployment doing the same engine work, one layer added at a time, at high concur
 Paths, each a closed loop of ``--concurrency`` groups in flight through a Serve handle to one replica:
 
 - ``bare_serve``: a bare deployment (a ``GroupScorer`` on the same engine, nothing else) behind
-  Serve's default router, called with ``handle.score_group.remote(group)``;
+  Serve's default router, called with ``handle.run_group.remote(group)``, as the product's replica is;
 - ``bare_serve_group_router``: the same bare deployment behind our group-aware router;
 - ``replica_serve_router``: the product's ``GRRMReplica`` (metrics, outstanding-work accounting,
   assembler) behind Serve's default router, raw handle calls;
@@ -12,7 +12,7 @@ Paths, each a closed loop of ``--concurrency`` groups in flight through a Serve 
 - ``replica_client``: the product path the ingress uses for whole groups: ``ScorerClient``
   (retry on replica death, availability check, a request id per call) over the group-aware router;
 - ``replica_client_members``: the trainer bridge's path: each group's members sent one call each
-  through ``ScorerClient.score_member`` and assembled on the replica (4 calls per group).
+  through ``ScorerClient.member_result`` and assembled on the replica (4 calls per group).
 
 Besides throughput, each row gives the CPU milliseconds per group each kind of process spent
 (``psutil`` CPU times before and after): the driver (the caller and the handle's router loop), the
@@ -77,7 +77,7 @@ class BareScorer:
         await self.engine.start()
         self.scorer = GroupScorer(self.engine, config.scoring)
 
-    async def score_group(self, group: GroupRequest) -> GroupResult:
+    async def run_group(self, group: GroupRequest) -> GroupResult:
         return await self.scorer.score_group(group)
 
     def info(self) -> dict[str, Any]:
@@ -150,13 +150,13 @@ def measure(path: Path, engine: str, concurrency: int, groups: int) -> dict[str,
 
     async def send(group: GroupRequest) -> None:
         if path.members:
-            results = await asyncio.gather(*(client.score_member(member) for member in members_of(group)))
+            results = await asyncio.gather(*(client.member_result(member) for member in members_of(group)))
             assert all(result.valid for result in results), results
             return
         if client is not None:
-            result = await client.score_group(group)
+            result = await client.group_result(group)
         else:
-            result = await handle.score_group.remote(group)
+            result = await handle.run_group.remote(group)
         assert result.valid, result
 
     asyncio.run(closed_loop(send, concurrency, min(groups, 4 * concurrency)))  # warm-up

@@ -150,7 +150,7 @@ HANDLE_PATH_NOTE = (
     "The product's Serve handle path against a bare Ray Serve deployment doing the same engine work (a "
     "`GroupScorer`, nothing else), one layer at a time: the group-aware router, the `GRRMReplica` (metrics, "
     "outstanding-work accounting, assembler), `ScorerClient` (retry on replica death, availability check, a request "
-    "id per call), and the trainer bridge's path, one `score_member` call per rollout assembled on the replica (4 "
+    "id per call), and the trainer bridge's path, one `add_member` call per rollout assembled on the replica (4 "
     "per group). One replica, a closed loop of 128 groups in flight, paths interleaved over rounds; ratios to "
     "`bare_serve` in the same round. `cpu_ms_per_call_*`: CPU milliseconds per call of the driver (the caller and "
     "the handle's router loop), the replica, the ledger replicas, and every other process (controller, proxy, "

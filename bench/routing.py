@@ -57,7 +57,7 @@ async def drive(client, groups: int, requests_per_group: int, concurrency: int):
         async with semaphore:
             group = make_group(i)
             # Repeats are sequential: a retry follows the first answer.
-            results[i] = [await client.score_group(group) for _ in range(requests_per_group)]
+            results[i] = [await client.group_result(group) for _ in range(requests_per_group)]
 
     started = time.perf_counter()
     await asyncio.gather(*(one_group(i) for i in range(groups)))

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             url = f"{base_url}/bench/v1/score"
 
             async def via_handle(group):
-                assert (await client.score_group(group)).valid
+                assert (await client.group_result(group)).valid
 
             for concurrency in args.concurrency:
                 total = requests_for(concurrency, args.scale)

@@ -62,7 +62,7 @@ async def soak(url: str, handle, seconds: float, window_s: float):
                                      src_lang="en", trg_lang="de") for k, c in enumerate(group["candidates"])]
             rng.shuffle(members)
             t0 = time.monotonic()
-            answers = await asyncio.gather(*(client.score_member(m) for m in members))
+            answers = await asyncio.gather(*(client.member_result(m) for m in members))
             if all(a.valid for a in answers):
                 counts["members"] += len(answers)
                 latencies.append(time.monotonic() - t0)

@@ -76,16 +76,16 @@ class ScorerClient(HandleSender):
         return await self.loop.call(self.transport.member, member, self._within(attempts_left))
 
     async def open_member_call(self, member: MemberRequest, deadline_s: float) -> CallOutcome[MemberResult]:
-        """A member of a keyed group without an id of its own (``GRRMReplica.score_open_member``), within
+        """A member of a keyed group without an id of its own (``GRRMReplica.add_open_member``), within
         ``deadline_s``."""
         policy = dataclasses.replace(self.policy, deadline_s=deadline_s)
         return await self.loop.call(self.transport.open_member, member, policy)
 
-    async def score_group(self, group: GroupRequest) -> GroupResult:
+    async def group_result(self, group: GroupRequest) -> GroupResult:
         """Score one whole group: its result, or the handle's error when no replica answered."""
         return answered(await self.group_call(group))
 
-    async def score_member(self, member: MemberRequest) -> MemberResult:
+    async def member_result(self, member: MemberRequest) -> MemberResult:
         """Score one member: its result once its group was scored, or the handle's error."""
         return answered(await self.member_call(member))
 

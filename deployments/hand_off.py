@@ -167,7 +167,7 @@ class RingFollower:
         replica went away meanwhile, answer ``moved`` so the caller sends it again."""
         assert self.peers is not None
         try:
-            return await self.peers.ask_replica("score_member", owner, member, handed_off=hand_offs)
+            return await self.peers.ask_replica("add_member", owner, member, handed_off=hand_offs)
         except REPLICA_GONE_ERRORS as error:
             return MemberResult(group_id=member.group_id, index=member.index, member_id=member.member_id, valid=False,
                                 failure="moved", replica=self.name,

@@ -164,7 +164,7 @@ class GRRMIngress:
                                  "waiting)"},
         },
     )
-    async def score_member(self, member: MemberRequest, request: Request) -> MemberResult:
+    async def post_member(self, member: MemberRequest, request: Request) -> MemberResult:
         """Score one member of a group; answers once the whole group has been scored.
 
         A 200 is the member's result (with a ``failure`` whose kind answers 200, such as

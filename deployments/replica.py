@@ -139,7 +139,7 @@ class GRRMReplica:
         self.metrics.record_group(result)
         self.metrics.record_tenant(group.tenant, result, waited_s)
 
-    async def score_group(self, group: GroupRequest) -> GroupResult:
+    async def run_group(self, group: GroupRequest) -> GroupResult:
         """Score one whole group."""
         key = scoped_group_id(group.tenant, group.group_id or uuid.uuid4().hex)
         refusal = self._admit(group.tenant, key)
@@ -157,7 +157,7 @@ class GRRMReplica:
             self.in_flight.settle(group.tenant, key)
         return result
 
-    async def score_member(self, member: MemberRequest) -> MemberResult:
+    async def add_member(self, member: MemberRequest) -> MemberResult:
         """Add one member to its group; answers when the group is scored (or times out). Its group is
         kept under its tenant's scope: two tenants' equal group ids never meet.
 
@@ -168,10 +168,10 @@ class GRRMReplica:
         return await self.ring.place(member, scoped, _route_hint(),
                                      lambda here: self._join(here, scoped, route_key=member.group_id))
 
-    async def score_open_member(self, member: MemberRequest) -> MemberResult:
+    async def add_open_member(self, member: MemberRequest) -> MemberResult:
         """A member whose ``group_id`` is only a key shared by the samples of one prompt (and whose
         ``member_id`` is its own): it joins the key's group that takes members now, in arrival order
-        (``cluster/open_groups.py``), and answers as :meth:`score_member` once that group is scored."""
+        (``cluster/open_groups.py``), and answers as :meth:`add_member` once that group is scored."""
         if member.member_id is None:
             raise ValueError("member_id: required for a member of an open group")
         scoped = self.open_groups.group_of(scoped_group_id(member.tenant, member.group_id), member.group_size,

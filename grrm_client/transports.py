@@ -115,16 +115,16 @@ class HandleTransport:
 
     async def member(self, member: MemberRequest, timeout_s: float, attempt: int = 0,
                      attempts_left: int = 1) -> MemberResult:
-        return await self._send("score_member", member, attempt)
+        return await self._send("add_member", member, attempt)
 
     async def open_member(self, member: MemberRequest, timeout_s: float, attempt: int = 0,
                           attempts_left: int = 1) -> MemberResult:
         """A member of a keyed group without an id of its own (OpenRLHF's samples; the service's route)."""
-        return await self._send("score_open_member", member, attempt)
+        return await self._send("add_open_member", member, attempt)
 
     async def group(self, group: GroupRequest, timeout_s: float, attempt: int = 0,
                     attempts_left: int = 1) -> GroupResult:
-        return await self._send("score_group", group, attempt)
+        return await self._send("run_group", group, attempt)
 
     async def announce(self, announcement: DemandAnnouncement, timeout_s: float) -> DemandAccepted:
         sender, method = self._announce_with()

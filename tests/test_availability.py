@@ -200,7 +200,7 @@ class Response:
 
 
 class Handle:
-    """A deployment handle whose ``score_group`` answers at once (``answer``) or never."""
+    """A deployment handle whose ``run_group`` answers at once (``answer``) or never."""
 
     class deployment_id:  # noqa: N801 - the shape of Serve's DeploymentID
         name, app_name = "GRRMReplica", "grrm"
@@ -214,7 +214,7 @@ class Handle:
                 handle.responses.append(Response(answer))
                 return handle.responses[-1]
 
-        self.score_group = Method()
+        self.run_group = Method()
 
 
 GROUP = {"group_id": "g", "source": "Hallo", "candidates": ["Hello", "Hi"], "src_lang": "German", "trg_lang": "English"}
@@ -230,13 +230,13 @@ async def test_a_call_never_waits_for_the_verdict():
     scored = GroupResult(group_id="scored", valid=True, scores=[3, 8])
     client = ScorerClient(Handle(answer=scored),
                           availability=DeploymentAvailability("grrm", "GRRMReplica", fetch=fetch, clock=clock))
-    assert (await asyncio.wait_for(client.score_group(GroupRequest(**GROUP)), 5)).group_id == "scored"
+    assert (await asyncio.wait_for(client.group_result(GroupRequest(**GROUP)), 5)).group_id == "scored"
     fetch.released.set()
     while client.availability.peek()[0] is None:
         await asyncio.sleep(0.01)
     fetch.released.clear()
     clock.now += 60  # stale: the next call starts a refresh that blocks again
-    assert (await asyncio.wait_for(client.score_group(GroupRequest(**GROUP)), 5)).group_id == "scored"
+    assert (await asyncio.wait_for(client.group_result(GroupRequest(**GROUP)), 5)).group_id == "scored"
     assert fetch.calls == 2
     fetch.released.set()
 
@@ -248,7 +248,7 @@ async def test_the_first_call_fails_as_soon_as_the_first_look_says_no_replica_ca
     fetch = BlockedFetch((deployment("STARTING", required={"GPU": 1.0}), nodes(CPU_NODE)))
     # The HTTP ingress's policy: a caller's retries are the caller's.
     client = ScorerClient(handle, ROUTE_POLICY, availability=DeploymentAvailability("grrm", "GRRMReplica", fetch=fetch))
-    call = asyncio.ensure_future(client.score_group(GroupRequest(**GROUP)))
+    call = asyncio.ensure_future(client.group_result(GroupRequest(**GROUP)))
     await asyncio.sleep(0.2)
     assert not call.done()  # sent, waiting: the look is not back yet
     fetch.released.set()

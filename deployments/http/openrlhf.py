@@ -2,7 +2,7 @@
 
 The mapping of OpenRLHF's payload onto members and of their answers onto its response is the client
 adapter's (:mod:`grrm_client.adapters.openrlhf`). Here: each member goes to the replicas as a member
-of a keyed group (``score_open_member``: on the replica that owns the key, the samples of one prompt
+of a keyed group (``add_open_member``: on the replica that owns the key, the samples of one prompt
 form groups of ``n`` in arrival order), and every sample is answered within
 ``openrlhf.answer_within_s`` (below OpenRLHF's 180 s, after which it would send the sample again as a
 new one), with its reward or the flagged default; the reason is logged once per ingress process. A

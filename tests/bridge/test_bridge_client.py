@@ -196,14 +196,14 @@ async def test_deadline_cuts_a_hanging_request():
 
 
 class FakeHandle:
-    """A handle whose ``score_member`` answers from a script; ``options(session_id=...)`` is a view
+    """A handle whose ``add_member`` answers from a script; ``options(session_id=...)`` is a view
     sending under that routing hint, as Serve's handle is (``grrm_handles.send.routed``)."""
 
     def __init__(self, answers, attempt=0, attempts_seen=None):
         self.answers = answers
         self.attempt = attempt
         self.attempts_seen = [] if attempts_seen is None else attempts_seen
-        self.score_member = self
+        self.add_member = self
 
     def options(self, session_id=""):
         return FakeHandle(self.answers, RouteHint.decode(session_id).attempt, self.attempts_seen)
@@ -228,7 +228,7 @@ async def test_handle_transport_retries_back_pressure():
     client = RewardClient(config, HandleTransport(config, handle=handle), sleep=time.sleep, clock=time.clock)
     outcome = await client.score_member(MEMBER)
     assert outcome.result.score == 5 and outcome.attempts == 2 and time.sleeps == [0.5]
-    assert handle.score_member.attempts_seen == [0, 0]  # overload retries keep bounded-load routing
+    assert handle.add_member.attempts_seen == [0, 0]  # overload retries keep bounded-load routing
 
 
 async def test_sends_per_logical_request_are_bounded_by_max_attempts_alone():
@@ -240,13 +240,13 @@ async def test_sends_per_logical_request_are_bounded_by_max_attempts_alone():
     client = RewardClient(config, HandleTransport(config, handle=handle), sleep=time.sleep, clock=time.clock)
     outcome = await client.score_member(MEMBER)
     assert outcome.result is None and outcome.failure == "unavailable" and outcome.attempts == 3
-    assert handle.score_member.attempts_seen == [0, 1, 2] and time.sleeps == [0.5, 1.0]
+    assert handle.add_member.attempts_seen == [0, 1, 2] and time.sleeps == [0.5, 1.0]
     answer = MemberResult(group_id="g", index=0, score=4, valid=True, replica="r", attempts=1)
     handle = FakeHandle([RayActorError(), BackPressureError(num_queued_requests=3, max_queued_requests=2), answer])
     client = RewardClient(config, HandleTransport(config, handle=handle), sleep=time.sleep, clock=time.clock)
     outcome = await client.score_member(MEMBER)
     assert outcome.result.score == 4 and outcome.attempts == 3
-    assert handle.score_member.attempts_seen == [0, 1, 1]  # overload does not count as a lost replica
+    assert handle.add_member.attempts_seen == [0, 1, 1]  # overload does not count as a lost replica
     # The same kind as the HTTP ingress answers for Serve's back pressure (grrm_handles.send.unanswered_code).
     handle = FakeHandle([BackPressureError(num_queued_requests=3, max_queued_requests=2)] * 3)
     client = RewardClient(config, HandleTransport(config, handle=handle), sleep=time.sleep, clock=time.clock)
@@ -308,11 +308,11 @@ async def test_the_serve_side_policy_re_routes_lost_replicas_only_and_leaves_re_
                           policy=routes)
     outcome = await client.score_member(MEMBER)
     assert outcome.result.failure == "timeout" and (outcome.attempts, outcome.rejoins) == (2, 0)
-    assert handle.score_member.attempts_seen == [0, 1]  # the lost replica re-routed, in ring order
+    assert handle.add_member.attempts_seen == [0, 1]  # the lost replica re-routed, in ring order
     overloaded = BackPressureError(num_queued_requests=3, max_queued_requests=2)
     handle = FakeHandle([overloaded, MEMBER])
     client = RewardClient(config, HandleTransport(config, handle=handle), sleep=time.sleep, clock=time.clock,
                           policy=routes)
     outcome = await client.score_member(MEMBER)
     assert outcome.failure == "overloaded" and outcome.attempts == 1 and outcome.cause is overloaded
-    assert len(handle.score_member.attempts_seen) == 1  # the caller retries overload, not this layer
+    assert len(handle.add_member.attempts_seen) == 1  # the caller retries overload, not this layer

@@ -92,7 +92,7 @@ def test_scored_groups_outlive_any_one_ledger_replica(serve_instance):
     ledger = serve.get_deployment_handle("GRRMLedger", app_name=APP)
     scored = {}
     for group in range(GROUPS):
-        answers = [replicas.score_member.remote(member) for member in members_of(group)]
+        answers = [replicas.add_member.remote(member) for member in members_of(group)]
         scored[f"l-{group}"] = [answer.result(timeout_s=60).group_scores for answer in answers][0]
 
     # Every group on both replicas (written to both, or repaired by their peer sync within seconds).
@@ -128,7 +128,7 @@ def test_scored_groups_outlive_any_one_ledger_replica(serve_instance):
     answer = None
     for attempt in range(1, 20):  # the handle learns of the death, then routes in ring order
         try:
-            answer = routed(replicas, RouteHint(attempt=attempt)).score_member.remote(members_of(0)[1]).result(timeout_s=30)
+            answer = routed(replicas, RouteHint(attempt=attempt)).add_member.remote(members_of(0)[1]).result(timeout_s=30)
             break
         except ray.exceptions.RayActorError:
             time.sleep(0.5)

@@ -66,7 +66,7 @@ def client(app_name: str, members: list[dict], start_line) -> dict:
 
     async def send(member):
         started = time.monotonic()
-        result = await scorer.score_member(MemberRequest(**member))
+        result = await scorer.member_result(MemberRequest(**member))
         return {**result.model_dump(), "latency_s": time.monotonic() - started}
 
     async def run():

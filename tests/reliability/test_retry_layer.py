@@ -40,8 +40,8 @@ class CountingHandle:
         return CountingHandle(self.handle.options(**options), self.sends)
 
     @property
-    def score_member(self):
-        method = self.handle.score_member
+    def add_member(self):
+        method = self.handle.add_member
         sends = self.sends
 
         class Counted:

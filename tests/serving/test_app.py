@@ -113,9 +113,9 @@ def test_handle_api_scores_groups_and_members(app_url):
     group = demo_group(300)
 
     async def run():
-        whole = await client.score_group(GroupRequest(**group))
+        whole = await client.group_result(GroupRequest(**group))
         members = await asyncio.gather(*(
-            client.score_member(MemberRequest(
+            client.member_result(MemberRequest(
                 group_id="h300", group_size=4, index=k, source=group["source"], candidate=c,
                 src_lang="en", trg_lang="de",
             ))
@@ -249,11 +249,11 @@ def test_members_of_a_group_survive_the_death_of_their_replica(serve_instance):
     ]
 
     async def run():
-        waiting = [asyncio.create_task(client.score_member(m)) for m in members[:3]]
+        waiting = [asyncio.create_task(client.member_result(m)) for m in members[:3]]
         owner = await _replica_with_waiting_members("dying", 3)
         actor_name = next(n for n in _actor_names() if n.endswith(owner["replica"]) and "dying" in n)
         ray.kill(ray.get_actor(actor_name, namespace="serve"), no_restart=True)
-        last = await client.score_member(members[3])
+        last = await client.member_result(members[3])
         return owner["replica"], await asyncio.gather(*waiting), last
 
     try:

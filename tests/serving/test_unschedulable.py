@@ -84,7 +84,7 @@ async def test_handle_callers_get_an_error_not_a_wait(gpu_app_url):
     handle = serve.get_deployment_handle("GRRMReplica", app_name=APP)
     group = GroupRequest(**GROUP)
     with pytest.raises(ReplicasUnschedulableError, match='"GPU": 1.0') as raised:
-        await asyncio.wait_for(ScorerClient(handle).score_group(group), 30)
+        await asyncio.wait_for(ScorerClient(handle).group_result(group), 30)
     assert isinstance(raised.value, DeploymentUnavailableError)
 
     # The trainer bridge's handle transport: a retried "unavailable" that ends, with the reason.
@@ -112,5 +112,5 @@ async def test_a_call_already_waiting_fails_once_no_replica_can_start(gpu_app_ur
     client = ScorerClient(handle, availability=DeploymentAvailability(APP, "GRRMReplica", fetch=first_starting))
     started = time.monotonic()
     with pytest.raises(ReplicasUnschedulableError, match='"GPU": 1.0'):
-        await asyncio.wait_for(client.score_group(GroupRequest(**GROUP)), 30)
+        await asyncio.wait_for(client.group_result(GroupRequest(**GROUP)), 30)
     assert len(looks) >= 2 and time.monotonic() - started < 15
