@@ -147,7 +147,9 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     columns = list(rows[0])
 
     def cell(value: Any) -> str:
-        return "-" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)
+        if isinstance(value, float):
+            return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
+        return "-" if value is None else str(value)
 
     cells = [[cell(row[column]) for column in columns] for row in rows]
     widths = [max(len(column), *(len(line[index]) for line in cells)) for index, column in enumerate(columns)]
