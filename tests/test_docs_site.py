@@ -38,6 +38,32 @@ def test_the_site_builds_in_strict_mode(tmp_path):
     # vanished would still build).
     assert "Overlap (headline)" in (tmp_path / "site" / "benchmarks" / "index.html").read_text()
     assert "Watch metrics" in (tmp_path / "site" / "operations" / "kubernetes" / "index.html").read_text()
+    # The Benchmarks page shows the benchmarks' plots, and the site carries each one it shows.
+    benchmarks = (tmp_path / "site" / "benchmarks" / "index.html").read_text()
+    shown = set(re.findall(r'src="\.\./(bench/results/[\w.-]+\.png)"', benchmarks))
+    assert {"bench/results/overlap.png", "bench/results/fair_share.png"} <= shown, shown
+    assert all((tmp_path / "site" / plot).read_bytes() == (ROOT / plot).read_bytes() for plot in shown)
+
+
+def test_a_page_showing_a_plot_that_does_not_exist_fails_the_build(tmp_path):
+    """scripts/mkdocs_bench_plots.py adds bench/results/*.png to the site; a link to one that is not
+    there stays unresolved, and the strict build fails on it."""
+    (tmp_path / "docs").mkdir()
+    config = {"site_name": "plots", "docs_dir": "docs", "strict": True, "nav": ["index.md"],
+              "hooks": [str(ROOT / "scripts" / "mkdocs_bench_plots.py")], "validation": {"links": {"not_found": "warn"}}}
+    (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(config))
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+
+    def build(page: str) -> subprocess.CompletedProcess:
+        (tmp_path / "docs" / "index.md").write_text(page)
+        return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--site-dir", str(tmp_path / "site")],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+
+    shown = build("![overlap](bench/results/overlap.png)\n")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert (tmp_path / "site" / "bench" / "results" / "overlap.png").exists()
+    missing = build("![gone](bench/results/no_such_plot.png)\n")
+    assert missing.returncode != 0 and "no_such_plot.png" in missing.stdout + missing.stderr
 
 
 def test_every_page_is_in_the_nav():
