@@ -23,6 +23,13 @@ SIMULATION_COLUMNS = ["demand_headroom", "runs", "fixed_pool_per_run", "replica_
 
 
 
+def plot_link(name: str) -> str:
+    """A link to a benchmark's plot: it opens from BENCHMARKS.md at the root and from the site's
+    Benchmarks page, which includes this file (scripts/mkdocs_bench_plots.py serves bench/results/*.png
+    there; a link to a plot that is missing fails the strict docs build)."""
+    return f"[`bench/results/{name}.png`](bench/results/{name}.png)"
+
+
 def autoscale_tables(autoscaling: dict, name: str) -> str:
     """bench.autoscale's tables: the pools' costs and exposures, the exposure per step, the project's
     pools against Serve's default, and where the plot is."""
@@ -36,7 +43,7 @@ def autoscale_tables(autoscaling: dict, name: str) -> str:
             + table([{"policy": run["policy"], **{f"step {step['step']}": step["exposed_s"] for step in run["steps"]}}
                      for run in autoscaling["runs"]], ["policy", *[f"step {step}" for step in range(steps)]])
             + against_serve_default(autoscaling["rows"])
-            + f"\n\nReplicas over time: `bench/results/{name}.png`.")
+            + f"\n\nReplicas over time: {plot_link(name)}.")
 
 
 def against_serve_default(rows: list[dict]) -> str:
@@ -197,7 +204,7 @@ def main() -> int:
             + "\n\nStreamed, every n (simulated), exposed reward / limit:\n\n"
             + table([r for r in overlap if r["simulated"] and r["mode"].startswith("streamed")],
                     ["n", "reward_to_generation", "mode", "exposed_reward_s", "limit_exposed_s", "exposed_vs_limit"])
-            + "\n\nAll rows: `bench/results/overlap.json`; plot: `bench/results/overlap.png`.",
+            + "\n\nAll rows: `bench/results/overlap.json`; plot: " + plot_link("overlap") + ".",
             "overlap",
             "Simulated rows: long-tailed rollout lengths, reward work scaled to the given ratio, colocated mode "
             "pays an assumed 2 s reward-model swap per step. `limit_exposed_s`: the bound `F` of docs/exposure.md "
@@ -286,7 +293,7 @@ def main() -> int:
             "4b. SIMULATED: one elastic pool for 1-4 runs against a fixed pool per run, at 64 GPUs",
             ".venv/bin/python -m bench.autoscaling_sim",
             table(simulation["rows"], SIMULATION_COLUMNS)
-            + "\n\nReplicas over time against the groups waiting, 4 runs: `bench/results/autoscaling_sim.png`."
+            + "\n\nReplicas over time against the groups waiting, 4 runs: " + plot_link("autoscaling_sim") + "."
             + ("\n\nThe same runs on one pool scaled by a model of Serve's default policy (ongoing requests, waiting "
                "members included, over `serve_target` a replica; up after 30 s, down after 300 s, as grrm.yaml had "
                f"it), against the project's pool at demand_headroom {inputs['demand_headroom']} and the fixed pools:\n\n"
@@ -455,7 +462,7 @@ def main() -> int:
         if growth:
             body += "\n\nWhere the step time went (seconds over the mode's zero-cost run, medians):\n\n" + table(
                 growth, GROWTH_COLUMNS)
-        sections.append(section(title, command, body, name, note + f"\n\nPlot: `bench/results/{name}.png`."))
+        sections.append(section(title, command, body, name, note + f"\n\nPlot: {plot_link(name)}."))
     chaos = load("chaos")
     if chaos:
         sections.append(section(
@@ -587,7 +594,7 @@ def main() -> int:
                                        "share_over_weighted_share"])
             + "\n\n" + table(alone, ["mode", "groups", "rounds", "groups_per_s", "throughput_over_fifo"])
             + ("\n\n" + table(verl, FAIR_SHARE_VERL_COLUMNS) if verl else "")
-            + "\n\nPlot: `bench/results/fair_share.png`.",
+            + "\n\nPlot: " + plot_link("fair_share") + ".",
             "fair_share",
             "SIMULATED engine (scripted: a fixed time per group, a bounded number of generations at once per "
             "replica), real Ray Serve and HTTP, every request through `grrm_client` under its tenant; each case runs "
