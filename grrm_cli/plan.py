@@ -4,7 +4,8 @@ Replays the runs (several share one pool) on fixed pools and on autoscaled pools
 model (``cluster/planning/``: the project's own autoscaling decision), prints what each would expose
 and cost, answers "the cheapest pool within X% of unlimited replicas" and "the lowest exposure within
 N GPUs", and prints the ``replicas.autoscaling`` block to paste into the app config. SIMULATED: a
-prediction; its engine figures (seconds per group, cold start) are given here.
+prediction; its engine figures (seconds per group, cold start) come from a measured profile
+(``--profile``) or are given.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import yaml
 from pydantic import ValidationError
 
 from cluster.planning.plan import Plan, PoolPrediction, autoscaling_block, plan_pool
+from cluster.planning.profile import EngineProfile, seconds_per_group
 from cluster.planning.trace import RunTrace, synthetic_trace
 
 SYNTHETIC_KEYS = {"batch": int, "n": int, "gen_s": float, "train_s": float, "spread_s": float, "steps": int,
@@ -34,10 +36,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--synthetic", action="append", default=[], metavar="KEY=VALUE,...",
                         help="a run not yet made: batch (groups per step), n (group size), gen_s, train_s, "
                              "steps, optional spread_s (rollouts finish within the phase's last spread_s), offset_s, seed")
-    parser.add_argument("--seconds-per-group", type=float, required=True, metavar="S",
-                        help="engine seconds one replica takes per group (measure it on your engine)")
-    parser.add_argument("--cold-start-s", type=float, required=True, metavar="S",
-                        help="seconds from asking for a replica to its serving")
+    parser.add_argument("--profile", type=Path, metavar="FILE",
+                        help="the engine's measured profile (JSON, cluster/planning/profile.py's format 1): its "
+                             "seconds per group at the runs' group size and its cold start")
+    parser.add_argument("--seconds-per-group", type=float, metavar="S",
+                        help="without --profile: engine seconds one replica takes per group (measure it on your engine)")
+    parser.add_argument("--cold-start-s", type=float, metavar="S",
+                        help="without --profile: seconds from asking for a replica to its serving")
     parser.add_argument("--max-replicas", type=int, default=16, metavar="N",
                         help="the largest pool tried; a fixed pool of N stands for unlimited replicas (default: %(default)s)")
     parser.add_argument("--gpus-per-replica", type=int, default=1, metavar="G", help="(default: %(default)s)")
@@ -82,6 +87,38 @@ def load_trace(path: Path) -> RunTrace:
         raise ValueError(f"--trace {path}: {where}: {first['msg']}") from None
 
 
+def load_profile(path: Path) -> EngineProfile:
+    """A profile file; a ValueError names the file and the field."""
+    try:
+        return EngineProfile.model_validate_json(path.read_text())
+    except OSError as error:
+        raise ValueError(f"--profile {path}: {error.strerror}") from None
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "(the file)"
+        raise ValueError(f"--profile {path}: {where}: {first['msg']}") from None
+
+
+def engine_figures(args: argparse.Namespace, traces: list[RunTrace]) -> tuple[float, float]:
+    """Seconds per group and cold start: from ``--profile`` (its seconds at the runs' group sizes,
+    weighted by their groups: the pool model has one figure for the pool), else as given."""
+    if args.profile is None:
+        missing = [flag for flag, value in (("--seconds-per-group", args.seconds_per_group),
+                                            ("--cold-start-s", args.cold_start_s)) if value is None]
+        if missing:
+            raise ValueError(f"give --profile, or {' and '.join(missing)}")
+        if args.seconds_per_group <= 0 or args.cold_start_s < 0:
+            raise ValueError("--seconds-per-group must be positive and --cold-start-s not negative")
+        return args.seconds_per_group, args.cold_start_s
+    if args.seconds_per_group is not None or args.cold_start_s is not None:
+        raise ValueError("--profile gives the engine's figures: drop --seconds-per-group and --cold-start-s")
+    profile = load_profile(args.profile)
+    weights = [sum(len(step.groups) for step in trace.steps) for trace in traces]
+    per_group = sum(weight * seconds_per_group(profile, trace.group_size)
+                    for weight, trace in zip(weights, traces)) / sum(weights)
+    return per_group, profile.cold_start_s
+
+
 def main(args: argparse.Namespace) -> int:
     """Run ``grrm plan``."""
     try:
@@ -89,6 +126,7 @@ def main(args: argparse.Namespace) -> int:
         traces += [parse_synthetic(text, index) for index, text in enumerate(args.synthetic)]
         if not traces:
             raise ValueError("give at least one --trace or --synthetic run")
+        args.seconds_per_group, args.cold_start_s = engine_figures(args, traces)
         plan = plan_pool(traces, seconds_per_group=args.seconds_per_group, cold_start_s=args.cold_start_s,
                          max_replicas=args.max_replicas, gpus_per_replica=args.gpus_per_replica,
                          within_pct=args.within_pct, gpus=args.gpus)
@@ -100,7 +138,9 @@ def main(args: argparse.Namespace) -> int:
     print_table([candidate.row() for candidate in plan.candidates])
     print(answers(plan))
     if args.json is not None:
-        args.json.write_text(json.dumps(as_json(plan), indent=2))
+        engine = {"seconds_per_group": args.seconds_per_group, "cold_start_s": args.cold_start_s,
+                  "profile": str(args.profile) if args.profile is not None else None}
+        args.json.write_text(json.dumps({"engine": engine, **as_json(plan)}, indent=2))
         print(f"wrote {args.json}")
     return 0
 
