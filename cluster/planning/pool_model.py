@@ -72,6 +72,9 @@ class Run:
     generation_s: float
     training_s: float
     completions: list[list[float]] = field(default_factory=list)  # per step, group completion times
+    # Per step, each group's engine seconds in completions' order (None: the pool's seconds per group);
+    # empty: every group costs the pool's figure.
+    work_s: list[list[float | None]] = field(default_factory=list)
     rollouts: list[float] = field(default_factory=list)  # every rollout's finish time, in order
     # (announced at, what): the run's demand announcements, as its trainer's client makes them.
     announcements: list[tuple[float, Demand]] = field(default_factory=list)
@@ -90,7 +93,9 @@ class Run:
         last = trace.steps[-1]
         run.step_starts.append(last.start_s + shift + last.generation_s + last.training_s)
         for step, start in zip(trace.steps, run.step_starts):
-            run.completions.append(sorted(start + group.complete_at for group in step.groups))
+            groups = sorted(step.groups, key=lambda group: group.complete_at)
+            run.completions.append([start + group.complete_at for group in groups])
+            run.work_s.append([group.work_s for group in groups])
             run.rollouts.extend(start + at for group in step.groups for at in group.members_at)
         run.rollouts.sort()
         run.announcements = run.announce()
@@ -144,8 +149,9 @@ def simulate(runs: list[Run], replicas_of, seconds_per_group: float, cold_start_
     ``settings`` is elastic by the project's decision (every tick), one with ``serve_default`` by the
     model of Serve's default policy (from ``replicas_of``'s size up to its ``max_replicas``), else fixed
     at its starting size."""
-    arrivals = sorted((time, run.name, step) for run in runs for step, times in enumerate(run.completions)
-                      for time in times)
+    arrivals = sorted((time, run.name, step, run.work_s[step][number] if run.work_s else None)
+                      for run in runs for step, times in enumerate(run.completions)
+                      for number, time in enumerate(times))
     pools: dict[str, dict] = {}
     for run in runs:
         name, size = replicas_of(run)
@@ -164,8 +170,10 @@ def simulate(runs: list[Run], replicas_of, seconds_per_group: float, cold_start_
     pool_of = {run.name: replicas_of(run)[0] for run in runs}
     while now < horizon:
         while index < len(arrivals) and arrivals[index][0] <= now:
-            _, run_name, step = arrivals[index]
-            heapq.heappush(pools[pool_of[run_name]]["queue"], (arrivals[index][0], run_name, step))
+            at, run_name, step, work = arrivals[index]
+            # A group's own measured cost where its trace has one, else the pool's figure.
+            work = seconds_per_group if work is None else work
+            heapq.heappush(pools[pool_of[run_name]]["queue"], (at, run_name, step, work))
             index += 1
         for pool in pools.values():
             started = [ready for ready in pool["starting"] if ready <= now]
@@ -182,8 +190,8 @@ def simulate(runs: list[Run], replicas_of, seconds_per_group: float, cold_start_
                     continue
                 free = max(free, now)
                 while pool["queue"] and free < now + TICK_S:
-                    _, run_name, step = heapq.heappop(pool["queue"])
-                    free += seconds_per_group
+                    _, run_name, step, work = heapq.heappop(pool["queue"])
+                    free += work
                     heapq.heappush(pool["answered"], free)
                     last_scored[(run_name, step)] = max(last_scored.get((run_name, step), 0.0), free)
                     pool["busy_until"][slot] = free
@@ -196,8 +204,9 @@ def simulate(runs: list[Run], replicas_of, seconds_per_group: float, cold_start_
             pool["timeline"].append((now, running, len(pool["queue"])))
             if settings is not None:
                 busy = sum(1 for free in pool["free_at"] if free > now)
-                load = ReplicaLoad(groups_waiting=len(pool["queue"]), groups_running=busy,
-                                   queued_work_s=(len(pool["queue"]) + busy) * seconds_per_group,
+                # Queued groups at their own cost, running ones at the pool's figure.
+                queued_s = sum(entry[3] for entry in pool["queue"]) + busy * seconds_per_group
+                load = ReplicaLoad(groups_waiting=len(pool["queue"]), groups_running=busy, queued_work_s=queued_s,
                                    members_waiting=members_waiting(pool["runs"], now),
                                    seconds_per_group=seconds_per_group)
                 decision = decide_replicas(now=now, current=running, loads=[load], demands=demands(pool["runs"], now),

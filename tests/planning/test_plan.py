@@ -23,6 +23,19 @@ def test_one_replica_scores_a_hand_computed_step():
     assert result["replica_seconds"] == pytest.approx(13.0)
 
 
+def test_a_trace_s_own_group_costs_replace_the_pool_s_figure():
+    # The same step as above, each group measured at 1 s of engine work (the pool's figure stays 2 s):
+    # scored at 2 (the first, from 1), 3 and 4 s, each in the tick it becomes free. Exposure: 4 - 2 = 2 s.
+    step = StepTrace(start_s=0.0, generation_s=2.0, training_s=10.0,
+                     groups=[GroupTrace(members_at=[0.5, 1.0], work_s=1.0), GroupTrace(members_at=[1.0], work_s=1.0),
+                             GroupTrace(members_at=[2.0], work_s=1.0)])
+    run = Run.from_trace(RunTrace(run="r", group_size=2, steps=[step]))
+    assert run.work_s == [[1.0, 1.0, 1.0]]
+    result = simulate([run], lambda _: ("shared", 1), 2.0, 0.0, None)
+    assert result["exposed_s_mean"] == pytest.approx(2.0)
+    assert result["replica_seconds"] == pytest.approx(13.0)  # a fixed replica, held to the run's end as above
+
+
 @pytest.fixture(scope="module")
 def two_runs():
     return [synthetic_trace(f"r{k}", groups=16, group_size=4, generation_s=60.0, training_s=120.0, steps=3,
