@@ -19,7 +19,7 @@ import yaml
 from pydantic import ValidationError
 
 from cluster.planning.plan import Plan, PoolPrediction, autoscaling_block, plan_pool
-from cluster.planning.profile import EngineProfile, seconds_per_group
+from cluster.planning.profile import EngineProfile, costed, seconds_per_group
 from cluster.planning.trace import RunTrace, synthetic_trace
 
 SYNTHETIC_KEYS = {"batch": int, "n": int, "gen_s": float, "train_s": float, "spread_s": float, "steps": int,
@@ -101,7 +101,8 @@ def load_profile(path: Path) -> EngineProfile:
 
 def engine_figures(args: argparse.Namespace, traces: list[RunTrace]) -> tuple[float, float]:
     """Seconds per group and cold start: from ``--profile`` (its seconds at the runs' group sizes,
-    weighted by their groups: the pool model has one figure for the pool), else as given."""
+    weighted by their groups: the pool model has one figure for the pool; groups whose trace recorded
+    tokens are costed from them, in ``traces``), else as given."""
     if args.profile is None:
         missing = [flag for flag, value in (("--seconds-per-group", args.seconds_per_group),
                                             ("--cold-start-s", args.cold_start_s)) if value is None]
@@ -113,6 +114,7 @@ def engine_figures(args: argparse.Namespace, traces: list[RunTrace]) -> tuple[fl
     if args.seconds_per_group is not None or args.cold_start_s is not None:
         raise ValueError("--profile gives the engine's figures: drop --seconds-per-group and --cold-start-s")
     profile = load_profile(args.profile)
+    traces[:] = [costed(trace, profile) for trace in traces]  # groups that recorded tokens: their own seconds
     weights = [sum(len(step.groups) for step in trace.steps) for trace in traces]
     per_group = sum(weight * seconds_per_group(profile, trace.group_size)
                     for weight, trace in zip(weights, traces)) / sum(weights)

@@ -11,7 +11,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["ConcurrencyPoint", "EngineProfile", "seconds_per_group"]
+from cluster.planning.trace import RunTrace
+
+__all__ = ["ConcurrencyPoint", "EngineProfile", "costed", "seconds_per_group"]
 
 
 class _Strict(BaseModel):
@@ -73,3 +75,13 @@ def seconds_per_group(profile: EngineProfile, group_size: int | None = None, tok
             raise ValueError(f"group_size: {group_size}, must be at least 1")
         return group_size / profile.group_size / best.groups_per_s
     return 1.0 / best.groups_per_s
+
+
+def costed(trace: RunTrace, profile: EngineProfile) -> RunTrace:
+    """``trace`` with each group that has ``tokens`` but no ``work_s`` given the engine seconds those
+    tokens cost on ``profile``'s engine (a trace recorded on one engine, planned for another)."""
+    steps = [step.model_copy(update={"groups": [
+        group.model_copy(update={"work_s": seconds_per_group(profile, tokens=group.tokens)})
+        if group.work_s is None and group.tokens is not None else group for group in step.groups]})
+        for step in trace.steps]
+    return trace.model_copy(update={"steps": steps})

@@ -7,7 +7,7 @@ seconds on the run's own clock (any origin: the first step's start is a good one
 - ``generation_s``: how long generation took (to the step's last rollout);
 - ``training_s``: how long the trainer then worked without sending rewards (to the next step's start);
 - ``groups``: each group's members' arrival times at the reward service (seconds after ``start_s``) and,
-  where it was measured, the engine seconds its scoring took (``work_s``).
+  where they were measured, the engine seconds its scoring took (``work_s``) and its tokens (``tokens``).
 
 A group is complete at its last member's arrival. :func:`synthetic_trace` makes one from a few numbers,
 for a run not yet made.
@@ -33,6 +33,9 @@ class GroupTrace(_Strict):
     members_at: list[float] = Field(min_length=1, description="Each member's arrival, seconds after the step's start.")
     work_s: float | None = Field(None, gt=0, description="Engine seconds the group's scoring took on one replica "
                                                           "(None: not measured; the profile's figure is used).")
+    tokens: float | None = Field(None, gt=0, description="Tokens (prompt and answer) its scoring took (None: not "
+                                                         "measured); with a profile, its engine seconds where "
+                                                         "work_s is missing.")
 
     @model_validator(mode="after")
     def _arrivals_not_negative(self) -> GroupTrace:

@@ -7,8 +7,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from cluster.planning.profile import EngineProfile, seconds_per_group
-from cluster.planning.trace import synthetic_trace
+from cluster.planning.profile import EngineProfile, costed, seconds_per_group
+from cluster.planning.trace import GroupTrace, RunTrace, StepTrace, synthetic_trace
 from grrm_cli.main import main
 
 PROFILE = {"engine": "vllm", "model": "double7/Qwen2.5-7B-GRRM", "gpu": "1x H200", "group_size": 8,
@@ -29,6 +29,15 @@ def test_seconds_per_group_is_the_best_concurrency_inverted_and_scaled():
     assert seconds_per_group(no_tokens, tokens=1500.0) == pytest.approx(0.5 / 1.6)
     with pytest.raises(ValueError, match="group_size: 0"):
         seconds_per_group(profile, group_size=0)
+
+
+def test_recorded_tokens_become_engine_seconds_where_none_were_measured():
+    profile = EngineProfile.model_validate(PROFILE)
+    groups = [GroupTrace(members_at=[1.0], tokens=3000.0), GroupTrace(members_at=[1.0], tokens=3000.0, work_s=9.0),
+              GroupTrace(members_at=[1.0])]
+    trace = RunTrace(run="r", group_size=1, steps=[StepTrace(start_s=0, generation_s=2, training_s=1, groups=groups)])
+    # 3000 tokens at 6000 tokens/s: 0.5 s; a measured work_s stays; a group with neither stays unmeasured.
+    assert [group.work_s for group in costed(trace, profile).steps[0].groups] == [0.5, 9.0, None]
 
 
 def test_a_bad_profile_is_refused_with_the_field_named():
