@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cluster.autoscaling import ScalingSettings
-from cluster.planning.pool_model import Run, simulate
+from cluster.planning.replay import replay, runs_of
 from cluster.planning.trace import RunTrace
 
 __all__ = ["AUTOSCALING_GRID", "Plan", "PoolPrediction", "autoscaling_block", "plan_pool"]
@@ -72,22 +72,18 @@ def plan_pool(traces: Sequence[RunTrace], *, seconds_per_group: float, cold_star
               demand_grace_s: float = 5.0) -> Plan:
     """Replay ``traces`` (runs sharing one pool, each started at its trace's own clock) on every
     candidate pool and answer the two questions (see the module docstring)."""
-    if not traces:
-        raise ValueError("traces: at least one run is needed")
     if max_replicas < 1:
         raise ValueError(f"max_replicas: {max_replicas}, must be at least 1")
-    runs = [Run.from_trace(trace, offset_s=trace.steps[0].start_s) for trace in traces]
-    steps = sum(run.steps for run in runs)
+    runs = runs_of(traces)
 
     def predicted(pool: str, replicas: int, settings: ScalingSettings | None) -> PoolPrediction:
-        result = simulate(runs, lambda run: ("shared", replicas if settings is None else max(settings.min_replicas, 1)),
-                          seconds_per_group, cold_start_s, settings)
-        per_step = result["replica_seconds"] / steps
-        return PoolPrediction(pool=pool, replicas=replicas, exposed_s_mean=result["exposed_s_mean"],
-                              exposed_s_max=result["exposed_s_max"], replica_seconds_per_step=per_step,
-                              gpu_hours_per_1000_steps=per_step * gpus_per_replica * 1000 / 3600,
-                              peak_replicas=max(running for _, running, _ in result["timelines"]["shared"]),
-                              settings=settings)
+        result = replay(runs, seconds_per_group=seconds_per_group, cold_start_s=cold_start_s, replicas=replicas,
+                        settings=settings, gpus_per_replica=gpus_per_replica)
+        return PoolPrediction(pool=pool, replicas=replicas, exposed_s_mean=result.exposed_s_mean,
+                              exposed_s_max=result.exposed_s_max,
+                              replica_seconds_per_step=result.replica_seconds_per_step,
+                              gpu_hours_per_1000_steps=result.gpu_hours_per_1000_steps,
+                              peak_replicas=result.peak_replicas, settings=settings)
 
     candidates = [predicted("fixed", size, None) for size in range(1, max_replicas + 1)]
     base = ScalingSettings(max_replicas=max_replicas, target_backlog_s=10.0, upscale_delay_s=0.0,
