@@ -55,6 +55,7 @@ import random
 from bench.common import machine, print_table, results_dir, write_json
 from cluster.autoscaling import ScalingSettings, break_even_s
 from cluster.planning.pool_model import Run, ServeDefault, simulate
+from grrm_cli.plan import plot_timeline
 
 def peak_sized(runs: list[Run], args: argparse.Namespace) -> dict:
     """Fixed pools, one per run, each the smallest whose exposure is within 5% of a whole-cluster
@@ -213,26 +214,8 @@ def compare_idle(args: argparse.Namespace, settings: ScalingSettings) -> int:
 
 
 def plot(timeline: list[tuple[float, int, int]], path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(8, 3.6))
-    axis.step([t / 60 for t, _, _ in timeline], [replicas for _, replicas, _ in timeline], where="post",
-              color="tab:red", label="replicas (elastic, shared)")
-    axis.set_xlabel("minutes")
-    axis.set_ylabel("replicas")
-    twin = axis.twinx()
-    twin.plot([t / 60 for t, _, _ in timeline], [waiting for _, _, waiting in timeline], color="tab:blue",
-              alpha=0.5, label="groups waiting")
-    twin.set_ylabel("groups waiting")
-    lines = axis.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
-    labels = axis.get_legend_handles_labels()[1] + twin.get_legend_handles_labels()[1]
-    axis.legend(lines, labels, fontsize=7, loc="upper right")
-    axis.set_title("SIMULATED: 4 GRPO runs on one elastic pool (project's policy)", fontsize=9)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    plot_timeline(timeline, path, "SIMULATED: 4 GRPO runs on one elastic pool (project's policy)",
+                  "replicas (elastic, shared)")
 
 
 if __name__ == "__main__":

@@ -50,6 +50,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="the cheapest pool whose mean exposure is within X%% of unlimited (default: %(default)s)")
     parser.add_argument("--gpus", type=int, metavar="N", help="also: the lowest exposure whose peak fits in N GPUs")
     parser.add_argument("--json", type=Path, metavar="OUT", help="write every candidate and the answers as JSON")
+    parser.add_argument("--plot", type=Path, metavar="PNG",
+                        help="plot the recommended pool's replicas over time against the groups waiting "
+                             "(needs matplotlib)")
     parser.set_defaults(handler=main)
     return parser
 
@@ -144,6 +147,15 @@ def main(args: argparse.Namespace) -> int:
                   "profile": str(args.profile) if args.profile is not None else None}
         args.json.write_text(json.dumps({"engine": engine, **as_json(plan)}, indent=2))
         print(f"wrote {args.json}")
+    if args.plot is not None:
+        try:
+            plot_timeline(plan.cheapest_within.timeline, args.plot,
+                          f"SIMULATED: {len(traces)} run(s), {describe(plan.cheapest_within).split(':')[0]}",
+                          "replicas (recommended pool)")
+        except ImportError:
+            print("grrm plan: --plot needs matplotlib (pip install matplotlib); the plan above stands")
+            return 2
+        print(f"wrote {args.plot}")
     return 0
 
 
@@ -198,3 +210,28 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     print("  ".join(column.ljust(width) for column, width in zip(columns, widths)))
     for line in cells:
         print("  ".join(value.ljust(width) for value, width in zip(line, widths)))
+
+
+def plot_timeline(timeline: list[tuple[float, int, int]], path: Path, title: str, label: str) -> None:
+    """Replicas over time (a step line) against the groups waiting (a second axis), as a PNG."""
+    import matplotlib  # imported here: a dev dependency, needed only for --plot
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(8, 3.6))
+    axis.step([t / 60 for t, _, _ in timeline], [replicas for _, replicas, _ in timeline], where="post",
+              color="tab:red", label=label)
+    axis.set_xlabel("minutes")
+    axis.set_ylabel("replicas")
+    twin = axis.twinx()
+    twin.plot([t / 60 for t, _, _ in timeline], [waiting for _, _, waiting in timeline], color="tab:blue",
+              alpha=0.5, label="groups waiting")
+    twin.set_ylabel("groups waiting")
+    lines = axis.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
+    labels = axis.get_legend_handles_labels()[1] + twin.get_legend_handles_labels()[1]
+    axis.legend(lines, labels, fontsize=7, loc="upper right")
+    axis.set_title(title, fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

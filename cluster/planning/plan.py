@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cluster.autoscaling import ScalingSettings
 from cluster.planning.replay import replay, runs_of
@@ -46,10 +46,13 @@ class PoolPrediction:
     gpu_hours_per_1000_steps: float
     peak_replicas: int
     settings: ScalingSettings | None = None  # the autoscaled pool's settings
+    # (seconds, replicas held, groups waiting) every tick of the replay: the plot of replicas against work.
+    timeline: list[tuple[float, int, int]] = field(default_factory=list, repr=False, compare=False)
 
     def row(self) -> dict[str, object]:
         """A table row (the settings flattened to the grid's fields)."""
-        row = {field.name: getattr(self, field.name) for field in dataclasses.fields(self) if field.name != "settings"}
+        row = {each.name: getattr(self, each.name) for each in dataclasses.fields(self)
+               if each.name not in ("settings", "timeline")}
         for name in AUTOSCALING_GRID:
             row[name] = getattr(self.settings, name) if self.settings is not None else None
         return row
@@ -83,7 +86,7 @@ def plan_pool(traces: Sequence[RunTrace], *, seconds_per_group: float, cold_star
                               exposed_s_max=result.exposed_s_max,
                               replica_seconds_per_step=result.replica_seconds_per_step,
                               gpu_hours_per_1000_steps=result.gpu_hours_per_1000_steps,
-                              peak_replicas=result.peak_replicas, settings=settings)
+                              peak_replicas=result.peak_replicas, settings=settings, timeline=result.timeline)
 
     candidates = [predicted("fixed", size, None) for size in range(1, max_replicas + 1)]
     base = ScalingSettings(max_replicas=max_replicas, target_backlog_s=10.0, upscale_delay_s=0.0,

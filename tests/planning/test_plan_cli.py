@@ -32,6 +32,14 @@ def test_grrm_plan_replays_a_trace_file_beside_a_synthetic_run(tmp_path, capsys)
     assert "SIMULATED" in printed and "cheapest within 100%" in printed
 
 
+def test_grrm_plan_plots_the_recommended_pool_over_time(tmp_path, capsys):
+    png = tmp_path / "plan.png"
+    status = main(["plan", "--synthetic", "batch=8,n=2,gen_s=20,train_s=20,steps=2", "--seconds-per-group", "1",
+                   "--cold-start-s", "5", "--max-replicas", "2", "--plot", str(png)])
+    assert status == 0 and f"wrote {png}" in capsys.readouterr().out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_grrm_plan_names_what_is_wrong_with_its_input(tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"run": "r", "group_size": 2, "steps": [
