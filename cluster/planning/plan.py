@@ -6,7 +6,8 @@ pools over a small grid of the ``replicas.autoscaling`` settings. For each: mean
 reward per step (``docs/exposure.md``: the last reward after the step's last rollout), replica-seconds
 per run-step, GPU-hours per 1,000 run-steps and the peak replicas. Then the two answers users ask
 for: the cheapest pool whose mean exposure is within ``within_pct`` of unlimited replicas (a fixed
-pool of ``max_replicas``), and the lowest exposure within ``gpus`` GPUs.
+pool of ``max_replicas``), and the lowest exposure within ``gpus`` GPUs (for which the grid is also
+tried with ``max_replicas`` capped at what the GPUs hold: an autoscaled pool that may not outgrow them).
 
 SIMULATED: a prediction from a model whose inputs (seconds per group, cold start) come from a
 profile or are given; ``bench/`` checks such predictions against real Serve.
@@ -92,9 +93,12 @@ def plan_pool(traces: Sequence[RunTrace], *, seconds_per_group: float, cold_star
     base = ScalingSettings(max_replicas=max_replicas, target_backlog_s=10.0, upscale_delay_s=0.0,
                            cold_start_s=cold_start_s, default_seconds_per_group=seconds_per_group,
                            demand_grace_s=demand_grace_s)
-    for values in itertools.product(*AUTOSCALING_GRID.values()):
-        settings = dataclasses.replace(base, **dict(zip(AUTOSCALING_GRID, values)))
-        candidates.append(predicted("autoscaled", max_replicas, settings))
+    caps = [max_replicas]
+    if gpus is not None and 1 <= gpus // gpus_per_replica < max_replicas:
+        caps.append(gpus // gpus_per_replica)
+    for cap, values in itertools.product(caps, itertools.product(*AUTOSCALING_GRID.values())):
+        settings = dataclasses.replace(base, max_replicas=cap, **dict(zip(AUTOSCALING_GRID, values)))
+        candidates.append(predicted("autoscaled", cap, settings))
     unlimited = candidates[max_replicas - 1]
     bound = unlimited.exposed_s_mean * (1 + within_pct / 100)
     within = [candidate for candidate in candidates if candidate.exposed_s_mean <= bound]

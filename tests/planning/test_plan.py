@@ -60,8 +60,11 @@ def test_more_fixed_replicas_never_expose_more_and_cost_in_proportion(plan):
 
 def test_the_answers_are_the_cheapest_within_the_bound_and_the_best_that_fits(plan):
     autoscaled = [candidate for candidate in plan.candidates if candidate.pool == "autoscaled"]
-    assert len(autoscaled) == len(AUTOSCALING_GRID["min_replicas"]) * len(AUTOSCALING_GRID["demand_headroom"]) * len(
+    grid = len(AUTOSCALING_GRID["min_replicas"]) * len(AUTOSCALING_GRID["demand_headroom"]) * len(
         AUTOSCALING_GRID["downscale_delay_s"])
+    # The grid up to max_replicas (6), and again capped at what 4 GPUs hold (4 replicas of 1 GPU).
+    assert sorted(candidate.replicas for candidate in autoscaled) == [4] * grid + [6] * grid
+    assert all(candidate.peak_replicas <= 4 for candidate in autoscaled if candidate.replicas == 4)
     assert plan.unlimited.pool == "fixed" and plan.unlimited.replicas == 6
     bound = plan.unlimited.exposed_s_mean * 1.2
     chosen = plan.cheapest_within
@@ -84,6 +87,14 @@ def test_an_autoscaled_recommendation_is_a_valid_config_block(two_runs):
     assert config.replicas.autoscaling is not None
     assert config.replicas.autoscaling.demand_headroom == plan.cheapest_within.settings.demand_headroom
     assert config.replicas.autoscaling.max_replicas == 6
+
+
+def test_a_fixed_recommendation_is_a_valid_config_block(plan):
+    from grrm_cli.plan import config_block
+
+    fixed = next(candidate for candidate in plan.candidates if candidate.pool == "fixed" and candidate.replicas == 3)
+    config = AppConfig.model_validate({"engine": {"kind": "scripted"}, **config_block(fixed)})
+    assert config.replicas.num_replicas == 3 and config.replicas.autoscaling is None
 
 
 def test_a_plan_needs_runs_and_a_pool():

@@ -7,6 +7,7 @@ import json
 import yaml
 
 from cluster.planning.trace import synthetic_trace
+from deployments.config import AppConfig
 from grrm_cli.main import main
 
 
@@ -21,11 +22,14 @@ def test_grrm_plan_replays_a_trace_file_beside_a_synthetic_run(tmp_path, capsys)
     printed = capsys.readouterr().out
     assert status == 0, printed
     plan = json.loads(out.read_text())
-    assert plan["simulated"] and len(plan["candidates"]) == 4 + 12  # fixed 1..4, the autoscaling grid
+    # Fixed 1..4, the autoscaling grid up to 4 replicas and again capped at the 2 GPUs.
+    assert plan["simulated"] and len(plan["candidates"]) == 4 + 12 + 12
     assert plan["unlimited"]["replicas"] == 4 and plan["best_within_gpus"]["peak_replicas"] <= 2
     # What it prints to paste is what it wrote, and it is the cheapest candidate within the bound.
     pasted = yaml.safe_load(printed.split("app config (deployments/grrm.yaml's `config`):\n")[1].split("wrote")[0])
     assert pasted == plan["config"]
+    config = AppConfig.model_validate({"engine": {"kind": "scripted"}, **pasted})  # the project's own config model
+    assert (config.replicas.autoscaling is not None) == (plan["cheapest_within"]["pool"] == "autoscaled")
     bound = 2 * plan["unlimited"]["exposed_s_mean"]
     cheapest = min(row["replica_seconds_per_step"] for row in plan["candidates"] if row["exposed_s_mean"] <= bound)
     assert plan["cheapest_within"]["replica_seconds_per_step"] == cheapest
