@@ -38,7 +38,7 @@ def test_a_trace_s_own_group_costs_replace_the_pool_s_figure():
 
 @pytest.fixture(scope="module")
 def two_runs():
-    return [synthetic_trace(f"r{k}", groups=16, group_size=4, generation_s=60.0, training_s=120.0, steps=3,
+    return [synthetic_trace(f"r{k}", groups=16, group_size=4, generation_s=60.0, training_s=120.0, steps=2,
                             offset_s=90.0 * k, seed=k) for k in range(2)]
 
 
