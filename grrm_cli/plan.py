@@ -13,14 +13,16 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from cluster.planning.plan import Plan, PoolPrediction, autoscaling_block, plan_pool
 from cluster.planning.profile import EngineProfile, costed, seconds_per_group
 from cluster.planning.trace import RunTrace, synthetic_trace
+
+M = TypeVar("M", bound=BaseModel)
 
 SYNTHETIC_KEYS = {"batch": int, "n": int, "gen_s": float, "train_s": float, "spread_s": float, "steps": int,
                   "offset_s": float, "seed": int}
@@ -78,28 +80,26 @@ def parse_synthetic(text: str, index: int) -> RunTrace:
                            seed=values.get("seed", index))
 
 
-def load_trace(path: Path) -> RunTrace:
-    """A trace file; a ValueError names the file and the field."""
+def load_file(model: type[M], flag: str, path: Path) -> M:
+    """A trace or profile file as ``model``; a ValueError names the flag, the file and the field."""
     try:
-        return RunTrace.model_validate_json(path.read_text())
+        return model.model_validate_json(path.read_text())
     except OSError as error:
-        raise ValueError(f"--trace {path}: {error.strerror}") from None
+        raise ValueError(f"{flag} {path}: {error.strerror}") from None
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "(the file)"
-        raise ValueError(f"--trace {path}: {where}: {first['msg']}") from None
+        raise ValueError(f"{flag} {path}: {where}: {first['msg']}") from None
+
+
+def load_trace(path: Path) -> RunTrace:
+    """A trace file (``--trace``)."""
+    return load_file(RunTrace, "--trace", path)
 
 
 def load_profile(path: Path) -> EngineProfile:
-    """A profile file; a ValueError names the file and the field."""
-    try:
-        return EngineProfile.model_validate_json(path.read_text())
-    except OSError as error:
-        raise ValueError(f"--profile {path}: {error.strerror}") from None
-    except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "(the file)"
-        raise ValueError(f"--profile {path}: {where}: {first['msg']}") from None
+    """A profile file (``--profile``)."""
+    return load_file(EngineProfile, "--profile", path)
 
 
 def engine_figures(args: argparse.Namespace, traces: list[RunTrace]) -> tuple[float, float]:
