@@ -62,6 +62,9 @@ install_error_handlers(app)
 HEALTH_WAIT_S = 1.0
 # How old the scorers' verdict may be when an announcement's copy is handed on (see _forward_demand).
 COPY_VERDICT_MAX_AGE_S = 1.0
+# How long a withdrawal to a pool that may empty waits for its copy to land before the ingress keeps it
+# (see take_demand); past it the copy is dropped, the ingress's own record still counts.
+WITHDRAWAL_COPY_WAIT_S = 5.0
 app.add_middleware(RequestGuard)
 
 
@@ -220,15 +223,17 @@ class GRRMIngress:
             update={"tenant": tenant_of(request.state, announcement.tenant, self.config)})
         return await self.take_demand(announcement)
 
-    async def take_demand(self, announcement: DemandAnnouncement, attempt: int = 0) -> DemandAccepted:
+    async def take_demand(self, announcement: DemandAnnouncement) -> DemandAccepted:
         """Keep an announcement (a tenant's latest counts) for the application's autoscaling policy,
         and hand a copy to a scorer replica in the background (its engine's sleep decisions use it,
         and a pool scaled by the scorer deployment's own policy reads it there) where one runs, when
-        :func:`~cluster.announced_demand.copy_delay_s` says. The handle transport calls this directly;
-        the HTTP route after deciding the tenant."""
-        self.demands.keep(demand_of(announcement, time.time()))
+        :func:`~cluster.announced_demand.copy_delay_s` says; a withdrawal to a pool that may empty is
+        handed on first (up to :data:`WITHDRAWAL_COPY_WAIT_S`), then kept. The handle transport calls
+        this directly; the HTTP route after deciding the tenant."""
+        arrived = time.time()  # its place among the tenant's announcements, however long the copy takes
         scaling = self.config.replicas.autoscaling
-        delay_s = copy_delay_s(announcement, pool_may_empty=scaling is not None and scaling.min_replicas == 0)
+        pool_may_empty = scaling is not None and scaling.min_replicas == 0
+        delay_s = copy_delay_s(announcement, pool_may_empty=pool_may_empty)
         earlier = self._forwards.pop(announcement.tenant, None)
         if earlier is not None and earlier not in self._copies_sending:
             earlier.cancel()  # the tenant's later announcement replaces it
@@ -236,6 +241,14 @@ class GRRMIngress:
         forward = asyncio.create_task(self._forward_demand(announcement, delay_s, after=earlier))
         self._forwards[announcement.tenant] = forward
         forward.add_done_callback(functools.partial(self._forwarded, announcement.tenant))
+        if pool_may_empty and not announcement.groups:
+            # A withdrawal empties such a pool once a report of it reaches the policy: its copy lands on a
+            # running replica first. Kept first, the copy could reach the pool just emptied, wait there, and
+            # start a replica at once (Serve reports a call queued at zero replicas to the controller at once).
+            done, _ = await asyncio.wait({forward}, timeout=WITHDRAWAL_COPY_WAIT_S)
+            if not done:
+                forward.cancel()
+        self.demands.keep(demand_of(announcement, arrived))
         return DemandAccepted(replica=self.name, tenant=announcement.tenant, groups=announcement.groups)
 
     def _forwarded(self, tenant: str, task: asyncio.Task) -> None:

@@ -87,3 +87,37 @@ def test_a_copy_not_yet_sent_is_replaced_not_sent():
         return scorers.landed
 
     assert asyncio.run(run()) == [0]
+
+
+def test_a_withdrawal_to_a_pool_that_may_empty_lands_on_a_replica_before_the_ingress_keeps_it():
+    """Kept first, a withdrawal lets the application's policy empty the pool while its copy is still on its
+    way: the copy then waits at the empty pool and starts a replica at once (a full run saw 1 replica start
+    a second after the pool emptied). So the copy lands first; a copy that never lands is dropped after
+    WITHDRAWAL_COPY_WAIT_S and the withdrawal kept all the same."""
+    import deployments.ingress as ingress_module
+
+    async def run(release: bool):
+        scorers = SlowScorers()
+        may_empty = ReplicaSettings(autoscaling=AutoscalingSettings(min_replicas=0, max_replicas=1))
+        ingress = ingress_with(scorers, may_empty)
+        await ingress.take_demand(DemandAnnouncement(tenant="run-a", groups=50, lasts_s=60))  # the phase is on
+        taking = asyncio.ensure_future(ingress.take_demand(DemandAnnouncement(tenant="run-a", groups=0, lasts_s=1)))
+        await asyncio.sleep(0.05)
+        assert not taking.done()  # the withdrawal waits for its copy
+        kept_before = [demand.groups for demand in ingress.demands._by_tenant.values()]
+        if release:
+            scorers.release.set()
+        await taking
+        return kept_before, [demand.groups for demand in ingress.demands._by_tenant.values()], scorers.landed
+
+    kept_before, kept_after, landed = asyncio.run(run(release=True))
+    # While the withdrawal's copy was on its way (held at the replica; it replaced the phase's copy not yet
+    # sent), the ingress still held the phase; it kept the withdrawal once the copy had landed.
+    assert kept_before == [50] and kept_after == [0] and landed == [0]
+    original = ingress_module.WITHDRAWAL_COPY_WAIT_S
+    ingress_module.WITHDRAWAL_COPY_WAIT_S = 0.2
+    try:
+        kept_before, kept_after, landed = asyncio.run(run(release=False))
+    finally:
+        ingress_module.WITHDRAWAL_COPY_WAIT_S = original
+    assert kept_after == [0] and 0 not in landed  # never landed: dropped, the withdrawal kept regardless
