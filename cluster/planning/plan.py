@@ -18,10 +18,10 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from cluster.autoscaling import ScalingSettings
-from cluster.planning.replay import replay, runs_of
+from cluster.planning.replay import Replay, replay, runs_of
 from cluster.planning.trace import RunTrace
 
 __all__ = ["AUTOSCALING_GRID", "Plan", "PoolPrediction", "autoscaling_block", "plan_pool"]
@@ -36,24 +36,18 @@ AUTOSCALING_GRID: dict[str, tuple] = {
 
 
 @dataclass(frozen=True)
-class PoolPrediction:
-    """One candidate pool's predicted cost and exposure."""
+class PoolPrediction(Replay):
+    """One candidate pool's predicted cost and exposure: its replay, and what the pool was."""
 
     pool: str  # "fixed" or "autoscaled"
     replicas: int  # the fixed size, or the autoscaled pool's max_replicas
-    exposed_s_mean: float
-    exposed_s_max: float
-    replica_seconds_per_step: float
-    gpu_hours_per_1000_steps: float
-    peak_replicas: int
     settings: ScalingSettings | None = None  # the autoscaled pool's settings
-    # (seconds, replicas held, groups waiting) every tick of the replay: the plot of replicas against work.
-    timeline: list[tuple[float, int, int]] = field(default_factory=list, repr=False, compare=False)
 
     def row(self) -> dict[str, object]:
-        """A table row (the settings flattened to the grid's fields)."""
-        row = {each.name: getattr(self, each.name) for each in dataclasses.fields(self)
-               if each.name not in ("settings", "timeline")}
+        """A table row: the pool, its replay's figures (not the timeline), the settings as the grid's fields."""
+        row: dict[str, object] = {"pool": self.pool, "replicas": self.replicas}
+        row.update((each.name, getattr(self, each.name)) for each in dataclasses.fields(Replay)
+                   if each.name != "timeline")
         for name in AUTOSCALING_GRID:
             row[name] = getattr(self.settings, name) if self.settings is not None else None
         return row
@@ -83,11 +77,8 @@ def plan_pool(traces: Sequence[RunTrace], *, seconds_per_group: float, cold_star
     def predicted(pool: str, replicas: int, settings: ScalingSettings | None) -> PoolPrediction:
         result = replay(runs, seconds_per_group=seconds_per_group, cold_start_s=cold_start_s, replicas=replicas,
                         settings=settings, gpus_per_replica=gpus_per_replica)
-        return PoolPrediction(pool=pool, replicas=replicas, exposed_s_mean=result.exposed_s_mean,
-                              exposed_s_max=result.exposed_s_max,
-                              replica_seconds_per_step=result.replica_seconds_per_step,
-                              gpu_hours_per_1000_steps=result.gpu_hours_per_1000_steps,
-                              peak_replicas=result.peak_replicas, settings=settings, timeline=result.timeline)
+        figures = {each.name: getattr(result, each.name) for each in dataclasses.fields(Replay)}
+        return PoolPrediction(**figures, pool=pool, replicas=replicas, settings=settings)
 
     candidates = [predicted("fixed", size, None) for size in range(1, max_replicas + 1)]
     base = ScalingSettings(max_replicas=max_replicas, target_backlog_s=10.0, upscale_delay_s=0.0,
