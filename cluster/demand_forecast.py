@@ -19,9 +19,16 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["PROFILE_SLICES", "PhaseForecast", "PhaseForecaster", "group_completion_profile"]
+__all__ = ["PROFILE_SLICES", "PhaseForecast", "PhaseForecaster", "group_completion_profile", "opens_phase"]
 
 PROFILE_SLICES = 10  # equal slices of a phase in an announced profile
+
+
+def opens_phase(last_arrival: float | None, now: float, gap_s: float) -> bool:
+    """Whether a request at ``now`` opens a generation phase: it is the first, or came after a quiet
+    gap of at least ``gap_s`` seconds since the previous one (``last_arrival``). The one rule of the
+    clients' announcements and of their recorded traces (``cluster/planning/recorder.py``)."""
+    return last_arrival is None or now - last_arrival >= gap_s
 
 
 def group_completion_profile(arrivals_s: Sequence[float], lasts_s: float, group_size: int,
@@ -77,7 +84,7 @@ class PhaseForecaster:
         trainer's rewards came back); when it opens a phase, the forecast to announce (the medians
         of the last phases seen whole and of the last periods, the mean of their profiles). None
         otherwise."""
-        opens = self._last_arrival is None or now - self._last_arrival >= self.gap_s
+        opens = opens_phase(self._last_arrival, now, self.gap_s)
         if opens and self._phase_started is not None and self._last_arrival is not None:
             lasted = max(1.0, self._last_arrival - self._phase_started)
             self._durations.append(lasted)

@@ -31,11 +31,13 @@ class Replay:
 
 
 def runs_of(traces: Sequence[RunTrace]) -> list[Run]:
-    """The pool model's runs for ``traces``, each on its trace's own clock (runs sharing a pool overlap
-    as their traces' times say)."""
+    """The pool model's runs for ``traces``, on one clock shared by the traces (runs sharing a pool
+    overlap as their traces' times say), shifted so that the earliest run starts at 0, where the
+    model's clock starts: recorded traces are on Unix seconds, synthetic ones start near 0."""
     if not traces:
         raise ValueError("traces: at least one run is needed")
-    return [Run.from_trace(trace, offset_s=trace.steps[0].start_s) for trace in traces]
+    earliest = min(trace.steps[0].start_s for trace in traces)
+    return [Run.from_trace(trace, offset_s=trace.steps[0].start_s - earliest) for trace in traces]
 
 
 def replay(runs: Sequence[Run], *, seconds_per_group: float, cold_start_s: float, replicas: int = 1,
