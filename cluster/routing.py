@@ -59,6 +59,12 @@ class HashRing:
         self.replica_ids = replica_ids
         return True
 
+    def owner(self, key: str) -> str | None:
+        """The replica that owns ``key`` (the first of :meth:`walk`; None on an empty ring)."""
+        if not self._hashes:
+            return None
+        return self._owners[bisect.bisect_right(self._hashes, stable_hash(key)) % len(self._hashes)]
+
     def walk(self, key: str) -> list[str]:
         """Every replica once, in ring order starting at the owner of ``key``."""
         if not self._hashes:

@@ -11,6 +11,7 @@ prediction; its engine figures (seconds per group, cold start) come from a measu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, TypeVar
@@ -162,7 +163,10 @@ def main(args: argparse.Namespace) -> int:
 def answers(plan: Plan) -> str:
     """The answers, and the config block to paste."""
     lines = [f"unlimited ({plan.unlimited.replicas} fixed): mean exposed reward {plan.unlimited.exposed_s_mean:.2f} s/step",
-             f"cheapest within {plan.within_pct:g}%: {describe(plan.cheapest_within)}"]
+             f"cheapest within {plan.within_pct:g}%: {describe(plan.cheapest_within)}",
+             f"offline bound (no pool holds fewer, each step within {plan.within_pct:g}% of unlimited's mean "
+             f"exposure): {plan.offline.replica_seconds_per_step:.0f} replica-s per step "
+             f"(the cheapest holds {plan.cheapest_within.replica_seconds_per_step / plan.offline.replica_seconds_per_step:.2f}x)"]
     if plan.gpus is not None:
         best = plan.best_within_gpus
         lines.append(f"lowest exposure within {plan.gpus} GPUs: " + (describe(best) if best else "no pool fits"))
@@ -193,6 +197,7 @@ def as_json(plan: Plan) -> dict[str, Any]:
             "candidates": [candidate.row() for candidate in plan.candidates],
             "unlimited": plan.unlimited.row(), "cheapest_within": plan.cheapest_within.row(),
             "best_within_gpus": plan.best_within_gpus.row() if plan.best_within_gpus else None,
+            "offline_bound": dataclasses.asdict(plan.offline),
             "config": config_block(plan.cheapest_within)}
 
 

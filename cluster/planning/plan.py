@@ -8,6 +8,7 @@ per run-step, GPU-hours per 1,000 run-steps and the peak replicas. Then the two 
 for: the cheapest pool whose mean exposure is within ``within_pct`` of unlimited replicas (a fixed
 pool of ``max_replicas``), and the lowest exposure within ``gpus`` GPUs (for which the grid is also
 tried with ``max_replicas`` capped at what the GPUs hold: an autoscaled pool that may not outgrow them).
+Beside them the offline bound (``cluster/planning/bound.py``): what no pool can undercut at that exposure.
 
 SIMULATED: a prediction from a model whose inputs (seconds per group, cold start) come from a
 profile or are given; ``bench/`` checks such predictions against real Serve.
@@ -21,17 +22,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cluster.autoscaling import ScalingSettings
+from cluster.planning.bound import OfflineBound, offline_bound
 from cluster.planning.replay import Replay, replay, runs_of
 from cluster.planning.trace import RunTrace
 
 __all__ = ["AUTOSCALING_GRID", "Plan", "PoolPrediction", "autoscaling_block", "plan_pool"]
 
 # The autoscaled candidates: each combination of these settings (the rest as ScalingSettings' defaults,
-# upscale at once, a 10 s backlog per replica).
+# upscale at once). Not the downscale delay: in replays of GRPO steps the idle rule drops replicas first,
+# so 10 s and 60 s gave identical rows; the headroom and the backlog a replica may hold move both cost and
+# exposure.
 AUTOSCALING_GRID: dict[str, tuple] = {
     "min_replicas": (0, 1),
-    "demand_headroom": (1.25, 1.5, 2.0),
-    "downscale_delay_s": (10.0, 60.0),
+    "demand_headroom": (1.25, 1.4, 1.5, 2.0),
+    "target_backlog_s": (5.0, 10.0),
 }
 
 
@@ -63,6 +67,9 @@ class Plan:
     best_within_gpus: PoolPrediction | None  # the lowest mean exposure whose peak fits in the GPUs (None: none fits)
     within_pct: float
     gpus: int | None
+    # No pool can hold fewer replica-seconds per run-step with every step's exposure within within_pct of
+    # unlimited (cluster/planning/bound.py): how far the cheapest candidate is from what the runs allow.
+    offline: OfflineBound
 
 
 def plan_pool(traces: Sequence[RunTrace], *, seconds_per_group: float, cold_start_s: float, max_replicas: int,
@@ -98,8 +105,9 @@ def plan_pool(traces: Sequence[RunTrace], *, seconds_per_group: float, cold_star
                if gpus is not None and candidate.peak_replicas * gpus_per_replica <= gpus]
     best = min(fitting, key=lambda candidate: (candidate.exposed_s_mean, candidate.replica_seconds_per_step),
                default=None)
+    offline = offline_bound(runs, seconds_per_group=seconds_per_group, cold_start_s=cold_start_s, exposure_s=bound)
     return Plan(candidates=candidates, unlimited=unlimited, cheapest_within=cheapest, best_within_gpus=best,
-                within_pct=within_pct, gpus=gpus)
+                within_pct=within_pct, gpus=gpus, offline=offline)
 
 
 def autoscaling_block(settings: ScalingSettings) -> dict[str, object]:

@@ -22,13 +22,16 @@ import random
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Literal
 
 from cluster.autoscaling import Demand, ReplicaLoad, ScalingSettings, decide_replicas
 from cluster.demand_forecast import PhaseForecaster
 from cluster.engine_sleep import sleep_action
 from cluster.planning.trace import RunTrace
+from cluster.routing import HashRing
 
 TICK_S = 1.0
+Routing = Literal["shared", "ring"]
 
 
 @dataclass(frozen=True)
@@ -144,12 +147,17 @@ class Run:
 
 
 def simulate(runs: list[Run], replicas_of, seconds_per_group: float, cold_start_s: float,
-             settings: ScalingSettings | None, serve_default: ServeDefault | None = None) -> dict:
+             settings: ScalingSettings | None, serve_default: ServeDefault | None = None,
+             routing: Routing = "shared") -> dict:
     """Score every run's groups on pools: ``replicas_of`` maps a run to its pool's name; a pool with
     ``settings`` is elastic by the project's decision (every tick), one with ``serve_default`` by the
     model of Serve's default policy (from ``replicas_of``'s size up to its ``max_replicas``), else fixed
-    at its starting size."""
-    arrivals = sorted((time, run.name, step, run.work_s[step][number] if run.work_s else None)
+    at its starting size. ``routing``: ``shared``, one queue any free replica takes from (an ideal
+    pool); ``ring``, as the service assembles, each group on the serving replica its id hashes to on the
+    routers' consistent-hash ring (``cluster.routing.HashRing``), re-placed when the serving set changes
+    (the hand-off of groups not yet begun), so a replica idles while another has a queue."""
+    arrivals = sorted((time, run.name, step, run.work_s[step][number] if run.work_s else None,
+                       f"{run.name}/{step}/{number}")
                       for run in runs for step, times in enumerate(run.completions)
                       for number, time in enumerate(times))
     pools: dict[str, dict] = {}
@@ -164,38 +172,48 @@ def simulate(runs: list[Run], replicas_of, seconds_per_group: float, cold_start_
         pool["free_at"] = [0.0] * pool["size"]  # the first replicas are up from the start
         pool["asleep"] = [False] * pool["size"]
         pool["busy_until"] = [0.0] * pool["size"]  # when each replica last finished work (idle since)
+        pool["ids"] = [f"replica-{number}" for number in range(pool["size"])]  # names on the ring
+        pool["started"] = pool["size"]
     last_scored: dict[tuple[str, int], float] = {}
     horizon = max(run.end_s() for run in runs) + 600
     index, now = 0, 0.0
     pool_of = {run.name: replicas_of(run)[0] for run in runs}
     while now < horizon:
         while index < len(arrivals) and arrivals[index][0] <= now:
-            at, run_name, step, work = arrivals[index]
+            at, run_name, step, work, key = arrivals[index]
             # A group's own measured cost where its trace has one, else the pool's figure.
             work = seconds_per_group if work is None else work
-            heapq.heappush(pools[pool_of[run_name]]["queue"], (at, run_name, step, work))
+            heapq.heappush(pools[pool_of[run_name]]["queue"], (at, run_name, step, work, key))
             index += 1
         for pool in pools.values():
             started = [ready for ready in pool["starting"] if ready <= now]
             pool["free_at"].extend(started)
             pool["asleep"].extend([False] * len(started))
             pool["busy_until"].extend(started)
+            pool["ids"].extend(f"replica-{pool['started'] + number}" for number in range(len(started)))
+            pool["started"] += len(started)
             pool["starting"] = [ready for ready in pool["starting"] if ready > now]
             sleeps = settings is not None and settings.idle == "sleep"
             if sleeps:
                 wake(pool, now, settings, pool["runs"])
-            # Serve each free (awake) replica's next group within this tick.
+            # Serve each free (awake) replica's next group within this tick: any queued group, or (ring)
+            # only those the ring places on it.
+            queues = owned_queues(pool) if routing == "ring" else None
             for slot, free in enumerate(pool["free_at"]):
                 if pool["asleep"][slot]:
                     continue
+                queue = pool["queue"] if queues is None else queues.get(pool["ids"][slot], [])
                 free = max(free, now)
-                while pool["queue"] and free < now + TICK_S:
-                    _, run_name, step, work = heapq.heappop(pool["queue"])
+                while queue and free < now + TICK_S:
+                    _, run_name, step, work, _ = heapq.heappop(queue)
                     free += work
                     heapq.heappush(pool["answered"], free)
                     last_scored[(run_name, step)] = max(last_scored.get((run_name, step), 0.0), free)
                     pool["busy_until"][slot] = free
                 pool["free_at"][slot] = free
+            if queues is not None:
+                pool["queue"] = [entry for queue in queues.values() for entry in queue]
+                heapq.heapify(pool["queue"])
             if sleeps:
                 fall_asleep(pool, now, settings, pool["runs"])
             running = len(pool["free_at"]) + len(pool["starting"])
@@ -230,6 +248,19 @@ def simulate(runs: list[Run], replicas_of, seconds_per_group: float, cold_start_
             "asleep_replica_seconds": asleep_seconds,
             "exposed_s_mean": statistics.mean(exposure), "exposed_s_max": max(exposure),
             "timelines": {name: pool["timeline"] for name, pool in pools.items()}}
+
+
+def owned_queues(pool: dict) -> dict[str | None, list]:
+    """The pool's queued groups by the serving replica the ring places each on, each a heap."""
+    ids = tuple(pool["ids"])
+    if pool.get("ring_of") != ids:
+        pool["ring"], pool["ring_of"] = HashRing(ids), ids
+    queues: dict[str | None, list] = {}
+    for entry in pool["queue"]:
+        queues.setdefault(pool["ring"].owner(entry[4]), []).append(entry)
+    for queue in queues.values():
+        heapq.heapify(queue)
+    return queues
 
 
 def rollouts_arrived(runs: list[Run], now: float) -> int:
@@ -306,3 +337,4 @@ def resize(pool: dict, target: int, now: float, cold_start_s: float) -> None:
             pool["free_at"].pop(gone)
             pool["asleep"].pop(gone)
             pool["busy_until"].pop(gone)
+            pool["ids"].pop(gone)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cluster.autoscaling import ScalingSettings
-from cluster.planning.pool_model import Run, ServeDefault, simulate
+from cluster.planning.pool_model import Routing, Run, ServeDefault, simulate
 from cluster.planning.trace import RunTrace
 
 __all__ = ["Replay", "replay", "runs_of"]
@@ -42,16 +42,18 @@ def runs_of(traces: Sequence[RunTrace]) -> list[Run]:
 
 def replay(runs: Sequence[Run], *, seconds_per_group: float, cold_start_s: float, replicas: int = 1,
            settings: ScalingSettings | None = None, serve_default: ServeDefault | None = None,
-           gpus_per_replica: int = 1) -> Replay:
+           gpus_per_replica: int = 1, routing: Routing = "ring") -> Replay:
     """Replay ``runs`` on one shared pool starting with ``replicas`` (a fixed pool keeps them; an
-    autoscaled one starts at ``max(min_replicas, 1)`` whatever ``replicas`` says)."""
+    autoscaled one starts at ``max(min_replicas, 1)`` whatever ``replicas`` says). ``routing``: ``ring``,
+    each group on the replica the service's ring places it on (what the service does); ``shared``, one
+    queue for all (an ideal pool)."""
     if seconds_per_group <= 0:
         raise ValueError(f"seconds_per_group: {seconds_per_group}, must be positive")
     if replicas < 1:
         raise ValueError(f"replicas: {replicas}, must be at least 1")
     start = max(settings.min_replicas, 1) if settings is not None else replicas
     result = simulate(list(runs), lambda run: ("shared", start), seconds_per_group, cold_start_s, settings,
-                      serve_default)
+                      serve_default, routing)
     per_step = result["replica_seconds"] / sum(run.steps for run in runs)
     timeline = result["timelines"]["shared"]
     return Replay(exposed_s_mean=result["exposed_s_mean"], exposed_s_max=result["exposed_s_max"],

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import math
+from collections import Counter
+
 import pytest
 
 from cluster.planning.plan import AUTOSCALING_GRID, plan_pool
 from cluster.planning.pool_model import Run, simulate
+from cluster.planning.replay import replay, runs_of
+from cluster.routing import HashRing
 from cluster.planning.trace import GroupTrace, RunTrace, StepTrace, synthetic_trace
 from deployments.config import AppConfig
 
@@ -36,6 +41,21 @@ def test_a_trace_s_own_group_costs_replace_the_pool_s_figure():
     assert result["replica_seconds"] == pytest.approx(13.0)  # a fixed replica, held to the run's end as above
 
 
+def test_ring_routing_queues_each_group_on_the_replica_its_id_hashes_to():
+    # Eight groups complete at once on four fixed replicas, 2 s each: on the ring, each replica scores the
+    # groups it owns one after another, so the step ends when the busiest replica is done; one shared
+    # queue would end it after two groups each (4 s).
+    step = StepTrace(start_s=0.0, generation_s=1.0, training_s=10.0,
+                     groups=[GroupTrace(members_at=[1.0]) for _ in range(8)])
+    run = Run.from_trace(RunTrace(run="r", group_size=1, steps=[step]))
+    ring = HashRing([f"replica-{number}" for number in range(4)])
+    busiest = max(Counter(ring.owner(f"r/0/{number}") for number in range(8)).values())
+    ringed = simulate([run], lambda _: ("shared", 4), 2.0, 0.0, None, routing="ring")
+    assert ringed["exposed_s_mean"] == pytest.approx(2.0 * busiest)
+    assert simulate([run], lambda _: ("shared", 4), 2.0, 0.0, None)["exposed_s_mean"] == pytest.approx(4.0)
+    assert busiest > 2  # this placement is uneven, which is the point
+
+
 @pytest.fixture(scope="module")
 def two_runs():
     return [synthetic_trace(f"r{k}", groups=16, group_size=4, generation_s=60.0, training_s=120.0, steps=2,
@@ -47,12 +67,17 @@ def plan(two_runs):
     return plan_pool(two_runs, seconds_per_group=1.0, cold_start_s=30.0, max_replicas=6, within_pct=20.0, gpus=4)
 
 
-def test_more_fixed_replicas_never_expose_more_and_cost_in_proportion(plan):
+def test_more_fixed_replicas_never_expose_more_and_cost_in_proportion(plan, two_runs):
     fixed = [candidate for candidate in plan.candidates if candidate.pool == "fixed"]
     assert [candidate.replicas for candidate in fixed] == [1, 2, 3, 4, 5, 6]
     exposures = [candidate.exposed_s_mean for candidate in fixed]
-    assert all(later <= earlier + 1e-9 for earlier, later in zip(exposures, exposures[1:]))
+    # Groups go where the ring places them: a larger pool may still queue two late groups on one replica,
+    # so exposure falls overall, not at every size; on one shared queue (an ideal pool) it never rises.
     assert exposures[0] > exposures[-1]  # one replica is a real queue here
+    shared = [replay(runs_of(two_runs), seconds_per_group=1.0, cold_start_s=30.0, replicas=size,
+                     routing="shared").exposed_s_mean for size in range(1, 7)]
+    assert all(later <= earlier + 1e-9 for earlier, later in zip(shared, shared[1:]))
+    assert all(ring >= ideal - 1e-9 for ring, ideal in zip(exposures, shared))
     per_replica = {round(candidate.replica_seconds_per_step / candidate.replicas, 6) for candidate in fixed}
     assert len(per_replica) == 1  # a fixed pool holds its replicas for the whole replay
     assert fixed[1].gpu_hours_per_1000_steps == pytest.approx(fixed[1].replica_seconds_per_step * 1000 / 3600)
@@ -60,8 +85,7 @@ def test_more_fixed_replicas_never_expose_more_and_cost_in_proportion(plan):
 
 def test_the_answers_are_the_cheapest_within_the_bound_and_the_best_that_fits(plan):
     autoscaled = [candidate for candidate in plan.candidates if candidate.pool == "autoscaled"]
-    grid = len(AUTOSCALING_GRID["min_replicas"]) * len(AUTOSCALING_GRID["demand_headroom"]) * len(
-        AUTOSCALING_GRID["downscale_delay_s"])
+    grid = math.prod(len(values) for values in AUTOSCALING_GRID.values())
     # The grid up to max_replicas (6), and again capped at what 4 GPUs hold (4 replicas of 1 GPU).
     assert sorted(candidate.replicas for candidate in autoscaled) == [4] * grid + [6] * grid
     assert all(candidate.peak_replicas <= 4 for candidate in autoscaled if candidate.replicas == 4)
@@ -73,6 +97,10 @@ def test_the_answers_are_the_cheapest_within_the_bound_and_the_best_that_fits(pl
                for other in plan.candidates if other.exposed_s_mean <= bound)
     best = plan.best_within_gpus
     assert best is not None and best.peak_replicas <= 4
+    # The offline bound sits below every candidate that keeps each step within the bound.
+    assert all(plan.offline.replica_seconds_per_step <= candidate.replica_seconds_per_step
+               for candidate in plan.candidates if candidate.exposed_s_max <= bound)
+    assert plan.offline.work_per_step > 0
     assert all(other.exposed_s_mean >= best.exposed_s_mean for other in plan.candidates if other.peak_replicas <= 4)
 
 

@@ -23,7 +23,8 @@ def test_grrm_plan_replays_a_trace_file_beside_a_synthetic_run(tmp_path, capsys)
     assert status == 0, printed
     plan = json.loads(out.read_text())
     # Fixed 1..4, the autoscaling grid up to 4 replicas and again capped at the 2 GPUs.
-    assert plan["simulated"] and len(plan["candidates"]) == 4 + 12 + 12
+    assert plan["simulated"] and len(plan["candidates"]) == 4 + 16 + 16
+    assert plan["offline_bound"]["replica_seconds_per_step"] > 0 and "offline bound" in printed
     assert plan["unlimited"]["replicas"] == 4 and plan["best_within_gpus"]["peak_replicas"] <= 2
     # What it prints to paste is what it wrote, and it is the cheapest candidate within the bound.
     pasted = yaml.safe_load(printed.split("app config (deployments/grrm.yaml's `config`):\n")[1].split("wrote")[0])
