@@ -167,6 +167,13 @@ def answers(plan: Plan) -> str:
              f"offline bound (no pool holds fewer, each step within {plan.within_pct:g}% of unlimited's mean "
              f"exposure): {plan.offline.replica_seconds_per_step:.0f} replica-s per step "
              f"(the cheapest holds {plan.cheapest_within.replica_seconds_per_step / plan.offline.replica_seconds_per_step:.2f}x)"]
+    if plan.separate is not None:
+        separate, chosen = plan.separate, plan.cheapest_within
+        lines.append(f"a fixed pool per run instead (sizes {', '.join(map(str, separate.sizes))}, each within "
+                     f"{plan.within_pct:g}% of its own unlimited): {separate.exposed_s_mean:.2f} s exposed per step, "
+                     f"{separate.replica_seconds_per_step:.0f} replica-s per run-step; the cheapest shared pool holds "
+                     f"{separate.replica_seconds_per_step / chosen.replica_seconds_per_step:.2f}x fewer at "
+                     f"{chosen.exposed_s_mean / separate.exposed_s_mean:.2f}x their exposure")
     if plan.gpus is not None:
         best = plan.best_within_gpus
         lines.append(f"lowest exposure within {plan.gpus} GPUs: " + (describe(best) if best else "no pool fits"))
@@ -198,6 +205,7 @@ def as_json(plan: Plan) -> dict[str, Any]:
             "unlimited": plan.unlimited.row(), "cheapest_within": plan.cheapest_within.row(),
             "best_within_gpus": plan.best_within_gpus.row() if plan.best_within_gpus else None,
             "offline_bound": dataclasses.asdict(plan.offline),
+            "separate_pools": dataclasses.asdict(plan.separate) if plan.separate else None,
             "config": config_block(plan.cheapest_within)}
 
 

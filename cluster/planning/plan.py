@@ -26,7 +26,7 @@ from cluster.planning.bound import OfflineBound, offline_bound
 from cluster.planning.replay import Replay, replay, runs_of
 from cluster.planning.trace import RunTrace
 
-__all__ = ["AUTOSCALING_GRID", "Plan", "PoolPrediction", "autoscaling_block", "plan_pool"]
+__all__ = ["AUTOSCALING_GRID", "Plan", "PoolPrediction", "SeparatePools", "autoscaling_block", "plan_pool"]
 
 # The autoscaled candidates: each combination of these settings (the rest as ScalingSettings' defaults,
 # upscale at once). Not the downscale delay: in replays of GRPO steps the idle rule drops replicas first,
@@ -58,6 +58,16 @@ class PoolPrediction(Replay):
 
 
 @dataclass(frozen=True)
+class SeparatePools:
+    """The baseline of several runs sharing a pool: each run on its own fixed pool, the smallest whose
+    exposure is within ``within_pct`` of unlimited replicas for that run alone."""
+
+    sizes: list[int]  # each run's pool, in the traces' order
+    replica_seconds_per_step: float  # all the pools', per run-step
+    exposed_s_mean: float  # mean exposed reward per run-step
+
+
+@dataclass(frozen=True)
 class Plan:
     """Every candidate, and the answers."""
 
@@ -70,6 +80,7 @@ class Plan:
     # No pool can hold fewer replica-seconds per run-step with every step's exposure within within_pct of
     # unlimited (cluster/planning/bound.py): how far the cheapest candidate is from what the runs allow.
     offline: OfflineBound
+    separate: SeparatePools | None = None  # several runs: a fixed pool each, the baseline of sharing one
 
 
 def plan_pool(traces: Sequence[RunTrace], *, seconds_per_group: float, cold_start_s: float, max_replicas: int,
@@ -106,8 +117,28 @@ def plan_pool(traces: Sequence[RunTrace], *, seconds_per_group: float, cold_star
     best = min(fitting, key=lambda candidate: (candidate.exposed_s_mean, candidate.replica_seconds_per_step),
                default=None)
     offline = offline_bound(runs, seconds_per_group=seconds_per_group, cold_start_s=cold_start_s, exposure_s=bound)
+    separate = (separate_pools(traces, seconds_per_group=seconds_per_group, cold_start_s=cold_start_s,
+                               max_replicas=max_replicas, within_pct=within_pct) if len(traces) > 1 else None)
     return Plan(candidates=candidates, unlimited=unlimited, cheapest_within=cheapest, best_within_gpus=best,
-                within_pct=within_pct, gpus=gpus, offline=offline)
+                within_pct=within_pct, gpus=gpus, offline=offline, separate=separate)
+
+
+def separate_pools(traces: Sequence[RunTrace], *, seconds_per_group: float, cold_start_s: float, max_replicas: int,
+                   within_pct: float) -> SeparatePools:
+    """Each run alone on fixed pools of 1 to ``max_replicas``: the smallest within ``within_pct`` of its
+    largest's exposure, and what those pools cost and expose together."""
+    sizes, held, exposed, steps = [], 0.0, 0.0, 0
+    for trace in traces:
+        runs = runs_of([trace])
+        pools = [replay(runs, seconds_per_group=seconds_per_group, cold_start_s=cold_start_s, replicas=size)
+                 for size in range(1, max_replicas + 1)]
+        limit = pools[-1].exposed_s_mean * (1 + within_pct / 100)
+        size, chosen = next((size, pool) for size, pool in enumerate(pools, start=1) if pool.exposed_s_mean <= limit)
+        sizes.append(size)
+        held += chosen.replica_seconds_per_step * len(trace.steps)
+        exposed += chosen.exposed_s_mean * len(trace.steps)
+        steps += len(trace.steps)
+    return SeparatePools(sizes=sizes, replica_seconds_per_step=held / steps, exposed_s_mean=exposed / steps)
 
 
 def autoscaling_block(settings: ScalingSettings) -> dict[str, object]:

@@ -83,7 +83,7 @@ def test_more_fixed_replicas_never_expose_more_and_cost_in_proportion(plan, two_
     assert fixed[1].gpu_hours_per_1000_steps == pytest.approx(fixed[1].replica_seconds_per_step * 1000 / 3600)
 
 
-def test_the_answers_are_the_cheapest_within_the_bound_and_the_best_that_fits(plan):
+def test_the_answers_are_the_cheapest_within_the_bound_and_the_best_that_fits(plan, two_runs):
     autoscaled = [candidate for candidate in plan.candidates if candidate.pool == "autoscaled"]
     grid = math.prod(len(values) for values in AUTOSCALING_GRID.values())
     # The grid up to max_replicas (6), and again capped at what 4 GPUs hold (4 replicas of 1 GPU).
@@ -101,6 +101,12 @@ def test_the_answers_are_the_cheapest_within_the_bound_and_the_best_that_fits(pl
     assert all(plan.offline.replica_seconds_per_step <= candidate.replica_seconds_per_step
                for candidate in plan.candidates if candidate.exposed_s_max <= bound)
     assert plan.offline.work_per_step > 0
+    # Two runs: the baseline of a fixed pool each, each the smallest within 20% of its own unlimited.
+    for trace, size in zip(two_runs, plan.separate.sizes):
+        alone = replay(runs_of([trace]), seconds_per_group=1.0, cold_start_s=30.0, replicas=size)
+        largest = replay(runs_of([trace]), seconds_per_group=1.0, cold_start_s=30.0, replicas=6)
+        assert alone.exposed_s_mean <= 1.2 * largest.exposed_s_mean
+    assert plan.separate.replica_seconds_per_step > 0
     assert all(other.exposed_s_mean >= best.exposed_s_mean for other in plan.candidates if other.peak_replicas <= 4)
 
 
