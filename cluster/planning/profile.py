@@ -2,7 +2,7 @@
 new replica takes to serve. ``grrm plan`` turns it into the pool model's seconds per group.
 
 The file (JSON, ``format: 1``) is what a profiling run writes and a user keeps beside their traces; it
-is pure data here (reading and writing files is the CLI's: ``grrm_cli/plan.py``).
+is pure data here (reading it is ``grrm_cli/plan.py``'s, measuring and writing it ``grrm_cli/profile.py``'s).
 """
 
 from __future__ import annotations
@@ -40,6 +40,10 @@ class EngineProfile(_Strict):
     tokens_per_group: float | None = Field(None, gt=0, description="Mean tokens (prompt and answer) of a measured "
                                                                    "group (None: not measured).")
     cold_start_s: float = Field(ge=0, description="Seconds from asking for a replica to its serving.")
+    cold_start_from: str = Field("", description="Free text: where cold_start_s came from (the replicas' own "
+                                                 "measure, or given by hand).")
+    replicas: int = Field(1, ge=1, description="Replicas that served the measured groups: the points are theirs "
+                                               "together, one replica's share is 1/replicas of them.")
     points: list[ConcurrencyPoint] = Field(min_length=1, description="Throughput at each measured concurrency.")
 
     @model_validator(mode="after")
@@ -51,7 +55,7 @@ class EngineProfile(_Strict):
         return self
 
     def best(self) -> ConcurrencyPoint:
-        """The measured concurrency with the highest groups per second (the replica's capacity)."""
+        """The measured concurrency with the highest groups per second (the replicas' capacity)."""
         return max(self.points, key=lambda point: point.groups_per_s)
 
 
@@ -61,20 +65,22 @@ def seconds_per_group(profile: EngineProfile, group_size: int | None = None, tok
 
     ``tokens``: the group's tokens, over the best point's tokens per second when it was measured. Else
     ``group_size``: the measured seconds scaled by candidates (a GQM prompt and answer grow with the
-    group, roughly in proportion). Neither: the measured group's seconds."""
+    group, roughly in proportion). Neither: the measured group's seconds. A profile measured on several
+    replicas counts one replica's share of them (a load that saturates them is spread evenly)."""
     best = profile.best()
+    groups_per_s = best.groups_per_s / profile.replicas
     if tokens is not None:
         if tokens <= 0:
             raise ValueError(f"tokens: {tokens}, must be positive")
         if best.tokens_per_s is not None:
-            return tokens / best.tokens_per_s
+            return tokens / (best.tokens_per_s / profile.replicas)
         if profile.tokens_per_group is not None:
-            return tokens / profile.tokens_per_group / best.groups_per_s
+            return tokens / profile.tokens_per_group / groups_per_s
     if group_size is not None:
         if group_size < 1:
             raise ValueError(f"group_size: {group_size}, must be at least 1")
-        return group_size / profile.group_size / best.groups_per_s
-    return 1.0 / best.groups_per_s
+        return group_size / profile.group_size / groups_per_s
+    return 1.0 / groups_per_s
 
 
 def costed(trace: RunTrace, profile: EngineProfile) -> RunTrace:

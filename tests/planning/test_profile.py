@@ -77,3 +77,14 @@ def test_grrm_plan_wants_a_profile_or_both_figures(tmp_path, capsys):
     profile.write_text(json.dumps(PROFILE))
     assert main(["plan", *run, "--profile", str(profile), "--cold-start-s", "3"]) == 2
     assert "drop --seconds-per-group and --cold-start-s" in capsys.readouterr().out
+
+
+def test_a_profile_measured_on_several_replicas_counts_one_replicas_share():
+    two = EngineProfile.model_validate({**PROFILE, "replicas": 2, "cold_start_from": "given"})
+    # 2 groups/s from 2 replicas: 1 group/s each; 6000 tokens/s: 3000 each.
+    assert seconds_per_group(two) == pytest.approx(1.0)
+    assert seconds_per_group(two, group_size=4) == pytest.approx(0.5)
+    assert seconds_per_group(two, tokens=1500.0) == pytest.approx(0.5)
+    assert EngineProfile.model_validate(PROFILE).replicas == 1  # files written before the field: one replica
+    with pytest.raises(ValidationError, match="replicas"):
+        EngineProfile.model_validate({**PROFILE, "replicas": 0})
