@@ -46,8 +46,7 @@ from bench.common import free_port, machine, print_table, write_json
 from cluster import gqm, prompt_guard
 from cluster.assembly import LEDGER_WRITE_BUDGET_S
 from cluster.schema import MemberRequest
-from deployments.replica_list import replica_actor_names
-from grrm_handles.send import to_replica
+from deployments.replica_list import replica_actor_names, replica_infos
 
 LOCAL_YAML = Path(__file__).resolve().parent.parent / "deployments" / "local.yaml"
 REPLICA_DEPLOYMENT = "GRRMReplica"
@@ -78,22 +77,6 @@ def chaos_config(model: str | Path, assembly_timeout_s: float | None = None, ten
 
 
 # ------------------------------------------------------------------------------ the replicas
-
-
-async def replica_infos(handle, app: str, timeout_s: float = 10,
-                        replicas: list[str] | None = None) -> dict[str, dict]:
-    """``info()`` of every scorer replica (or of ``replicas``) that answers within ``timeout_s``, asked
-    at once: one snapshot, not one replica's view after another's."""
-
-    async def ask(replica: str) -> dict | None:
-        try:
-            return await asyncio.wait_for(to_replica(handle, replica).info.remote(), timeout_s)
-        except Exception:  # noqa: BLE001 - a replica starting or going away has no info to give
-            return None
-
-    replicas = list(replica_actor_names(app)) if replicas is None else replicas
-    answers = await asyncio.gather(*(ask(replica) for replica in replicas))
-    return {replica: info for replica, info in zip(replicas, answers) if info is not None}
 
 
 def _only_child(parent_pid: int, name: str) -> int:
