@@ -89,18 +89,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="who this job is on a shared service (metered and fairly served as one; default: %(default)s)",
     )
 
-    names = parser.add_argument_group("input columns")
-    defaults = cols.ColumnMapping()
-    names.add_argument("--source-column", default=defaults.source, metavar="NAME", help="default: %(default)s")
-    names.add_argument(
-        "--candidates-column", default=defaults.candidates, metavar="NAME",
-        help="a list of strings (default: %(default)s; GRRM's own data: mt_texts)",
-    )
-    names.add_argument("--src-lang-column", default=defaults.src_lang, metavar="NAME", help="default: %(default)s")
-    names.add_argument("--trg-lang-column", default=defaults.trg_lang, metavar="NAME", help="default: %(default)s")
-    names.add_argument("--group-id-column", default=defaults.group_id, metavar="NAME", help="optional (default: %(default)s)")
-    names.add_argument("--src-lang", metavar="LANG", help="source language of rows without a source language column")
-    names.add_argument("--trg-lang", metavar="LANG", help="target language of rows without a target language column")
+    add_column_options(parser)
 
     files = parser.add_argument_group("files")
     files.add_argument("--input-format", choices=["parquet", "jsonl"], help="when the name does not say")
@@ -139,6 +128,35 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     parser.set_defaults(handler=main)
     return parser
+
+
+def add_column_options(parser: argparse.ArgumentParser) -> None:
+    """The options naming the dataset columns that hold a group (``grrm score``'s and ``grrm profile``'s)."""
+    names = parser.add_argument_group("input columns")
+    defaults = cols.ColumnMapping()
+    names.add_argument("--source-column", default=defaults.source, metavar="NAME", help="default: %(default)s")
+    names.add_argument(
+        "--candidates-column", default=defaults.candidates, metavar="NAME",
+        help="a list of strings (default: %(default)s; GRRM's own data: mt_texts)",
+    )
+    names.add_argument("--src-lang-column", default=defaults.src_lang, metavar="NAME", help="default: %(default)s")
+    names.add_argument("--trg-lang-column", default=defaults.trg_lang, metavar="NAME", help="default: %(default)s")
+    names.add_argument("--group-id-column", default=defaults.group_id, metavar="NAME", help="optional (default: %(default)s)")
+    names.add_argument("--src-lang", metavar="LANG", help="source language of rows without a source language column")
+    names.add_argument("--trg-lang", metavar="LANG", help="target language of rows without a target language column")
+
+
+def column_mapping(args: argparse.Namespace) -> cols.ColumnMapping:
+    """The column options (:func:`add_column_options`) as a mapping."""
+    return cols.ColumnMapping(
+        source=args.source_column,
+        candidates=args.candidates_column,
+        src_lang=args.src_lang_column,
+        trg_lang=args.trg_lang_column,
+        group_id=args.group_id_column,
+        src_lang_value=args.src_lang,
+        trg_lang_value=args.trg_lang,
+    )
 
 
 @dataclass(frozen=True)
@@ -193,15 +211,7 @@ def job_from_args(args: argparse.Namespace) -> ScoreJob:
         output=output,
         input_format=input_format,
         output_format=output_format,
-        mapping=cols.ColumnMapping(
-            source=args.source_column,
-            candidates=args.candidates_column,
-            src_lang=args.src_lang_column,
-            trg_lang=args.trg_lang_column,
-            group_id=args.group_id_column,
-            src_lang_value=args.src_lang,
-            trg_lang_value=args.trg_lang,
-        ),
+        mapping=column_mapping(args),
         concurrency=args.concurrency,
         batch_rows=args.batch_rows,
         part_rows=args.part_rows,

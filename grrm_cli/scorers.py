@@ -74,39 +74,14 @@ class ServiceScoring:
     async def start(self) -> str:
         if self.config.transport == "http":
             return self._check_http()
-        connect_ray(self.ray_address)
-        from ray import serve
-
-        applications = serve.status().applications
-        if self.config.app_name not in applications:
-            raise SetupError(
-                f"--app: no Serve application {self.config.app_name!r} on this Ray cluster "
-                f"(applications: {', '.join(applications) or 'none'})"
-            )
+        connect_app(self.config.app_name, self.ray_address)
         return f"Serve application {self.config.app_name!r} (handle to {self.config.replica_deployment})"
 
     def _check_http(self) -> str:
         """One GET /v1/info before the first group: a wrong URL or token is one clear error, not N failed rows."""
-        url = self.config.http_url.rstrip("/")
-        token = os.environ.get(self.config.token_env, "") if self.config.token_env else ""
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        try:
-            response = httpx.get(f"{url}/v1/info", headers=headers, timeout=30)
-        except httpx.HTTPError as error:
-            raise SetupError(f"--url: cannot reach {url} ({type(error).__name__}: {error})") from None
-        if response.status_code == 401:
-            raise SetupError(
-                f"--url: {url} wants a bearer token: set {self.config.token_env} to the service's token"
-                if not token else f"--url: {url} refused the token in {self.config.token_env} (401)"
-            )
-        if response.status_code != 200:
-            raise SetupError(
-                f"--url: GET {url}/v1/info answered {response.status_code}; give the application's base URL "
-                "(its route prefix included), e.g. http://127.0.0.1:8000"
-            )
-        info = response.json()
+        info = service_info(self.config)
         model = f", model {info['model']}" if info.get("model") else ""
-        return f"{info.get('engine')} engine{model}, at {url}"
+        return f"{info.get('engine')} engine{model}, at {self.config.http_url.rstrip('/')}"
 
     async def score(self, group: GroupRequest) -> dict[str, Any]:
         outcome = await self.client.score_group(group)
@@ -172,6 +147,41 @@ class InProcessScoring:
     async def close(self) -> None:
         if self.engine is not None:
             await self.engine.stop()
+
+
+def service_info(config: ClientConfig) -> dict[str, Any]:
+    """The service's ``GET /v1/info`` (over ``config.http_url``, with its token); a SetupError that says
+    what to fix when the URL or the token is wrong."""
+    url = config.http_url.rstrip("/")
+    token = os.environ.get(config.token_env, "") if config.token_env else ""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        response = httpx.get(f"{url}/v1/info", headers=headers, timeout=30)
+    except httpx.HTTPError as error:
+        raise SetupError(f"--url: cannot reach {url} ({type(error).__name__}: {error})") from None
+    if response.status_code == 401:
+        raise SetupError(
+            f"--url: {url} wants a bearer token: set {config.token_env} to the service's token"
+            if not token else f"--url: {url} refused the token in {config.token_env} (401)"
+        )
+    if response.status_code != 200:
+        raise SetupError(
+            f"--url: GET {url}/v1/info answered {response.status_code}; give the application's base URL "
+            "(its route prefix included), e.g. http://127.0.0.1:8000"
+        )
+    return response.json()
+
+
+def connect_app(app_name: str, address: str | None, flag: str = "--app") -> None:
+    """Join the Ray cluster (:func:`connect_ray`) and make sure it runs Serve application ``app_name``;
+    a SetupError naming ``flag`` and the applications there when it does not."""
+    connect_ray(address)
+    from ray import serve
+
+    applications = serve.status().applications
+    if app_name not in applications:
+        raise SetupError(f"{flag}: no Serve application {app_name!r} on this Ray cluster "
+                         f"(applications: {', '.join(applications) or 'none'})")
 
 
 def connect_ray(address: str | None) -> None:
