@@ -82,15 +82,24 @@ class Workload:
     trainer_start_s: float = 8.0
 
 
-def replica_counts(serve, app: str) -> tuple[int, int]:
-    """(replicas that hold their resources: starting, running or stopping; replicas serving: running).
-    A replica holds its GPU while its engine loads and while it drains, so both count as cost."""
+def replica_states(serve, app: str) -> dict[str, int]:
+    """Replicas of ``app``'s scorer deployment by state (STARTING, RUNNING, STOPPING, ...)."""
     status = serve.status().applications.get(app)
     if status is None or "GRRMReplica" not in status.deployments:
-        return 0, 0
-    states = {str(state).rsplit(".", 1)[-1]: count
-              for state, count in status.deployments["GRRMReplica"].replica_states.items()}
+        return {}
+    return {str(state).rsplit(".", 1)[-1]: count
+            for state, count in status.deployments["GRRMReplica"].replica_states.items()}
+
+
+def held_and_serving(states: dict[str, int]) -> tuple[int, int]:
+    """(replicas that hold their resources: starting, running or stopping; replicas serving: running).
+    A replica holds its GPU while its engine loads and while it drains, so both count as cost."""
     return sum(count for state, count in states.items() if state != "STOPPED"), states.get("RUNNING", 0)
+
+
+def replica_counts(serve, app: str) -> tuple[int, int]:
+    """:func:`held_and_serving` of ``app``'s scorer replicas now."""
+    return held_and_serving(replica_states(serve, app))
 
 
 def running_replicas(serve, app: str) -> int:

@@ -108,6 +108,26 @@ def test_autoscale_quick(serve_instance, results):
     assert (results / "autoscale.png").stat().st_size > 0
 
 
+def test_plan_check_quick(serve_instance, results):
+    run_quick("plan_check")
+    result = json.loads((results / "plan_check.json").read_text())
+    rows = {row["pool"]: row for row in result["rows"]}
+    assert set(rows) == {"fixed", "engine_work"} and all(row["members_lost"] == 0 for row in rows.values())
+    # The profile's cold start was measured on this Serve (a replica's start: its engine's 2 s and more).
+    assert result["profile"]["cold_start_s"] >= 2.0
+    for pool, row in rows.items():
+        assert row["replica_s_per_step_predicted"] > 0 and row["replica_s_per_step_measured"] > 0, pool
+        assert row["replica_s_per_step_repredicted"] > 0, pool
+        timelines = result["timelines"][pool]
+        assert timelines["predicted"] and timelines["measured"], pool
+    # A fixed pool's cost is its size over the run: the replay must count the window Serve held it for
+    # (a loose bound: on a loaded machine the last answers, and so the measured window, come late).
+    fixed = rows["fixed"]
+    assert abs(fixed["replica_s_error_predicted"]) < 0.25, fixed
+    assert fixed["peak_predicted"] == fixed["peak_measured"] == 4
+    assert (results / "plan_check.png").stat().st_size > 0
+
+
 def test_gqm_vs_sqm_quick(results):
     run_quick("gqm_vs_sqm")
     result = json.loads((results / "gqm_vs_sqm.json").read_text())
