@@ -333,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace", action="append", default=[], help="a recorded trace to replay (repeatable)")
     parser.add_argument("--profile", help="an engine profile (grrm profile's file): its seconds per group and "
                                           "cold start feed the model (default: the scripted engine's seconds per "
-                                          "group, the cold start measured at the first deploy)")
+                                          "group, the cold start measured first with max_replicas - 1 "
+                                          "replicas deployed at once)")
     parser.add_argument("--quick", action="store_true", help="2 short steps, fixed and engine_work (CI)")
     parser.add_argument("--name", default=None, help="results file name (default plan_check[_<N>runs])")
     args = parser.parse_args(argv)
@@ -348,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     traces = traces_for(args, load)
     name = args.name or ("plan_check" if args.runs == 1 and not args.trace else
                          f"plan_check_{len(traces)}runs" if not args.trace else "plan_check_trace")
-    seconds_per_group, cold_start_s, source = load.per_group_s, None, "the scripted engine's per_prompt_s; the cold start measured (replicas deployed at once)"
+    seconds_per_group, cold_start_s = load.per_group_s, None
+    source = "the scripted engine's per_prompt_s, and a cold start measured with max_replicas - 1 deployed at once"
     if args.profile:
         from cluster.planning.profile import EngineProfile, seconds_per_group as profile_seconds
 

@@ -23,6 +23,12 @@ SIMULATION_COLUMNS = ["demand_headroom", "runs", "fixed_pool_per_run", "replica_
 
 
 
+PLAN_CHECK_COLUMNS = ["pool", "exposed_s_predicted", "exposed_s_repredicted", "exposed_s_measured",
+                      "replica_s_per_step_predicted", "replica_s_per_step_repredicted", "replica_s_per_step_measured",
+                      "replica_s_error_predicted", "ok_predicted", "ok_repredicted", "peak_predicted", "peak_measured",
+                      "members_lost", "model_missed"]
+
+
 def plot_link(name: str) -> str:
     """A link to a benchmark's plot: it opens from BENCHMARKS.md at the root and from the site's
     Benchmarks page, which includes this file (scripts/mkdocs_bench_plots.py serves bench/results/*.png
@@ -371,6 +377,26 @@ def main() -> int:
             "from asking for a replica count to all of it serving (4d timed it to the first new one; here a pool "
             "grown 0 -> 4 had all 4 serving 5-8 s after its first ask, 1 -> 4 4-6 s). Ratios within this run.",
         ))
+    for name, runs in (("plan_check", "one run"), ("plan_check_2runs", "two runs sharing the pool"),
+                       ("plan_check_trace", "a trace the verl bridge recorded")):
+        checked = load(name)
+        if checked:
+            profile = checked["profile"]
+            sections.append(section(
+                f"4f. grrm plan's predictions against real Serve: {runs}",
+                ".venv/bin/python -m bench.plan_check" + {"plan_check": "", "plan_check_2runs": " --runs 2",
+                                                          "plan_check_trace": " --trace TRACE.json"}[name],
+                table(checked["rows"], PLAN_CHECK_COLUMNS) + f"\n\nPlot: {plot_link(name)}.",
+                name,
+                "The same trace(s) predicted by `grrm plan`'s replay (`cluster/planning/replay.py`, the settings the "
+                "deployed pool runs) and replayed on real Serve (scripted engine, SIMULATED costs; HTTP through "
+                "`RewardClient`, phases announced by the adapters' `DemandAnnouncer`). Profile: "
+                f"{profile['seconds_per_group']:g} s per group, cold start {profile['cold_start_s']:.1f} s "
+                f"({profile['source']}). `repredicted`: the same replay fed the run's own measured seconds per "
+                "group and cold start. Targets: replica-seconds within 15%, mean exposure within 20% or 0.5 s "
+                "(whichever is larger); `ok_*` says whether both hold. `model_missed`: the model's inputs or parts "
+                "that measured otherwise (`-`: none).",
+            ))
     cost = load("gqm_vs_sqm")
     if cost:
         sections.append(section(
