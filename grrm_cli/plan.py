@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from cluster.planning.plan import Plan, PoolPrediction, autoscaling_block, plan_pool
+from cluster.planning.plan import Plan, PoolPrediction, autoscaling_block, plan_pool, serve_default_block
 from cluster.planning.profile import EngineProfile, costed, seconds_per_group
 from cluster.planning.trace import RunTrace, synthetic_trace
 
@@ -186,13 +186,20 @@ def config_block(chosen: PoolPrediction) -> dict[str, Any]:
     """The app config's ``replicas`` settings for the chosen pool."""
     if chosen.settings is not None:
         return {"replicas": {"autoscaling": autoscaling_block(chosen.settings)}}
+    if chosen.serve_default is not None:
+        return {"replicas": {"autoscaling": serve_default_block(chosen.serve_default)}}
     return {"replicas": {"num_replicas": chosen.replicas}}
 
 
 def describe(prediction: PoolPrediction) -> str:
     """One candidate in a line."""
-    kind = (f"a fixed pool of {prediction.replicas}" if prediction.settings is None else
-            f"autoscaled up to {prediction.replicas} (peak {prediction.peak_replicas})")
+    if prediction.serve_default is not None:
+        kind = (f"Serve's default policy at {prediction.serve_default.target} ongoing requests a replica, up to "
+                f"{prediction.replicas} (peak {prediction.peak_replicas})")
+    elif prediction.settings is not None:
+        kind = f"autoscaled up to {prediction.replicas} (peak {prediction.peak_replicas})"
+    else:
+        kind = f"a fixed pool of {prediction.replicas}"
     return (f"{kind}: {prediction.exposed_s_mean:.2f} s exposed per step, "
             f"{prediction.replica_seconds_per_step:.0f} replica-s per step, "
             f"{prediction.gpu_hours_per_1000_steps:.1f} GPU-h per 1,000 steps")

@@ -23,10 +23,16 @@ from dataclasses import dataclass
 
 from cluster.autoscaling import ScalingSettings
 from cluster.planning.bound import OfflineBound, offline_bound
+from cluster.planning.pool_model import ServeDefault
 from cluster.planning.replay import Replay, replay, runs_of
 from cluster.planning.trace import RunTrace
 
-__all__ = ["AUTOSCALING_GRID", "Plan", "PoolPrediction", "SeparatePools", "autoscaling_block", "plan_pool"]
+__all__ = ["AUTOSCALING_GRID", "SERVE_TARGETS", "Plan", "PoolPrediction", "SeparatePools", "autoscaling_block", "plan_pool",
+           "serve_default_block"]
+
+# Serve's default policy among the candidates, at these targets of ongoing requests per replica (64: grrm.yaml's
+# before the project's policy; 16: Serve's default; 4: sooner), with Serve's model's delays (up 30 s, down 300 s).
+SERVE_TARGETS = (4, 16, 64)
 
 # The autoscaled candidates: each combination of these settings (the rest as ScalingSettings' defaults,
 # upscale at once). Not the downscale delay: in replays of GRPO steps the idle rule drops replicas first,
@@ -43,9 +49,10 @@ AUTOSCALING_GRID: dict[str, tuple] = {
 class PoolPrediction(Replay):
     """One candidate pool's predicted cost and exposure: its replay, and what the pool was."""
 
-    pool: str  # "fixed" or "autoscaled"
+    pool: str  # "fixed", "autoscaled" (the project's policy) or "serve_default" (Serve's)
     replicas: int  # the fixed size, or the autoscaled pool's max_replicas
     settings: ScalingSettings | None = None  # the autoscaled pool's settings
+    serve_default: ServeDefault | None = None  # Serve's policy's settings
 
     def row(self) -> dict[str, object]:
         """A table row: the pool, its replay's figures (not the timeline), the settings as the grid's fields."""
@@ -54,6 +61,7 @@ class PoolPrediction(Replay):
                    if each.name != "timeline")
         for name in AUTOSCALING_GRID:
             row[name] = getattr(self.settings, name) if self.settings is not None else None
+        row["serve_target"] = self.serve_default.target if self.serve_default is not None else None
         return row
 
 
@@ -92,11 +100,13 @@ def plan_pool(traces: Sequence[RunTrace], *, seconds_per_group: float, cold_star
         raise ValueError(f"max_replicas: {max_replicas}, must be at least 1")
     runs = runs_of(traces)
 
-    def predicted(pool: str, replicas: int, settings: ScalingSettings | None) -> PoolPrediction:
-        result = replay(runs, seconds_per_group=seconds_per_group, cold_start_s=cold_start_s, replicas=replicas,
-                        settings=settings, gpus_per_replica=gpus_per_replica)
+    def predicted(pool: str, replicas: int, settings: ScalingSettings | None,
+                  serve_default: ServeDefault | None = None) -> PoolPrediction:
+        result = replay(runs, seconds_per_group=seconds_per_group, cold_start_s=cold_start_s,
+                        replicas=1 if serve_default is not None else replicas, settings=settings,
+                        serve_default=serve_default, gpus_per_replica=gpus_per_replica)
         figures = {each.name: getattr(result, each.name) for each in dataclasses.fields(Replay)}
-        return PoolPrediction(**figures, pool=pool, replicas=replicas, settings=settings)
+        return PoolPrediction(**figures, pool=pool, replicas=replicas, settings=settings, serve_default=serve_default)
 
     candidates = [predicted("fixed", size, None) for size in range(1, max_replicas + 1)]
     base = ScalingSettings(max_replicas=max_replicas, target_backlog_s=10.0, upscale_delay_s=0.0,
@@ -108,6 +118,8 @@ def plan_pool(traces: Sequence[RunTrace], *, seconds_per_group: float, cold_star
     for cap, values in itertools.product(caps, itertools.product(*AUTOSCALING_GRID.values())):
         settings = dataclasses.replace(base, max_replicas=cap, **dict(zip(AUTOSCALING_GRID, values)))
         candidates.append(predicted("autoscaled", cap, settings))
+    for cap, target in itertools.product(caps, SERVE_TARGETS):
+        candidates.append(predicted("serve_default", cap, None, ServeDefault(target=target, max_replicas=cap)))
     unlimited = candidates[max_replicas - 1]
     bound = unlimited.exposed_s_mean * (1 + within_pct / 100)
     within = [candidate for candidate in candidates if candidate.exposed_s_mean <= bound]
@@ -147,3 +159,10 @@ def autoscaling_block(settings: ScalingSettings) -> dict[str, object]:
               "idle_downscale_delay_s", "cold_start_s", "default_seconds_per_group", "demand_headroom",
               "demand_grace_s")
     return {"policy": "engine_work", **{name: getattr(settings, name) for name in fields}}
+
+
+def serve_default_block(serve_default: ServeDefault) -> dict[str, object]:
+    """The ``replicas.autoscaling`` block of the app config for Serve's default policy as modelled."""
+    return {"policy": "serve_default", "min_replicas": 1, "max_replicas": serve_default.max_replicas,
+            "target_ongoing_requests": float(serve_default.target), "upscale_delay_s": serve_default.upscale_delay_s,
+            "downscale_delay_s": serve_default.downscale_delay_s, "look_back_period_s": serve_default.look_back_s}

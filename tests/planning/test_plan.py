@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from cluster.planning.plan import AUTOSCALING_GRID, plan_pool
+from cluster.planning.plan import AUTOSCALING_GRID, SERVE_TARGETS, plan_pool
 from cluster.planning.pool_model import Run, simulate
 from cluster.planning.replay import replay, runs_of
 from cluster.routing import HashRing
@@ -137,3 +137,20 @@ def test_a_plan_needs_runs_and_a_pool():
     one = [synthetic_trace("r", groups=2, group_size=2, generation_s=5.0, training_s=5.0, steps=1)]
     with pytest.raises(ValueError, match="max_replicas: 0"):
         plan_pool(one, seconds_per_group=1.0, cold_start_s=1.0, max_replicas=0)
+
+
+def test_serve_s_default_policy_is_a_candidate_whose_block_deploys_what_was_replayed(plan, two_runs):
+    from grrm_cli.plan import config_block
+
+    serve = [candidate for candidate in plan.candidates if candidate.pool == "serve_default"]
+    # Each target, up to max_replicas and again capped at the 4 GPUs.
+    assert sorted((candidate.replicas, candidate.serve_default.target) for candidate in serve) == sorted(
+        (cap, target) for cap in (4, 6) for target in SERVE_TARGETS)
+    chosen = next(candidate for candidate in serve if candidate.replicas == 6 and candidate.serve_default.target == 4)
+    alone = replay(runs_of(two_runs), seconds_per_group=1.0, cold_start_s=30.0, serve_default=chosen.serve_default)
+    assert (chosen.exposed_s_mean, chosen.replica_seconds_per_step) == (alone.exposed_s_mean,
+                                                                        alone.replica_seconds_per_step)
+    autoscaling = AppConfig.model_validate({"engine": {"kind": "scripted"}, **config_block(chosen)}).replicas.autoscaling
+    assert (autoscaling.policy, autoscaling.target_ongoing_requests, autoscaling.max_replicas) == ("serve_default", 4, 6)
+    assert (autoscaling.upscale_delay_s, autoscaling.downscale_delay_s, autoscaling.look_back_period_s) == (
+        chosen.serve_default.upscale_delay_s, chosen.serve_default.downscale_delay_s, chosen.serve_default.look_back_s)

@@ -6,6 +6,7 @@ import json
 
 import yaml
 
+from cluster.planning.plan import SERVE_TARGETS
 from cluster.planning.trace import synthetic_trace
 from deployments.config import AppConfig
 from grrm_cli.main import main
@@ -22,8 +23,9 @@ def test_grrm_plan_replays_a_trace_file_beside_a_synthetic_run(tmp_path, capsys)
     printed = capsys.readouterr().out
     assert status == 0, printed
     plan = json.loads(out.read_text())
-    # Fixed 1..4, the autoscaling grid up to 4 replicas and again capped at the 2 GPUs.
-    assert plan["simulated"] and len(plan["candidates"]) == 4 + 16 + 16
+    # Fixed 1..4, the autoscaling grid and Serve's policy at each target, up to 4 replicas and again capped at the
+    # 2 GPUs.
+    assert plan["simulated"] and len(plan["candidates"]) == 4 + 2 * (16 + len(SERVE_TARGETS))
     assert plan["offline_bound"]["replica_seconds_per_step"] > 0 and "offline bound" in printed
     assert plan["unlimited"]["replicas"] == 4 and plan["best_within_gpus"]["peak_replicas"] <= 2
     # What it prints to paste is what it wrote, and it is the cheapest candidate within the bound.
