@@ -1,11 +1,12 @@
-"""The ``grrm`` console script: ``grrm check``, ``grrm serve``, ``grrm score``, ``grrm eval``, ``grrm plan``."""
+"""The ``grrm`` console script: ``grrm check``, ``grrm serve``, ``grrm score``, ``grrm eval``, ``grrm plan``,
+``grrm profile``."""
 
 from __future__ import annotations
 
 import argparse
 from importlib import metadata
 
-from grrm_cli import check, evaluate, plan, score, serve
+from grrm_cli import check, evaluate, plan, profile, score, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,8 +15,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="grrm",
         description=(
             "GRRM Cluster: check a machine for a deployment, serve the GRRM group reward model, score whole "
-            "datasets of translation groups with it, measure ranking accuracy, and size a reward pool before "
-            "renting it. `grrm COMMAND --help` explains each command."
+            "datasets of translation groups with it, measure ranking accuracy, size a reward pool before "
+            "renting it, and measure a deployed engine's profile for that sizing. `grrm COMMAND --help` explains "
+            "each command."
         ),
     )
     try:
@@ -29,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_parser(commands)
     evaluate.add_parser(commands)
     plan.add_parser(commands)
+    profile.add_parser(commands)
     return parser
 
 
