@@ -192,7 +192,7 @@ class Service:
     engine: str
     model: str
     replicas: int
-    cold_start_s: float | None
+    cold_start_s: float
     cold_start_from: str
 
 
