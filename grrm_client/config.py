@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from cluster.planning.recorder import DEFAULT_MAX_STEPS, MIN_PHASE_GAP_S
 from cluster.retry import RetryPolicy
 from cluster.schema import DEFAULT_TENANT, TENANT_PATTERN
 
@@ -60,6 +61,23 @@ class ClientConfig(BaseModel):
                                                     "incomplete group.")
     max_backoff_s: float = Field(8.0, ge=0, description="Longest wait between two attempts, in seconds (at least "
                                                         "backoff_s).")
+    # One notion for the demand announcements (grrm_client/demand.py) and the recorded trace: both find a
+    # trainer's steps in when its rewards are asked for.
+    phase_gap_s: float = Field(10.0, ge=MIN_PHASE_GAP_S,
+                               description="A pause in reward requests at least this long, in seconds, ends a "
+                                           "generation phase (the next request opens one): the trainer adapters' "
+                                           "demand announcements and the recorded trace (trace_path) split steps "
+                                           "there.")
+    trace_path: str | None = Field(
+        None, description="Write this client's run trace here, for `grrm plan --trace`: JSON (the format of "
+                          "cluster/planning/trace.py: per step, when each group's members were first sent, Unix "
+                          "seconds, and the group's engine tokens where the answer says), rewritten as each step "
+                          "ends (the next one opens) and when the client closes. `{pid}` in it becomes the process "
+                          "id, for runs whose rewards several processes send (each records its own sends). None: "
+                          "nothing is recorded.")
+    trace_max_steps: int = Field(DEFAULT_MAX_STEPS, ge=1, description="Steps the trace keeps at most (later ones are "
+                                                                     "not recorded): the file stays bounded, about "
+                                                                     "12 KB a step of 128 groups of 8.")
 
     @model_validator(mode="after")
     def _valid_policy(self) -> ClientConfig:

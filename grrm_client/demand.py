@@ -22,15 +22,14 @@ Announce = Callable[..., Awaitable[bool]]
 
 
 class DemandSettings(BaseModel):
-    """Whether and how a trainer adapter announces its generation phases (mixed into its config)."""
+    """Whether a trainer adapter announces its generation phases (mixed into its config; the quiet gap that
+    ends a phase is the client's own ``ClientConfig.phase_gap_s``, which the recorded trace uses too)."""
 
     announce_demand: bool = Field(
         True, description="At the start of each generation phase (a reward asked for after a quiet gap), announce "
                           "the step's groups to the service, and once two phases were seen the next phase ahead of "
                           "it, so that its autoscaling has the replicas for them in time (advisory: never holds up "
                           "a reward).")
-    phase_gap_s: float = Field(10.0, gt=0, description="A pause in reward requests at least this long, in seconds, "
-                                                       "ends a generation phase (the next request opens one).")
 
 
 class DemandAnnouncer:

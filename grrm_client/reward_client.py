@@ -55,6 +55,7 @@ from cluster.schema import (
     MemberResult,
 )
 from grrm_client.config import ClientConfig
+from grrm_client.trace_file import TraceFile
 from grrm_client.transports import FatalError, RetryableError, Transport, make_transport
 
 __all__ = ["CallOutcome", "RewardClient", "group_incomplete", "retryable_result"]
@@ -122,14 +123,27 @@ class RewardClient:
         self.reroutes = 0  # attempts lost with their replica, over all requests
         self.announcements = 0  # demand announcements taken
         self.announcements_failed = 0
+        # The run's trace for grrm plan (config.trace_path), noted here, where every caller's requests pass
+        # once per logical request: call's own re-sends are not new arrivals.
+        self.trace = TraceFile.of(config)
 
     async def score_member(self, member: MemberRequest) -> CallOutcome[MemberResult]:
         """One rollout as a member of its group; answers when the group is scored."""
-        return await self.call(self.transport.member, self._for_tenant(member))
+        member = self._for_tenant(member)
+        key = self.trace.member_sent(member) if self.trace is not None else None
+        return self._traced(key, await self.call(self.transport.member, member))
 
     async def score_group(self, group: GroupRequest) -> CallOutcome[GroupResult]:
         """One whole group."""
-        return await self.call(self.transport.group, self._for_tenant(group))
+        group = self._for_tenant(group)
+        key = self.trace.group_sent(group) if self.trace is not None else None
+        return self._traced(key, await self.call(self.transport.group, group))
+
+    def _traced(self, key: Any, outcome: CallOutcome[R]) -> CallOutcome[R]:
+        """``outcome``, its group's tokens noted in the trace (when one is recorded)."""
+        if self.trace is not None:
+            self.trace.answered(key, outcome.result)
+        return outcome
 
     async def announce_demand(self, groups: int, lasts_s: float, starts_in_s: float = 0.0,
                               tenant: str | None = None, profile: Sequence[float] = ()) -> bool:
@@ -157,7 +171,9 @@ class RewardClient:
         return request.model_copy(update={"tenant": tenant})
 
     async def aclose(self) -> None:
-        """Release connections."""
+        """Write the run's trace (when one is recorded) and release connections."""
+        if self.trace is not None:
+            self.trace.write()
         await self.transport.aclose()
 
     async def call(self, send: Callable[..., Awaitable[R]], request: Any,

@@ -32,6 +32,9 @@ def test_steps_split_at_the_quiet_gap_and_groups_keep_their_members_relative_to_
     assert second.start_s == T0 + 30.0 and second.training_s == 0.0  # the last step: its end is not known
     assert second.generation_s == 0.001  # one arrival: the format wants a positive phase
     assert RunTrace.model_validate_json(trace.model_dump_json()) == trace
+    # As a step ends, only the ended steps are written: the one going on is not yet a step.
+    assert recorder.trace(ended_only=True).steps == [first]
+    assert TraceRecorder("run-a").trace(ended_only=True) is None
 
 
 def test_a_member_sent_again_is_no_new_arrival_and_a_group_holds_at_most_its_size():
