@@ -125,6 +125,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="announce the rows left to the service's autoscaling as work to finish within S seconds, so the pool "
              "grows for them (withdrawn when the run ends; --url or --app only)",
     )
+    run.add_argument(
+        "--trace", metavar="FILE",
+        help="record this run's trace for grrm plan --trace: JSON, when each group was sent and its engine tokens, "
+             "rewritten as each burst of groups ends and at the end (--url or --app only)",
+    )
     run.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     parser.set_defaults(handler=main)
     return parser
@@ -198,6 +203,9 @@ def job_from_args(args: argparse.Namespace) -> ScoreJob:
             raise SetupError("--finish-within-s: must be above 0 seconds")
         if args.config is not None or args.ray:
             raise SetupError("--finish-within-s: needs a service's pool to scale (--url or --app, without --ray)")
+    if args.trace is not None and (args.config is not None or args.ray):
+        # Ray Data's workers are clients of their own: each would record a part of the run into one file.
+        raise SetupError("--trace: records one client's requests to a service (--url or --app, without --ray)")
     if args.ray and not args.app:
         raise SetupError("--ray: needs --app NAME (Ray Data workers call the application's Serve handle)")
     source = Path(args.input)
@@ -234,6 +242,7 @@ def scoring_from_args(args: argparse.Namespace) -> GroupScoring:
         token_env=args.token_env,
         deadline_s=args.deadline_s,
         max_attempts=args.max_attempts,
+        trace_path=args.trace,
     )
     return ServiceScoring(client, ray_address=args.address)
 

@@ -37,3 +37,15 @@ def test_a_config_whose_model_is_nowhere_is_refused_before_its_engine_starts(tmp
     status = main(["score", str(source), "-o", str(tmp_path / "out.jsonl"), "--config", str(config)])
     error = capsys.readouterr().err
     assert status != 0 and "engine.model: '/no/such/grrm' is not a directory" in error, error
+
+
+def test_a_trace_is_recorded_only_by_one_client_of_a_service(tmp_path, capsys):
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"source": "a", "candidates": ["x", "y"], "src_lang": "en", "trg_lang": "de"}\n')
+    config = tmp_path / "app.yaml"
+    config.write_text("applications: []\n")
+    for where in (["--config", str(config)], ["--app", "grrm", "--ray"]):
+        assert main(["score", str(source), "-o", str(tmp_path / "out"), *where, "--trace", str(tmp_path / "t.json")]) == 2
+        error = capsys.readouterr().err
+        assert "--trace" in error and "--url or --app" in error, error
+    assert not (tmp_path / "t.json").exists()
