@@ -322,7 +322,11 @@ def main() -> int:
             f"down delay {inputs.get('downscale_delay_s', 60.0)} s, "
             f"{inputs.get('idle_downscale_delay_s', inputs.get('downscale_delay_s', 60.0))} s once the pool is idle "
             "within an announced phase, at once between them). "
-            "A fixed pool per run is the smallest within 5% of the exposure the cluster's share would give it.",
+            "A fixed pool per run is the smallest within 5% of the exposure the cluster's share would give it. "
+            "Groups wait in one queue any free replica takes from (an ideal pool; `grrm plan` replays the "
+            "service's ring instead, section 4f). A group complete within a second's tick starts when it completes "
+            "(until 2026-11-29 the model started it at the next tick, 0.5 s later on average: every exposure "
+            "was higher, and the fixed pools per run came out at 8 replicas instead of 10).",
         ))
     sleeping = load("autoscaling_sim_sleep")
     if sleeping:

@@ -179,7 +179,9 @@ def simulate(runs: list[Run], replicas_of, seconds_per_group: float, cold_start_
     index, now = 0, 0.0
     pool_of = {run.name: replicas_of(run)[0] for run in runs}
     while now < horizon:
-        while index < len(arrivals) and arrivals[index][0] <= now:
+        # Groups completing within this tick are queued now and start when they complete: a replica free
+        # at 7.0 scores a group complete at 7.3 from 7.3, not from the next tick (a 0.5 s bias on average).
+        while index < len(arrivals) and arrivals[index][0] < now + TICK_S:
             at, run_name, step, work, key = arrivals[index]
             # A group's own measured cost where its trace has one, else the pool's figure.
             work = seconds_per_group if work is None else work
@@ -205,8 +207,8 @@ def simulate(runs: list[Run], replicas_of, seconds_per_group: float, cold_start_
                 queue = pool["queue"] if queues is None else queues.get(pool["ids"][slot], [])
                 free = max(free, now)
                 while queue and free < now + TICK_S:
-                    _, run_name, step, work, _ = heapq.heappop(queue)
-                    free += work
+                    at, run_name, step, work, _ = heapq.heappop(queue)
+                    free = max(free, at) + work
                     heapq.heappush(pool["answered"], free)
                     last_scored[(run_name, step)] = max(last_scored.get((run_name, step), 0.0), free)
                     pool["busy_until"][slot] = free
@@ -219,12 +221,13 @@ def simulate(runs: list[Run], replicas_of, seconds_per_group: float, cold_start_
             running = len(pool["free_at"]) + len(pool["starting"])
             pool["replica_seconds"] += running * TICK_S
             pool["asleep_seconds"] += sum(pool["asleep"]) * TICK_S
-            pool["timeline"].append((now, running, len(pool["queue"])))
+            waiting = [entry for entry in pool["queue"] if entry[0] <= now]  # complete by now: what replicas report
+            pool["timeline"].append((now, running, len(waiting)))
             if settings is not None:
                 busy = sum(1 for free in pool["free_at"] if free > now)
                 # Queued groups at their own cost, running ones at the pool's figure.
-                queued_s = sum(entry[3] for entry in pool["queue"]) + busy * seconds_per_group
-                load = ReplicaLoad(groups_waiting=len(pool["queue"]), groups_running=busy, queued_work_s=queued_s,
+                queued_s = sum(entry[3] for entry in waiting) + busy * seconds_per_group
+                load = ReplicaLoad(groups_waiting=len(waiting), groups_running=busy, queued_work_s=queued_s,
                                    members_waiting=members_waiting(pool["runs"], now),
                                    seconds_per_group=seconds_per_group)
                 decision = decide_replicas(now=now, current=running, loads=[load], demands=demands(pool["runs"], now),
