@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from cluster.planning.plan import Plan, PoolPrediction, autoscaling_block, plan_pool, serve_default_block
+from cluster.planning.recorder import one_per_run
 from cluster.planning.profile import EngineProfile, costed, seconds_per_group
 from cluster.planning.trace import RunTrace, synthetic_trace
 
@@ -35,7 +36,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "plan", help="size a reward pool from recorded or synthetic runs (simulated)",
         description=__doc__.split("\n\n")[1].replace("\n", " "))
     parser.add_argument("--trace", action="append", default=[], metavar="FILE",
-                        help="a run's trace (JSON, cluster/planning/trace.py's format 1); repeat for runs sharing the pool")
+                        help="a run's trace (JSON, cluster/planning/trace.py's format 1); repeat for runs sharing the pool "
+                             "(files of one run's name are its processes' parts, merged by group id)")
     parser.add_argument("--synthetic", action="append", default=[], metavar="KEY=VALUE,...",
                         help="a run not yet made: batch (groups per step), n (group size), gen_s, train_s, "
                              "steps, optional spread_s (rollouts finish within the phase's last spread_s), offset_s, seed")
@@ -128,7 +130,8 @@ def engine_figures(args: argparse.Namespace, traces: list[RunTrace]) -> tuple[fl
 def main(args: argparse.Namespace) -> int:
     """Run ``grrm plan``."""
     try:
-        traces = [load_trace(Path(path)) for path in args.trace]
+        # Files of one run (its processes' parts, e.g. verl's reward workers) become that run.
+        traces = one_per_run([load_trace(Path(path)) for path in args.trace])
         traces += [parse_synthetic(text, index) for index, text in enumerate(args.synthetic)]
         if not traces:
             raise ValueError("give at least one --trace or --synthetic run")

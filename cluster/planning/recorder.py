@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from cluster.demand_forecast import opens_phase
 from cluster.planning.trace import GroupTrace, RunTrace, StepTrace
 
-__all__ = ["DEFAULT_MAX_GROUPS_PER_STEP", "DEFAULT_MAX_STEPS", "MIN_PHASE_GAP_S", "TraceRecorder"]
+__all__ = ["DEFAULT_MAX_GROUPS_PER_STEP", "DEFAULT_MAX_STEPS", "MIN_PHASE_GAP_S", "TraceRecorder", "one_per_run"]
 
 DEFAULT_MAX_STEPS = 200  # enough steps to see a run's pattern; a planner needs no more
 DEFAULT_MAX_GROUPS_PER_STEP = 8192  # a GRPO batch of 8192 prompts is already huge
@@ -116,8 +116,9 @@ class TraceRecorder:
             generation_s = max(round(step.last - step.start, 3), RESOLUTION_S)
             ends = self._steps[index + 1].start if index + 1 < len(self._steps) else self._stopped_at
             training_s = 0.0 if ends is None else max(0.0, round(ends - step.start - generation_s, 3))
-            groups = [GroupTrace(members_at=[round(at - step.start, 3) for at in group.arrivals], tokens=group.tokens)
-                      for group in step.groups.values()]
+            groups = [GroupTrace(members_at=[round(at - step.start, 3) for at in group.arrivals], tokens=group.tokens,
+                                 group_id=str(group_id))
+                      for group_id, group in step.groups.items()]
             steps.append(StepTrace(start_s=step.start, generation_s=generation_s, training_s=training_s,
                                    groups=groups))
         group_size = max(group.size for step in self._steps[:kept] for group in step.groups.values())
@@ -160,3 +161,34 @@ class TraceRecorder:
                 current.keys.add(member)
             current.arrivals.append(max(at, step.start))
         return ended
+
+
+def one_per_run(traces: Sequence[RunTrace], phase_gap_s: float = 10.0) -> list[RunTrace]:
+    """``traces`` with the parts of one run merged: traces of the same ``run`` name are what several
+    processes of that run recorded (verl's reward workers each send a share of every group), so their
+    arrivals are replayed through one recorder, groups joined by ``group_id`` (a part's group without
+    one stays its own), steps found again by ``phase_gap_s``. Runs keep their first part's order."""
+    parts: dict[str, list[RunTrace]] = {}
+    for trace in traces:
+        parts.setdefault(trace.run, []).append(trace)
+    merged = []
+    for run, pieces in parts.items():
+        if len(pieces) == 1:
+            merged.append(pieces[0])
+            continue
+        arrivals, tokens = [], {}
+        for number, piece in enumerate(pieces):
+            for index, step in enumerate(piece.steps):
+                for position, group in enumerate(step.groups):
+                    key = group.group_id or f"part{number}/step{index}/group{position}"
+                    arrivals += [(step.start_s + at, key, piece.group_size) for at in group.members_at]
+                    if group.tokens is not None:
+                        tokens[key] = group.tokens
+        recorder = TraceRecorder(run, phase_gap_s=phase_gap_s, max_steps=sum(len(piece.steps) for piece in pieces),
+                                 max_groups_per_step=sum(len(step.groups) for piece in pieces for step in piece.steps))
+        for at, key, size in sorted(arrivals, key=lambda arrival: arrival[0]):
+            recorder.member_sent(key, size, at)
+        for key, count in tokens.items():
+            recorder.group_answered(key, count)
+        merged.append(recorder.trace())
+    return merged

@@ -31,6 +31,8 @@ class GroupTrace(_Strict):
     """One group of one step."""
 
     members_at: list[float] = Field(min_length=1, description="Each member's arrival, seconds after the step's start.")
+    group_id: str | None = Field(None, description="The group's id as its client sent it (a recorded trace): the "
+                                                   "parts of one run that several processes recorded merge by it.")
     work_s: float | None = Field(None, gt=0, description="Engine seconds the group's scoring took on one replica "
                                                           "(None: not measured; the profile's figure is used).")
     tokens: float | None = Field(None, gt=0, description="Tokens (prompt and answer) its scoring took (None: not "

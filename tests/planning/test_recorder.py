@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.planning.recorder import TraceRecorder
+from cluster.planning.recorder import TraceRecorder, one_per_run
 from cluster.planning.replay import replay, runs_of
 from cluster.planning.trace import RunTrace, synthetic_trace
 
@@ -117,3 +117,41 @@ def test_traces_on_the_unix_clock_replay_as_the_same_traces_from_zero():
     from_zero = replay(runs_of([run("a", 0.0), run("bb", 100.0)]), seconds_per_group=1.0, cold_start_s=5.0)
     on_unix = replay(runs_of([run("a", T0), run("bb", T0 + 100.0)]), seconds_per_group=1.0, cold_start_s=5.0)
     assert on_unix == from_zero
+
+
+def test_the_parts_several_processes_recorded_of_one_run_merge_into_its_trace():
+    # verl's reward workers each send a share of every group: two parts, each with half of each group's
+    # members, merge into whole groups, the steps found again; another run's trace stays its own.
+    whole = TraceRecorder("run-a")
+    parts = [TraceRecorder("run-a"), TraceRecorder("run-a")]
+    for step in range(2):
+        for group in range(3):
+            for member in range(4):
+                at = 1000.0 + 60.0 * step + group + member * 0.5
+                whole.member_sent(f"s{step}g{group}", 4, at)
+                parts[member % 2].member_sent(f"s{step}g{group}", 4, at)
+    parts[1].group_answered("s0g1", tokens=300.0)
+    other = TraceRecorder("run-b")
+    other.member_sent("x", 1, 1010.0)
+    merged = one_per_run([parts[0].trace(), other.trace(), parts[1].trace()])
+    assert [trace.run for trace in merged] == ["run-a", "run-b"]
+    expected = whole.trace()
+    assert [step.start_s for step in merged[0].steps] == [step.start_s for step in expected.steps]
+    assert [[sorted(group.members_at) for group in step.groups] for step in merged[0].steps] == [
+        [sorted(group.members_at) for group in step.groups] for step in expected.steps]
+    assert merged[0].steps[0].groups[1].tokens == 300.0 and merged[1] == other.trace()
+
+
+def test_grrm_plan_counts_the_parts_of_one_run_as_one_run(tmp_path, capsys):
+    from grrm_cli.main import main
+
+    paths = []
+    for number in range(2):
+        recorder = TraceRecorder("run-a")
+        for group in range(4):
+            recorder.member_sent(f"g{group}", 2, 500.0 + group + number * 0.3)
+        path = tmp_path / f"run-a-{number}.json"
+        path.write_text(recorder.trace().model_dump_json())
+        paths += ["--trace", str(path)]
+    assert main(["plan", *paths, "--seconds-per-group", "1", "--cold-start-s", "5", "--max-replicas", "2"]) == 0
+    assert "SIMULATED plan for 1 run(s)" in capsys.readouterr().out
