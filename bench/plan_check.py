@@ -45,6 +45,7 @@ from pathlib import Path
 from bench.autoscale import Workload, app_config, held_and_serving, replica_counts, replica_states
 from bench.common import local_serve, machine, print_table, results_dir, write_json
 from cluster.planning.pool_model import ServeDefault
+from cluster.planning.recorder import one_per_run
 from cluster.planning.replay import Replay, replay, runs_of
 from cluster.planning.trace import RunTrace, synthetic_trace
 
@@ -74,7 +75,7 @@ class Measured:
 def traces_for(args: argparse.Namespace, load: Workload) -> list[RunTrace]:
     """The recorded traces given, else ``args.runs`` synthetic runs ``args.run_offset_s`` apart."""
     if args.trace:
-        return [RunTrace.model_validate_json(Path(path).read_text()) for path in args.trace]
+        return one_per_run([RunTrace.model_validate_json(Path(path).read_text()) for path in args.trace])
     return [synthetic_trace(f"run-{index}", groups=load.groups, group_size=load.group_size,
                             generation_s=load.generation_s, training_s=load.training_s, steps=load.steps,
                             offset_s=index * args.run_offset_s, seed=index) for index in range(args.runs)]
@@ -165,11 +166,15 @@ async def drive(url: str, serve, app: str, traces: list[RunTrace], lead_s: float
     await sampler
     exposures = [value for exposed, _, _ in results for value in exposed]
     answers = [answer for _, _, answered in results for answer in answered]
-    held = sum(SAMPLE_S * point[1] for point in timeline)
+    # Each sample holds until the next one (a sample takes time of its own: counting SAMPLE_S per sample
+    # would undercount the run by that much).
+    spans = [later[0] - point[0] for point, later in zip(timeline, timeline[1:])] + [SAMPLE_S]
+    held = sum(span * point[1] for span, point in zip(spans, timeline))
     run_steps = sum(len(trace.steps) for trace in traces)
     return Measured(
         exposed_s_mean=statistics.mean(exposures), exposed_s_max=max(exposures),
-        replica_seconds_per_step=held / run_steps, stopping_replica_seconds_per_step=SAMPLE_S * sum(stopping) / run_steps,
+        replica_seconds_per_step=held / run_steps,
+        stopping_replica_seconds_per_step=sum(span * count for span, count in zip(spans, stopping)) / run_steps,
         peak_replicas=max(point[1] for point in timeline), members_lost=sum(lost for _, lost, _ in results),
         seconds_per_group=engine_seconds(answers), cold_start_s=starts(timeline),
         groups_per_replica=sorted(Counter(replica_of(answer) for answer in unique_groups(answers)).values(),
