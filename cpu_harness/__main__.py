@@ -1,6 +1,6 @@
 """The whole loop on a laptop: the reward service and 2 GRPO steps of verl's real trainer.
 
-``python -m cpu_harness [--mode MODE] [--transport handle|http] [--steps N] [--workdir DIR]`` starts
+``python -m cpu_harness [--mode MODE] [--transport handle|http] [--steps N] [--workdir DIR] [--trace PATH]`` starts
 a Ray head of its own, deploys the reward service (2 vLLM-CPU replicas of the tiny GRRM model), runs
 verl's trainer in ``MODE`` (default ``sync``: ``python -m verl.trainer.main_ppo``; see
 ``cpu_harness.trainer.MODES``) with docs/trainers/verl.md's ``reward.*`` overrides on a tiny random policy,
@@ -51,6 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--transport", choices=("handle", "http"), default="handle")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--workdir", type=Path, default=None, help="models, data and logs (default: a temp dir)")
+    parser.add_argument("--trace", default=None, metavar="PATH",
+                        help="record the run's trace for grrm plan (the bridge's trace_path; {pid} becomes each "
+                             "reward worker's process id)")
+    parser.add_argument("--min-training-phase-s", type=float, default=0.0,
+                        help="make each actor update last at least this long (the tiny policy's take ~0.5 s)")
     args = parser.parse_args(argv)
     # A SIGTERM must still stop the Ray head (the context manager below) rather than orphan it.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -63,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
             f"prompts x {harness.rollout_n} rollouts, {args.steps} steps, {args.transport} transport ...",
             flush=True,
         )
-        report = harness.train(transport=args.transport, steps=args.steps, mode=args.mode)
+        # Quoted: Hydra's override grammar reads a bare "{" (as in {pid}) as a dictionary.
+        options = {"trace_path": f'"{args.trace}"'} if args.trace else None
+        report = harness.train(transport=args.transport, steps=args.steps, mode=args.mode, bridge_options=options,
+                               min_training_phase_s=args.min_training_phase_s)
     print(f"[harness] the trainer exited {report.returncode} after {report.wall_s:.0f} s; log: {report.log_path}")
     for line in describe(report, args.transport):
         print("  " + line)

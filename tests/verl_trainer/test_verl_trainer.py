@@ -136,10 +136,32 @@ def straddling(report: TrainingReport) -> list[dict]:
     ]
 
 
-def test_the_legacy_trainer_trains_on_grrm_rewards(harness):
-    report = harness.train(transport="handle", steps=STEPS, mode="legacy")
+def test_the_legacy_trainer_trains_on_grrm_rewards_and_records_its_trace(harness, tmp_path):
+    # Each reward-loop worker records its sends ({pid}: a file each; quoted, as docs/trainers/verl.md says).
+    pattern = tmp_path / "trace-{pid}.json"
+    report = harness.train(transport="handle", steps=STEPS, mode="legacy",
+                           bridge_options={"trace_path": f'"{pattern}"'})
     check_rewards_came_from_the_cluster(report, STEPS)
     check_advantages(report, STEPS)
+    check_trace(report, sorted(tmp_path.glob("trace-*.json")))
+
+
+def check_trace(report: TrainingReport, files: list) -> None:
+    """The workers' trace files merge into one run whose groups are the ones verl trained on, each with
+    its N rollouts' send times, and grrm plan replays it."""
+    from cluster.planning.recorder import one_per_run
+    from cluster.planning.replay import replay, runs_of
+    from cluster.planning.trace import RunTrace
+
+    assert files, "no trace written"
+    [trace] = one_per_run([RunTrace.model_validate_json(path.read_text()) for path in files])
+    assert trace.group_size == N and not trace.synthetic
+    recorded = {group.group_id.split(":", 1)[-1]: group for step in trace.steps for group in step.groups}
+    for step in range(1, STEPS + 1):
+        for uid in report.groups(step):
+            assert uid in recorded, (uid, sorted(recorded))
+            assert len(recorded[uid].members_at) == N, recorded[uid]
+    assert replay(runs_of([trace]), seconds_per_group=0.5, cold_start_s=5.0, replicas=2).exposed_s_mean >= 0
 
 
 def test_colocate_async_groups_survive_the_training_phase_that_pauses_them(harness):
