@@ -382,14 +382,15 @@ def main() -> int:
             "grown 0 -> 4 had all 4 serving 5-8 s after its first ask, 1 -> 4 4-6 s). Ratios within this run.",
         ))
     for name, runs in (("plan_check", "one run"), ("plan_check_2runs", "two runs sharing the pool"),
-                       ("plan_check_trace", "a trace the verl bridge recorded")):
+                       ("plan_check_trace", "a trace verl's reward workers recorded")):
         checked = load(name)
         if checked:
             profile = checked["profile"]
             sections.append(section(
                 f"4f. grrm plan's predictions against real Serve: {runs}",
                 ".venv/bin/python -m bench.plan_check" + {"plan_check": "", "plan_check_2runs": " --runs 2",
-                                                          "plan_check_trace": " --trace TRACE.json"}[name],
+                                                          "plan_check_trace": " --trace bench/traces/verl_cpu_harness_worker1.json "
+                                                                              "--trace bench/traces/verl_cpu_harness_worker2.json"}[name],
                 table(checked["rows"], PLAN_CHECK_COLUMNS) + f"\n\nPlot: {plot_link(name)}.",
                 name,
                 "The same trace(s) predicted by `grrm plan`'s replay (`cluster/planning/replay.py`, the settings the "
