@@ -24,6 +24,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from cluster.announced_demand import AnnouncedDemands, copy_delay_s, demand_of, seen_later
+from cluster.autoscaling import Demand
 from cluster.failures import kind_of
 from cluster.schema import (
     DEFAULT_TENANT,
@@ -120,6 +121,7 @@ class GRRMIngress:
         self.demands = AnnouncedDemands()
         self._forwards: dict[str, asyncio.Task] = {}  # tenant -> its announcement's copy on its way
         self._copies_sending: set[asyncio.Task] = set()  # copies in a call to a scorer replica now
+        self._keepers: set[asyncio.Task] = set()  # withdrawals kept once their copy landed
         try:
             self.name = serve.get_replica_context().replica_id.unique_id
         except Exception:  # noqa: BLE001 - outside Serve (unit use) there is no replica context
@@ -241,15 +243,28 @@ class GRRMIngress:
         forward = asyncio.create_task(self._forward_demand(announcement, delay_s, after=earlier))
         self._forwards[announcement.tenant] = forward
         forward.add_done_callback(functools.partial(self._forwarded, announcement.tenant))
+        demand = demand_of(announcement, arrived)
         if pool_may_empty and not announcement.groups:
             # A withdrawal empties such a pool once a report of it reaches the policy: its copy lands on a
             # running replica first. Kept first, the copy could reach the pool just emptied, wait there, and
             # start a replica at once (Serve reports a call queued at zero replicas to the controller at once).
-            done, _ = await asyncio.wait({forward}, timeout=WITHDRAWAL_COPY_WAIT_S)
-            if not done:
-                forward.cancel()
-        self.demands.keep(demand_of(announcement, arrived))
+            # Kept in the background: the caller's announcement has a few seconds (the client's
+            # ANNOUNCE_TIMEOUT_S), which a copy on a loaded machine can take; stamped at arrival, a later
+            # announcement of the tenant still wins.
+            keeper = asyncio.create_task(self._keep_once_landed(forward, demand))
+            self._keepers.add(keeper)
+            keeper.add_done_callback(self._keepers.discard)
+        else:
+            self.demands.keep(demand)
         return DemandAccepted(replica=self.name, tenant=announcement.tenant, groups=announcement.groups)
+
+    async def _keep_once_landed(self, forward: asyncio.Task, demand: Demand) -> None:
+        """Keep ``demand`` once its copy ``forward`` landed, or after :data:`WITHDRAWAL_COPY_WAIT_S` (the copy
+        then dropped)."""
+        done, _ = await asyncio.wait({forward}, timeout=WITHDRAWAL_COPY_WAIT_S)
+        if not done:
+            forward.cancel()
+        self.demands.keep(demand)
 
     def _forwarded(self, tenant: str, task: asyncio.Task) -> None:
         if self._forwards.get(tenant) is task:
