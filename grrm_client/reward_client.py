@@ -173,7 +173,7 @@ class RewardClient:
     async def aclose(self) -> None:
         """Write the run's trace (when one is recorded) and release connections."""
         if self.trace is not None:
-            self.trace.write()
+            self.trace.close()
         await self.transport.aclose()
 
     async def call(self, send: Callable[..., Awaitable[R]], request: Any,

@@ -3,14 +3,15 @@
 :class:`TraceFile` turns what :class:`~grrm_client.reward_client.RewardClient` sends and gets back into
 :class:`~cluster.planning.recorder.TraceRecorder` calls (a member's or a whole group's first send, in
 Unix seconds; a group's engine tokens from its answer's ``usage``) and writes the trace when a step ends
-(the steps ended so far: a trainer that never closes its client leaves no partial step) and at close
-(every step). A write is atomic (a temporary file beside it, then ``os.replace``): a reader never sees
-half a trace. Recording is advisory: nothing here raises into a reward call; the first failure to write
+(the steps ended so far), once sends have paused for the phase gap (every step: the last has ended by
+the same rule, so a trainer that never closes its client still leaves it), and at close (every step).
+A write is atomic (a temporary file beside it, then ``os.replace``): a reader never sees half a trace. Recording is advisory: nothing here raises into a reward call; the first failure to write
 is logged as a warning, later ones are only counted.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import logging
@@ -56,6 +57,7 @@ class TraceFile:
         self._unnamed = itertools.count()  # keys of whole groups sent without a group_id
         self.writes = 0
         self.write_failures = 0
+        self._quiet: asyncio.TimerHandle | None = None  # the write due once sends pause for phase_gap_s
 
     @classmethod
     def of(cls, config: ClientConfig) -> TraceFile | None:
@@ -66,24 +68,45 @@ class TraceFile:
 
     def member_sent(self, member: MemberRequest) -> Hashable:
         """Note a member's send (its ``sent_at`` when the caller gave one, else now); returns its group's key."""
-        key = (member.tenant, member.group_id)
+        # The key is the trace's group_id: "tenant:group_id", the same in every process of a run, so the
+        # parts its processes record merge (cluster.planning.recorder.one_per_run).
+        key = f"{member.tenant}:{member.group_id}"
         at = member.sent_at if member.sent_at is not None else time.time()
-        if self._recorder(member.tenant).member_sent(key, member.group_size, at, member=member.key):
-            self.write(ended_only=True)
+        self._noted(self._recorder(member.tenant).member_sent(key, member.group_size, at, member=member.key))
         return key
 
     def group_sent(self, group: GroupRequest) -> Hashable:
         """Note a whole group's send (now); returns its key."""
-        key = (group.tenant, group.group_id if group.group_id is not None else next(self._unnamed))
-        if self._recorder(group.tenant).group_sent(key, len(group.candidates), time.time()):
-            self.write(ended_only=True)
+        key = f"{group.tenant}:{group.group_id if group.group_id is not None else f'#{next(self._unnamed)}'}"
+        self._noted(self._recorder(group.tenant).group_sent(key, len(group.candidates), time.time()))
         return key
+
+    def _noted(self, step_ended: bool) -> None:
+        """After a send: write the ended steps when one just ended, and the whole trace once nothing more
+        comes for ``phase_gap_s`` (the step has ended then, by the same rule): a trainer that never closes
+        its client (verl's reward workers, TRL, slime) still leaves its last step."""
+        if step_ended:
+            self.write(ended_only=True)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not on an event loop (a direct caller): the step's end or close writes it
+            return
+        if self._quiet is not None:
+            self._quiet.cancel()
+        self._quiet = loop.call_later(self._phase_gap_s, self.write)
 
     def answered(self, key: Hashable, result: MemberResult | GroupResult | None) -> None:
         """Note the engine tokens of the group ``key`` from its answer (a member's answer carries none)."""
         if self.recorder is None or not isinstance(result, GroupResult):
             return
         self.recorder.group_answered(key, result.usage.prompt_tokens + result.usage.completion_tokens)
+
+    def close(self) -> bool:
+        """Write the whole trace (the client closes): no write is due after it."""
+        if self._quiet is not None:
+            self._quiet.cancel()
+            self._quiet = None
+        return self.write()
 
     def write(self, *, ended_only: bool = False) -> bool:
         """Write the trace so far (nothing before the first send; ``ended_only``: its ended steps, as a

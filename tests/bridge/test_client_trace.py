@@ -60,6 +60,18 @@ async def test_a_client_writes_its_run_when_a_step_ends_and_when_it_closes(tmp_p
     assert two.groups[1].tokens is None  # a member's answer carries no usage
 
 
+async def test_a_client_never_closed_still_leaves_its_last_step_once_sends_pause(tmp_path):
+    # verl's reward workers, TRL and slime never close their client: the last step is written once nothing
+    # more is sent for phase_gap_s (its end, by the same rule that splits steps).
+    path = tmp_path / "run.json"
+    client = RewardClient(BridgeConfig(trace_path=str(path), phase_gap_s=0.3, tenant="run-a"), LocalTransport())
+    await asyncio.gather(*(client.score_member(member) for member in members("g1", [None, None])))
+    await asyncio.sleep(0.6)
+    [step] = read(path).steps
+    assert [(group.group_id, len(group.members_at)) for group in step.groups] == [("run-a:g1", 2)]
+    assert client.trace.writes == 1  # that write alone: no step ended, the client is not closed
+
+
 async def test_a_trace_that_cannot_be_written_costs_no_reward(tmp_path, caplog):
     path = tmp_path / "no-such-folder" / "run.json"
     client = RewardClient(BridgeConfig(trace_path=str(path), phase_gap_s=5.0), LocalTransport())
