@@ -72,7 +72,7 @@ class ClientConfig(BaseModel):
         None, description="Write this client's run trace here, for `grrm plan --trace`: JSON (the format of "
                           "cluster/planning/trace.py: per step, when each group's members were first sent, Unix "
                           "seconds, and the group's engine tokens where the answer says), rewritten as each step "
-                          "ends (the next one opens) and when the client closes. `{pid}` in it becomes the process "
+                          "ends (the next one opens, or sends pause for phase_gap_s) and when the client closes. `{pid}` in it becomes the process "
                           "id, for runs whose rewards several processes send (each records its own sends). None: "
                           "nothing is recorded.")
     trace_max_steps: int = Field(DEFAULT_MAX_STEPS, ge=1, description="Steps the trace keeps at most (later ones are "
