@@ -151,17 +151,28 @@ class ReplicaSettings(_Strict):
         100_000, ge=1, description="Groups one replica collects members for at once; a member of one more group is "
                                    "answered `overloaded` (HTTP 503, Retry-After) and retried by the clients.")
     num_cpus: float = Field(1.0, ge=0, description="CPUs each replica's actor asks Ray for.")
+    # Without a resource of its own a replica fits any node with a free GPU, a trainer's included, where it
+    # keeps verl's 8-GPU placement group from forming. The Kubernetes render asks for `grrm_worker`, which
+    # only the reward worker pods offer.
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="Custom Ray resources each replica asks for (with the Ray executor, in "
+                                          "its placement group's first bundle): a replica then runs only on nodes "
+                                          "that offer them (`ray start --resources`).")
     gpus_per_rank: float = Field(
         1.0, ge=0, description="GPUs per tensor/pipeline-parallel rank (a whole one when there are several ranks); "
                                "0 on a CPU machine. A replica takes this times engine.tensor_parallel_size x "
                                "pipeline_parallel_size.")
-    # A hang is found within about health_check_period_s + hang_timeout_s.
+    # A hang is found within about health_check_period_s x (hang_probes - 1) + hang_timeout_s.
     health_check_period_s: float = Field(5.0, gt=0, description="How often, in seconds, Serve checks each replica; "
                                                                 "the check probes the engine.")
     hang_timeout_s: float = Field(
         8.0, gt=0, description="An engine that does not answer a health probe within this many seconds is hung: the "
                                "replica ends and is replaced. A probe is answered between two engine steps, so a "
                                "long generation is not a hang; a step longer than this is.")
+    hang_probes: int = Field(
+        3, ge=1, description="Consecutive health probes an engine must miss (each unanswered within hang_timeout_s) "
+                             "before it counts as hung; an answered probe starts the count again. One late probe "
+                             "(a burst of tokenizing under a pod's CPU limit) does not cost a cold start.")
     health_check_timeout_s: float = Field(30.0, gt=0, description="How long, in seconds, Serve waits for a health "
                                                                   "check to answer (above hang_timeout_s).")
     graceful_shutdown_timeout_s: float = Field(20.0, ge=0, description="How long, in seconds, Serve lets a stopping "
@@ -457,7 +468,8 @@ class AppConfig(_Strict):
     @property
     def placement(self) -> ReplicaPlacement:
         """One replica's Ray resources and its engine's executor (``deployments/placement.py``)."""
-        return plan_placement(self.engine, num_cpus=self.replicas.num_cpus, gpus_per_rank=self.replicas.gpus_per_rank)
+        return plan_placement(self.engine, num_cpus=self.replicas.num_cpus, gpus_per_rank=self.replicas.gpus_per_rank,
+                              resources=self.replicas.resources)
 
     @property
     def gpus_per_replica(self) -> float:

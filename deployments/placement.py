@@ -16,7 +16,7 @@ run with an error naming the setting, before anything starts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cluster.engines.config import EngineConfig
@@ -36,6 +36,8 @@ class ReplicaPlacement:
     actor_gpus: float
     placement_group_bundles: list[dict[str, float]] | None = None
     placement_group_strategy: str | None = None
+    # Custom Ray resources the actor asks for (replicas.resources); with a placement group, bundle 0 holds them.
+    actor_resources: dict[str, float] = field(default_factory=dict)
 
     @property
     def gpus(self) -> float:
@@ -53,21 +55,26 @@ class ReplicaPlacement:
         actor: dict[str, float] = {"num_cpus": self.actor_cpus}
         if self.actor_gpus > 0:
             actor["num_gpus"] = self.actor_gpus
+        if self.actor_resources:
+            actor["resources"] = dict(self.actor_resources)
         options["ray_actor_options"] = actor
         return options
 
 
-def plan_placement(engine: EngineConfig, *, num_cpus: float, gpus_per_rank: float) -> ReplicaPlacement:
+def plan_placement(engine: EngineConfig, *, num_cpus: float, gpus_per_rank: float,
+                   resources: dict[str, float] | None = None) -> ReplicaPlacement:
     """The placement of one replica of ``engine`` (see the module docstring).
 
-    ``gpus_per_rank`` 0 means a CPU replica. Raises :class:`PlacementError` naming the setting when
+    ``gpus_per_rank`` 0 means a CPU replica; ``resources``: custom Ray resources the replica asks for. Raises :class:`PlacementError` naming the setting when
     the combination cannot run: the Ray executor on CPU replicas (vLLM's CPU backend refuses Ray
     workers), or parallel ranks sharing a GPU.
     """
     ranks = engine.ranks
     executor = engine.executor
+    custom = dict(resources or {})
     if executor is None:
-        return ReplicaPlacement(ranks=1, executor=None, actor_cpus=num_cpus, actor_gpus=gpus_per_rank)
+        return ReplicaPlacement(ranks=1, executor=None, actor_cpus=num_cpus, actor_gpus=gpus_per_rank,
+                                actor_resources=custom)
     if gpus_per_rank == 0 and executor == "ray":
         raise PlacementError(
             "engine.distributed_executor_backend: 'ray' needs GPU replicas (replicas.gpus_per_rank > 0); "
@@ -79,11 +86,13 @@ def plan_placement(engine: EngineConfig, *, num_cpus: float, gpus_per_rank: floa
             "GPU of its own (1), or set engine.tensor_parallel_size and pipeline_parallel_size to 1"
         )
     if executor == "mp":
-        return ReplicaPlacement(ranks=ranks, executor="mp", actor_cpus=num_cpus, actor_gpus=gpus_per_rank * ranks)
-    # Bundle 0 holds the replica actor (Serve schedules it there) and the first rank's GPU.
+        return ReplicaPlacement(ranks=ranks, executor="mp", actor_cpus=num_cpus, actor_gpus=gpus_per_rank * ranks,
+                                actor_resources=custom)
+    # Bundle 0 holds the replica actor (Serve schedules it there, so its custom resources too) and the
+    # first rank's GPU.
     first = {"CPU": num_cpus, "GPU": gpus_per_rank} if num_cpus > 0 else {"GPU": gpus_per_rank}
-    bundles = [first] + [{"GPU": gpus_per_rank} for _ in range(ranks - 1)]
+    bundles = [{**first, **custom}] + [{"GPU": gpus_per_rank} for _ in range(ranks - 1)]
     return ReplicaPlacement(
         ranks=ranks, executor="ray", actor_cpus=num_cpus, actor_gpus=0.0,
-        placement_group_bundles=bundles, placement_group_strategy="PACK",
+        placement_group_bundles=bundles, placement_group_strategy="PACK", actor_resources=custom,
     )

@@ -153,7 +153,8 @@ def assess(deployment: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]]) ->
         reason = (
             f"each replica needs {_fmt(_sum(required))} and no node of the Ray cluster has that "
             f"(missing on the closest node: {_fmt(missing)}); add such a node or lower the "
-            "deployment's resources (replicas.num_cpus, replicas.gpus_per_rank, engine.tensor_parallel_size)"
+            "deployment's resources (replicas.num_cpus, replicas.gpus_per_rank, replicas.resources, "
+            "engine.tensor_parallel_size)"
         )
         return Availability(deployment=name, running=0, replica_states=states, required=required,
                             missing=missing, unschedulable=reason)

@@ -99,3 +99,15 @@ def test_the_builder_refuses_a_ray_executor_on_cpu_before_serve_starts_anything(
             "replicas": {"gpus_per_rank": 0}}
     with pytest.raises(ValidationError, match=r"engine\.distributed_executor_backend: 'ray' needs GPU replicas"):
         build_app(args)
+
+
+@pytest.mark.parametrize("settings", [{}, {"tensor_parallel_size": 2}, {"tensor_parallel_size": 2,
+                                                                          "distributed_executor_backend": "ray"}])
+def test_custom_resources_reach_the_actor_and_its_first_bundle(settings):
+    # A replica asking for the reward pods' own resource can never land on a trainer node's free GPU.
+    placement = plan_placement(engine(**settings), num_cpus=4, gpus_per_rank=1, resources={"grrm_worker": 1})
+    options = placement.serve_options()
+    assert options["ray_actor_options"]["resources"] == {"grrm_worker": 1}
+    if placement.placement_group_bundles is not None:
+        assert options["placement_group_bundles"][0] == {"CPU": 4, "GPU": 1, "grrm_worker": 1}
+        assert all("grrm_worker" not in bundle for bundle in options["placement_group_bundles"][1:])
