@@ -57,6 +57,9 @@ class ReplicaMetrics:
         self.members_waiting = Gauge("grrm_members_waiting", "Members waiting for the rest of their group.")
         self.engine_sleeping = Gauge("grrm_engine_sleeping", "1 while the replica's engine sleeps "
                                                              "(replicas.autoscaling.idle: sleep), else 0.")
+        self.engine_probes_missed = Counter(
+            "grrm_engine_probes_missed", "Health checks that found no answer to the engine's probe within "
+                                         "hang_timeout_s (replicas.hang_probes in a row: the engine is hung).")
         self.stage_latency = Histogram(
             "grrm_stage_latency_s",
             "Seconds spent per stage (generation, parse, repair, merge, total).",

@@ -49,6 +49,7 @@ from cluster.schema import (
 from deployments.autoscaling_policy import autoscaling_stats
 from deployments.config import AppConfig
 from deployments.engine_loss import EngineLoss
+from deployments.engine_probe import EngineProbe
 from deployments.hand_off import RingFollower
 from deployments.ledger import ServeLedger
 from deployments.metrics import ReplicaMetrics
@@ -107,6 +108,8 @@ class GRRMReplica:
         await self.engine.start()
         logger.info("replica %s: %s engine ready in %.1f s", self.name, config.engine.kind, time.perf_counter() - started)
         self.metrics = ReplicaMetrics(max_tenant_labels=config.tenants.max_metric_labels)
+        self.probe = EngineProbe(self.engine, config.replicas.hang_timeout_s, config.replicas.hang_probes,
+                                 self.name, on_miss=self.metrics.engine_probes_missed.inc)
         self.lane = engine_lane(config, self.engine, self.name, self._scored)
         self.assembler = GroupAssembler(
             self.lane.assembled,
@@ -236,17 +239,15 @@ class GRRMReplica:
     async def check_health(self) -> None:
         """Serve calls this periodically; raising makes Serve replace the replica.
 
-        A failed check is the engine's loss: the replica ends at once instead of serving on
-        until Serve has seen enough failed checks in a row.
+        Each check waits up to ``hang_timeout_s`` for the engine's answer to its probe (one probe out
+        at a time: ``deployments/engine_probe.py``); ``hang_probes`` checks in a row without an answer
+        mean a hung engine. A hung or dead engine is the engine's loss: the replica ends at once
+        instead of serving on until Serve has seen enough failed checks in a row.
         """
         if self.loss.lost:
             raise EngineDeadError(f"replica {self.name} lost its engine")
-        hang_timeout_s = self.config.replicas.hang_timeout_s
         try:
-            try:
-                await asyncio.wait_for(self.engine.check_health(), hang_timeout_s)
-            except asyncio.TimeoutError as timeout:
-                raise EngineDeadError(f"the engine did not answer a health probe within {hang_timeout_s} s") from timeout
+            await self.probe.check()
         except Exception as error:
             self.loss.lose(error)
             raise
@@ -261,7 +262,8 @@ class GRRMReplica:
 
     def info(self) -> dict[str, Any]:
         """What this replica runs, what it did so far, and its memory."""
-        return replica_info(self.name, self.config, self.lane, self.assembler, self.cold_start_s)
+        return {**replica_info(self.name, self.config, self.lane, self.assembler, self.cold_start_s),
+                "health_probes": self.probe.watch.as_dict()}
 
     def recent_groups(self, since: float | None = None) -> list[dict[str, Any]]:
         """The groups this replica scored lately, oldest first, with their tenant and times (Unix seconds
@@ -285,6 +287,9 @@ class GRRMReplica:
         sleep_loop = getattr(self, "_sleep_loop", None)
         if sleep_loop is not None:
             sleep_loop.cancel()
+        probe = getattr(self, "probe", None)
+        if probe is not None:
+            probe.close()
         if assembler is not None:
             await self._logged("close the assembler", assembler.close())
         stopped = engine is None or await self._logged("stop the engine", engine.stop())

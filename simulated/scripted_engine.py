@@ -20,7 +20,8 @@ temperature, regex constraints), models latency (per prompt, per completion toke
 token, with seeded jitter; the prompts of one batch run concurrently), and injects failures:
 seeded random ones (``malformed_rate``, ``error_rate``, ``hang_rate``) and scripted ones
 (:meth:`ScriptedEngine.script_failures`); :meth:`ScriptedEngine.kill` and
-:meth:`ScriptedEngine.stall` simulate a dead and a hung engine. Token counts come from
+:meth:`ScriptedEngine.stall` simulate a dead and a hung engine, and the ``slow_probe*`` options a
+health probe that answers late (not a hang). Token counts come from
 :class:`ScriptedTokenizer`, a pure-Python word tokenizer (one token per ``\\w+`` run or
 punctuation character).
 
@@ -427,6 +428,7 @@ class ScriptedEngine(EngineBase):
         self.failures_injected: dict[str, int] = {kind: 0 for kind in FAILURE_KINDS if kind != "ok"}
         self.sleeps = 0  # times it went to sleep
         self.wakes = 0  # times it woke up
+        self.slow_probes_served = 0  # health probes answered late (the slow_probe* test knob)
 
     # ----------------------------------------------------------------- steering (tests)
 
@@ -493,14 +495,14 @@ class ScriptedEngine(EngineBase):
         asked for meanwhile fails, so a replica that forgot to wake its engine is caught)."""
         if not self.config.sleep_mode:
             raise EngineError("engine.sleep_mode is off: the scripted engine was built unable to sleep, as vLLM is")
-        await self.check_health()
+        await self._alive()
         if not self._sleeping:
             self._sleeping = True
             self.sleeps += 1
 
     async def wake_up(self) -> None:
         """Wake after ``scripted.wake_s`` seconds (a real engine loads its weights back)."""
-        await self.check_health()
+        await self._alive()
         if not self._sleeping:
             return
         if self.options.wake_s:
@@ -509,8 +511,18 @@ class ScriptedEngine(EngineBase):
         self.wakes += 1
 
     async def check_health(self) -> None:
-        """Raise :class:`EngineDeadError` after :meth:`kill`, :class:`EngineError` unless started;
-        while stalled (:meth:`stall`), answer only when stopped or killed."""
+        """A health probe: raise :class:`EngineDeadError` after :meth:`kill`, :class:`EngineError` unless
+        started; while stalled (:meth:`stall`), answer only when stopped or killed. A probe the
+        ``slow_probes_after_generations`` knob makes late answers after ``slow_probe_s``."""
+        options = self.options
+        after = options.slow_probes_after_generations
+        if after is not None and self.generations_served >= after and self.slow_probes_served < options.slow_probes:
+            self.slow_probes_served += 1
+            await asyncio.sleep(options.slow_probe_s)
+        await self._alive()
+
+    async def _alive(self) -> None:
+        """What a health probe asks (the engine's own calls ask it too, never late)."""
         if self._killed:
             raise EngineDeadError("scripted engine is dead (kill() was called)")
         self._require_started()
@@ -522,7 +534,7 @@ class ScriptedEngine(EngineBase):
             raise EngineError("scripted engine: stopped while stalled")
 
     async def generate(self, prompts: Sequence[str], sampling: SamplingSettings, priority: int = 0) -> list[Generation]:
-        await self.check_health()
+        await self._alive()
         if self._sleeping:
             raise EngineError("scripted engine is asleep: wake_up() first")
         if isinstance(prompts, str):

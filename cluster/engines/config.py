@@ -80,6 +80,15 @@ class ScriptedEngineOptions(BaseModel):
     stall_after_generations: int | None = Field(
         None, ge=0, description="The engine hangs (generations and health probes never answer) after serving "
                                 "this many generations: a hung engine, for hang-detection tests.")
+    # A test knob: a probe late under load (a burst of tokenizing under a CPU limit), not a hang.
+    slow_probes_after_generations: int | None = Field(
+        None, ge=0, description="Test knob: once the engine has served this many generations, its next "
+                                "`slow_probes` health probes each answer only after `slow_probe_s` seconds (a "
+                                "late probe, not a hang; None: every probe answers at once).")
+    slow_probes: int = Field(1, ge=1, description="Test knob: how many health probes are late (see "
+                                                  "slow_probes_after_generations).")
+    slow_probe_s: float = Field(0.0, ge=0, le=3600, description="Test knob: seconds a late health probe takes "
+                                                                "(see slow_probes_after_generations).")
     position_bias: float = Field(0.0, ge=0, description="Points added to candidate A, fewer to later ones (a "
                                                         "position bias to remove).")
     # Judgement noise (simulations of a fallible reward model). Draws are seeded by the prompt and
@@ -97,6 +106,13 @@ class ScriptedEngineOptions(BaseModel):
                                                              "added to all of its scores.")
     seed: int = Field(0, description="Seed of the injected failures, the latency jitter, the analysis text of "
                                      "unseeded sampled requests and the judgement noise.")
+
+    @model_validator(mode="after")
+    def _slow_probes_take_time(self) -> ScriptedEngineOptions:
+        if self.slow_probes_after_generations is not None and self.slow_probe_s <= 0:
+            raise ValueError("slow_probe_s: must be above 0 when slow_probes_after_generations is set "
+                             "(a late probe takes time)")
+        return self
 
 
 class EngineConfig(BaseModel):

@@ -514,6 +514,24 @@ async def test_a_stalled_engine_answers_neither_generations_nor_health_checks_un
         await generation
 
 
+async def test_the_slow_probe_knob_delays_only_health_probes_after_its_generations():
+    engine = await started(slow_probes_after_generations=1, slow_probes=1, slow_probe_s=30.0)
+    await engine.check_health()  # before the first generation: at once
+    await engine.generate([group_prompt(MARKED)], GREEDY)  # generations never wait on the knob
+    late = asyncio.ensure_future(engine.check_health())
+    await asyncio.sleep(0)  # the late probe has started (and sleeps)
+    assert engine.slow_probes_served == 1 and not late.done()
+    await engine.check_health()  # the next probe is on time again: only slow_probes are late
+    await engine.generate([group_prompt(MARKED)], GREEDY)
+    assert not late.done()
+    late.cancel()
+
+
+def test_the_slow_probe_knob_needs_a_delay():
+    with pytest.raises(ValueError, match="slow_probe_s"):
+        EngineConfig(kind="scripted", scripted={"slow_probes_after_generations": 0})
+
+
 # ----------------------------------------------------------------------------- determinism
 
 

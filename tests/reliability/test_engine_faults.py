@@ -133,19 +133,23 @@ def test_a_dead_engine_ends_its_replica_and_its_group_is_scored_on_the_new_one(s
         serve.delete("dies")
 
 
-# Serve's own health-check timeout in hang_app: far above what the replica's probe takes (1 + 3 s), so
-# a group answered well before it was not rescued by Serve's check (a loaded machine adds seconds).
+# Serve's own health-check timeout in hang_app: far above what the replica's checks take (1 s apart, each
+# waiting up to 2 s for the engine, 3 in a row to call it hung), so a group answered well before it was
+# not rescued by Serve's check (a loaded machine adds seconds).
 SERVE_CHECK_TIMEOUT_S = 60.0
+HANG_TIMEOUT_S = 2.0
+HANG_PROBES = 3
 
 
 def hang_app(name: str, serve_instance: str, **options) -> tuple[str, object]:
-    """One scripted replica whose engine is probed every second and counts as hung after 3 s; Serve's
-    own check would wait SERVE_CHECK_TIMEOUT_S."""
+    """One scripted replica whose engine is probed every second and counts as hung once HANG_PROBES checks
+    in a row found no answer within HANG_TIMEOUT_S; Serve's own check would wait SERVE_CHECK_TIMEOUT_S."""
     config = AppConfig(
         engine=EngineConfig(kind="scripted", scripted=ScriptedEngineOptions(**options)),
         scoring=ScoringConfig(retries=0, generation_timeout_s=60.0),
         replicas=ReplicaSettings(num_replicas=1, num_cpus=0.5, gpus_per_rank=0, health_check_period_s=1.0,
-                                 hang_timeout_s=3.0, health_check_timeout_s=SERVE_CHECK_TIMEOUT_S),
+                                 hang_timeout_s=HANG_TIMEOUT_S, hang_probes=HANG_PROBES,
+                                 health_check_timeout_s=SERVE_CHECK_TIMEOUT_S),
         assembly_timeout_s=60,
     )
     serve.run(build_app(config), name=name, route_prefix=f"/{name}")
@@ -158,13 +162,13 @@ def test_a_hung_engine_is_found_within_the_hang_timeout_and_its_group_scored_els
         first_replica = handle.info.remote().result(timeout_s=30)["replica"]
         status, body = score(url)
         assert status == 200 and body["results"][0]["valid"]  # served, then the engine hung
-        # The next group hangs in the engine; the health probe finds the hang within
-        # period + hang_timeout (1 + 3 s), the replica ends, and the group is re-sent to the new one.
+        # The next group hangs in the engine; the health checks find the hang within period +
+        # hang_probes x hang_timeout (1 + 3 x 2 s), the replica ends, and the group is re-sent to the new one.
         started = time.monotonic()
         status, body = score(url, timeout=120)
         result = body["results"][0]
         assert status == 200 and result["valid"] and result["replica"] != first_replica, result
-        # Found in ~4 s; the new replica then starts (a scripted engine: about a second; seconds more
+        # Found in ~7 s; the new replica then starts (a scripted engine: about a second; seconds more
         # on a loaded machine). Serve's own check would only end the replica after 60 s.
         elapsed = time.monotonic() - started
         print(f"hung engine: group answered by a new replica after {elapsed:.1f} s")
@@ -173,11 +177,37 @@ def test_a_hung_engine_is_found_within_the_hang_timeout_and_its_group_scored_els
         serve.delete("stalls")
 
 
+def test_one_late_probe_under_load_does_not_cost_the_replica(serve_instance):
+    # After the first generation, one health probe answers only after 1.5 x hang_timeout_s: the check
+    # that started it misses it, a later one finds its answer, well inside hang_probes checks.
+    url, handle = hang_app("late", serve_instance, per_prompt_s=0.2, slow_probes_after_generations=1,
+                           slow_probe_s=1.5 * HANG_TIMEOUT_S)
+    groups = [{**GROUP, "candidates": [f"Hallo {i}.", f"Servus {i}."]} for i in range(8)]
+    try:
+        first_replica = handle.info.remote().result(timeout_s=30)["replica"]
+        # Groups are scored throughout (the load) until the replica has seen the late probe missed
+        # and then answered; every group is scored on the first replica.
+        deadline = time.monotonic() + 120
+        while True:
+            response = httpx.post(f"{url}/v1/score", json={"groups": groups}, timeout=60)
+            assert response.status_code == 200
+            results = response.json()["results"]
+            assert all(r["valid"] and r["replica"] == first_replica for r in results), results
+            probes = handle.info.remote().result(timeout_s=30)["health_probes"]
+            if probes["recovered_total"] >= 1:
+                break
+            assert time.monotonic() < deadline, f"the late probe was never missed and answered: {probes}"
+        assert probes["missed_total"] >= 1 and probes["consecutive_misses"] == 0, probes
+        assert live_replica(handle) == first_replica  # never replaced
+    finally:
+        serve.delete("late")
+
+
 def test_a_long_generation_is_not_a_hang(serve_instance):
     url, handle = hang_app("slow", serve_instance, per_prompt_s=8.0)
     try:
         first_replica = handle.info.remote().result(timeout_s=30)["replica"]
-        status, body = score(url, timeout=60)  # one generation of 8 s: past the 3 s hang timeout
+        status, body = score(url, timeout=60)  # one generation of 8 s: past 3 checks of 2 s
         result = body["results"][0]
         assert status == 200 and result["valid"] and result["replica"] == first_replica
         assert live_replica(handle) == first_replica  # never replaced
