@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.util
 import json
 import math
@@ -32,6 +33,8 @@ import yaml
 from deployments.config import AppConfig
 from k8s import render as k8s_render
 from k8s.render import app as k8s_app
+from k8s.render import options as k8s_options
+from k8s.render import placement as k8s_placement
 from k8s.render import ray_cluster, verl_job
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -338,17 +341,111 @@ def test_embedded_serve_config_is_grrm_yaml(committed: dict[str, str]) -> None:
     source = yaml.safe_load(GRRM_YAML.read_text())
     rayservice = one(committed, "rayservice-grrm.yaml")
     embedded = serve_config_of(rayservice)
-    # The render places the ingress and the ledger on pods of their own (the next test); the rest
-    # is grrm.yaml's, key for key.
-    assert drop_services(embedded["applications"]) == drop_services(source["applications"])
+    # The render pins the deployments to their groups (the next tests); the rest is grrm.yaml's, key for key.
+    assert unpinned(embedded["applications"]) == unpinned(source["applications"])
     assert embedded["proxy_location"] == source["proxy_location"]
     assert embedded["http_options"]["host"] == "0.0.0.0"
     assert embedded["http_options"]["port"] == 8000
 
 
-def drop_services(applications: list[dict]) -> list[dict]:
-    return [{**app, "args": {k: v for k, v in app["args"].items() if k not in ("ingress", "ledger")}}
-            for app in applications]
+# What the render sets to pin each deployment to its worker group.
+PINNED_REPLICA_KEYS = ("num_cpus", "resources", "env_vars")
+
+
+def unpinned(applications: list[dict]) -> list[dict]:
+    """The applications without what the render pins: the ingress, the ledger, the replicas' Ray asks."""
+    result = []
+    for app in applications:
+        args = {k: v for k, v in app["args"].items() if k not in ("ingress", "ledger")}
+        args["replicas"] = {k: v for k, v in args["replicas"].items() if k not in PINNED_REPLICA_KEYS}
+        result.append({**app, "args": args})
+    return result
+
+
+def test_scorer_replicas_ask_for_a_reward_pod_and_no_cpu(committed: dict[str, str], replica_options) -> None:
+    """A replica fits a grrm-gpus pod only, and a grrm-gpus pod offers nothing a trainer asks for."""
+    rayservice = one(committed, "rayservice-grrm.yaml")
+    (application,) = serve_config_of(rayservice)["applications"]
+    replicas = application["args"]["replicas"]
+    assert replicas["num_cpus"] == 0 and replicas["resources"] == {ray_cluster.GRRM_RESOURCE: 1}
+    # Ray would force 1 on a 0-CPU actor anyway; vLLM serves with 1 torch thread.
+    assert replicas["env_vars"]["OMP_NUM_THREADS"] == "1"
+    actor = replica_options(AppConfig.model_validate(application["args"]))["ray_actor_options"]
+    assert actor["num_cpus"] == 0 and actor["resources"] == {ray_cluster.GRRM_RESOURCE: 1}
+    assert actor["runtime_env"]["env_vars"]["OMP_NUM_THREADS"] == "1"
+    groups = {name: ray_custom_resources(params) for name, params in k8s_placement.worker_groups().items()}
+    assert [name for name, custom in groups.items() if ray_cluster.GRRM_RESOURCE in custom] == ["grrm-gpus"]
+    reward = worker_group(rayservice, "grrm-gpus")
+    assert reward["rayStartParams"]["num-cpus"] == "0"
+    # The container keeps its real CPUs: grrm.yaml's num_cpus per replica and 2 per GPU for vLLM's processes.
+    source_cpus = yaml.safe_load(GRRM_YAML.read_text())["applications"][0]["args"]["replicas"]["num_cpus"]
+    assert reward["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] == str(source_cpus + 2)
+    # Every group but the trainers' offers no Ray CPU and says how many GPUs it has (Ray would count them).
+    for name, params in k8s_placement.worker_groups().items():
+        assert "num-gpus" in params, name
+        if name != "policy-gpus":
+            assert params["num-cpus"] == "0", name
+
+
+def test_every_ray_demand_fits_exactly_the_group_meant_for_it(committed: dict[str, str]) -> None:
+    """So the autoscaler never chooses between groups (no `priority`) and no pod takes the other's work."""
+    (application,) = serve_config_of(one(committed, "rayservice-grrm.yaml"))["applications"]
+    shapes = k8s_placement.node_shapes()
+    found = k8s_placement.demands(application)
+    assert set(found) >= {"a scorer replica", "a verl placement-group bundle", "the verl job's driver"}
+    for what, (ask, meant) in found.items():
+        assert {name for name, shape in shapes.items() if shape.offers(ask)} == meant, what
+    assert found["a verl placement-group bundle"][0] == {"CPU": 3, "GPU": 1}
+
+
+def test_verl_bundle_is_what_verl_asks_for() -> None:
+    """verl 0.9.1's resource pool: {"CPU": max_colocate_count, "GPU": 1} per GPU, max_colocate_count 3."""
+    if importlib.util.find_spec("verl") is None:
+        pytest.skip("verl is not installed")
+    from verl.single_controller.ray.base import ResourcePoolManager
+
+    assert ResourcePoolManager.max_colocate_count == k8s_options.VERL_CPUS_PER_GPU_BUNDLE
+    source = Path(importlib.util.find_spec("verl.single_controller.ray.base").origin).read_text()
+    assert 'bundle = {"CPU": self.max_colocate_count}' in source and "bundle[device_name] = 1" in source
+
+
+@pytest.mark.parametrize("per_worker", [1, 2, 4, 8])
+def test_a_reward_pod_of_any_size_cannot_hold_verls_bundles(per_worker: int, crd_validators) -> None:
+    """replicas_per_worker up to policy_gpus_per_node renders: the rehearsal's 8-GPU reward pod among them."""
+    files = rendered(replicas_per_worker=per_worker)
+    validate_all(files, crd_validators)
+    shapes = k8s_placement.node_shapes(k8s_render.RenderOptions(replicas_per_worker=per_worker))
+    reward = shapes["grrm-gpus"]
+    assert (reward.num_cpus, reward.num_gpus, reward.resources) == (0, per_worker, {"grrm_worker": per_worker})
+    assert reward.add_node_kwargs() == {"num_cpus": 0, "num_gpus": per_worker, "resources": {"grrm_worker": per_worker}}
+    assert not reward.offers({"CPU": 3, "GPU": 1}) and not reward.offers({"CPU": 1})
+    params = worker_group(one(files, "rayservice-grrm.yaml"), "grrm-gpus")["rayStartParams"]
+    assert params == k8s_placement.worker_groups(k8s_render.RenderOptions(replicas_per_worker=per_worker))["grrm-gpus"]
+
+
+def test_placement_check_refuses_a_group_that_would_mix_the_workloads() -> None:
+    options = k8s_render.RenderOptions()
+    (application,) = serve_config_of(one(k8s_render.render(), "rayservice-grrm.yaml"))["applications"]
+    shapes = k8s_placement.node_shapes(options)
+    k8s_placement.check_placement(shapes, application, 1)
+    # A reward pod that offers CPUs would take verl's CPU actors.
+    with_cpus = {**shapes, "grrm-gpus": dataclasses.replace(shapes["grrm-gpus"], num_cpus=4)}
+    with pytest.raises(ValueError, match="verl placement-group bundle .* grrm-gpus"):
+        k8s_placement.check_placement(with_cpus, application, 1)
+    # A replica that asks for no grrm_worker would fit a trainer node with a free GPU.
+    loose = copy.deepcopy(application)
+    loose["args"]["replicas"]["resources"] = {}
+    with pytest.raises(ValueError, match="scorer replica .* policy-gpus"):
+        k8s_placement.check_placement(shapes, loose, 1)
+    with pytest.raises(ValueError, match="holds 1 scorer replicas"):
+        k8s_placement.check_placement(shapes, application, 2)
+
+
+def test_replica_resources_the_reward_pods_do_not_offer_are_refused() -> None:
+    serve_config = k8s_app.load_serve_config()
+    k8s_app.grrm_application(serve_config)["args"]["replicas"]["resources"] = {"accelerator_a100": 1}
+    with pytest.raises(ValueError, match=r"replicas\.resources"):
+        k8s_app.application_for(k8s_render.RenderOptions(), serve_config)
 
 
 def test_ingress_and_ledger_run_one_replica_each_on_pods_of_their_own(committed: dict[str, str]) -> None:
@@ -422,7 +519,7 @@ def test_other_sizes_render_valid_manifests(tp, low, high, per_worker, crd_valid
     expected["args"]["replicas"]["autoscaling"]["min_replicas"] = low
     expected["args"]["replicas"]["autoscaling"]["max_replicas"] = high
     (application,) = serve_config_of(rayservice)["applications"]
-    assert drop_services([application]) == drop_services([expected])
+    assert unpinned([application]) == unpinned([expected])
     config = AppConfig.model_validate(application["args"])
 
     # GPUs: TP (x gpus_per_rank) per replica, per_worker replicas per pod.
@@ -436,16 +533,17 @@ def test_other_sizes_render_valid_manifests(tp, low, high, per_worker, crd_valid
     assert group["maxReplicas"] == math.ceil(high / per_worker)
     assert ray_custom_resources(group["rayStartParams"]) == {ray_cluster.GRRM_RESOURCE: per_worker}
 
-    # The replica (deployments/placement.py) fits a worker exactly: GPUs and CPUs. Its TP ranks
-    # are processes of the replica, which holds their GPUs (a pod is one node).
+    # The replica (deployments/placement.py) fits a worker exactly: GPUs and grrm_worker, no Ray CPU. Its
+    # TP ranks are processes of the replica, which holds their GPUs (a pod is one node).
     options = replica_options(config)
     assert "placement_group_bundles" not in options
-    need_cpus = options["ray_actor_options"]["num_cpus"]
-    need_gpus = options["ray_actor_options"]["num_gpus"]
-    assert need_gpus == tp and config.engine.executor == ("mp" if tp > 1 else None)
-    assert need_gpus * per_worker == int(group["rayStartParams"]["num-gpus"])
-    assert need_cpus * per_worker == int(group["rayStartParams"]["num-cpus"])
-    assert int(container["resources"]["limits"]["cpu"]) >= need_cpus * per_worker
+    actor = options["ray_actor_options"]
+    assert actor["num_gpus"] == tp and config.engine.executor == ("mp" if tp > 1 else None)
+    assert actor["num_gpus"] * per_worker == int(group["rayStartParams"]["num-gpus"])
+    assert actor["num_cpus"] == 0 == int(group["rayStartParams"]["num-cpus"])
+    assert actor["resources"] == {ray_cluster.GRRM_RESOURCE: 1}
+    # The container has the CPUs grrm.yaml gives a replica, for each replica of the pod.
+    assert int(container["resources"]["limits"]["cpu"]) >= expected["args"]["replicas"]["num_cpus"] * per_worker
 
     # The trainer's group is unchanged by the reward sizing.
     policy = worker_group(rayservice, "policy-gpus")
@@ -470,7 +568,6 @@ def test_cli_renders_a_custom_size(tmp_path: Path, crd_validators) -> None:
         {"min_replicas": 5, "max_replicas": 2},  # AppConfig: min > max
         {"tensor_parallel_size": 0},  # AppConfig: TP >= 1
         {"replicas_per_worker": 0},
-        {"tensor_parallel_size": 1, "replicas_per_worker": 8},  # a reward pod could hold verl's node group
         {"upgrade_strategy": "Rolling"},
         {"name": "x" * 48},
         {"rollout_tp": 3},
@@ -624,8 +721,9 @@ def test_autoscaling_and_probes(committed: dict[str, str]) -> None:
     cluster = rayservice["spec"]["rayClusterConfig"]
     assert cluster["enableInTreeAutoscaling"] is True
     assert cluster["autoscalerOptions"]["version"] == "v2"
-    reward, policy = worker_group(rayservice, "grrm-gpus"), worker_group(rayservice, "policy-gpus")
-    assert reward["priority"] > policy.get("priority", 0)
+    # Every demand fits one group only (test_every_ray_demand_fits_exactly_the_group_meant_for_it): no
+    # group needs the autoscaler's `priority` to win a choice.
+    assert not any("priority" in group for group in cluster["workerGroupSpecs"])
     for name, template in pod_templates(rayservice).items():
         container = template["spec"]["containers"][0]
         assert container["livenessProbe"]["httpGet"] == {"path": "/api/healthz", "port": 52365}, name

@@ -28,7 +28,8 @@ What is rendered (see ``k8s/README.md`` for the design and the operations):
 
 Modules, one job each: :mod:`~k8s.render.options` (what a render depends on),
 :mod:`~k8s.render.app` (the Serve application and the reward pods' sizing),
-:mod:`~k8s.render.ray_cluster` (the RayService), :mod:`~k8s.render.observability` (metrics Service,
+:mod:`~k8s.render.ray_cluster` (the RayService), :mod:`~k8s.render.placement` (which Ray demand fits which
+group, checked on every render; each group's Ray node shape), :mod:`~k8s.render.observability` (metrics Service,
 Prometheus scrape job), :mod:`~k8s.render.verl_job` (the verl RayJob and submit script; its Hydra
 overrides in ``verl_job.yaml``), :mod:`~k8s.render.kube` (what every manifest shares),
 :mod:`~k8s.render.manifests` (every file of a render), :mod:`~k8s.render.cli` (the command line).
@@ -37,5 +38,6 @@ overrides in ``verl_job.yaml``), :mod:`~k8s.render.kube` (what every manifest sh
 from k8s.render.cli import check, main, write
 from k8s.render.manifests import render
 from k8s.render.options import RenderOptions
+from k8s.render.placement import node_shapes, worker_groups
 
-__all__ = ["RenderOptions", "check", "main", "render", "write"]
+__all__ = ["RenderOptions", "check", "main", "node_shapes", "render", "worker_groups", "write"]

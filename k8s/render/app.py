@@ -22,6 +22,12 @@ SERVE_CONFIG = PROJECT_ROOT / "deployments" / "grrm.yaml"
 APP_NAME = "grrm"
 # Advertised by the grrm-services pods only; the ingress and the ledger ask for one unit each.
 SERVICE_RESOURCE = "grrm_service"
+# Advertised by the grrm-gpus pods only, one unit per replica slot; each scorer replica asks for one.
+GRRM_RESOURCE = "grrm_worker"
+# A 0-CPU actor gets OMP_NUM_THREADS=1 from Ray anyway (ray._private.utils.set_omp_num_threads_if_unset),
+# and 1 is what vLLM serves with (vllm.utils.torch_utils.set_torch_threads_for_runtime): said here so the
+# replica's environment does not hang on a Ray default. The engine's work is on the GPU, in its own processes.
+REPLICA_ENV = {"OMP_NUM_THREADS": "1"}
 
 
 def load_serve_config(path: Path = SERVE_CONFIG) -> dict[str, Any]:
@@ -34,8 +40,9 @@ def grrm_application(serve_config: dict[str, Any]) -> dict[str, Any]:
     return find_application(serve_config, APP_NAME)
 
 
-def application_for(options: RenderOptions, serve_config: dict[str, Any] | None = None) -> dict[str, Any]:
-    """deployments/grrm.yaml's application with the render's model / TP / replica range applied."""
+def sized_application(options: RenderOptions, serve_config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """deployments/grrm.yaml's application with the render's model / TP / replica range applied: what the
+    reward pods are sized for (:func:`sizing_for`)."""
     serve_config = load_serve_config() if serve_config is None else serve_config
     application = copy.deepcopy(grrm_application(serve_config))
     args = application.setdefault("args", {})
@@ -55,6 +62,28 @@ def application_for(options: RenderOptions, serve_config: dict[str, Any] | None 
             autoscaling["min_replicas"] = options.min_replicas
         if options.max_replicas is not None:
             autoscaling["max_replicas"] = options.max_replicas
+    return application
+
+
+def application_for(options: RenderOptions, serve_config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The application the RayService runs: :func:`sized_application`, each deployment pinned to its group.
+
+    A scorer replica asks for no Ray CPU and one ``grrm_worker``: only a ``grrm-gpus`` pod offers that, and
+    those pods offer no Ray CPU, so no trainer actor or placement-group bundle (verl's ask for CPUs) fits
+    there, and no replica fits anywhere else. The pod keeps its real CPUs in its container's quota.
+    """
+    application = sized_application(options, serve_config)
+    args = application["args"]
+    replicas = args.setdefault("replicas", {})
+    asked = replicas.get("resources") or {}
+    if set(asked) - {GRRM_RESOURCE}:
+        raise ValueError(
+            f"replicas.resources: {sorted(asked)} are not offered by the reward pods (they advertise only "
+            f"{GRRM_RESOURCE!r}, which the render asks for itself): drop them from deployments/grrm.yaml"
+        )
+    replicas["num_cpus"] = 0
+    replicas["resources"] = {GRRM_RESOURCE: 1}
+    replicas["env_vars"] = {**REPLICA_ENV, **(replicas.get("env_vars") or {})}
     for service in ("ingress", "ledger"):
         # On the grrm-services pods, one per pod: never on the head, a reward pod or a trainer pod.
         args[service] = {
@@ -96,7 +125,6 @@ class Sizing:
     gpus_per_replica: int
     replicas_per_worker: int
     gpus_per_worker: int
-    ray_cpus_per_worker: int
     container_cpus: int
     memory_gi: int
     min_replicas: int
@@ -110,7 +138,11 @@ class Sizing:
 
 
 def sizing_for(options: RenderOptions, application: dict[str, Any]) -> Sizing:
-    """Validate the application (as AppConfig) and size the reward worker group for it."""
+    """Validate the application (as AppConfig) and size the reward worker group for it.
+
+    ``application``: grrm.yaml's with the render's sizes (:func:`sized_application`), not yet pinned to the
+    groups: its ``replicas.num_cpus`` is what a replica's process needs, which the pod's container gets.
+    """
     config = AppConfig.model_validate(application.get("args") or {})
     replicas = config.replicas
     if replicas.autoscaling is not None:
@@ -137,7 +169,8 @@ def sizing_for(options: RenderOptions, application: dict[str, Any]) -> Sizing:
             "nvidia.com/gpu must be a whole number"
         )
     gpus_per_worker = int(gpus_per_worker)
-    ray_cpus = max(1, math.ceil(replicas.num_cpus * options.replicas_per_worker))
+    # The replicas' own CPUs (grrm.yaml's num_cpus, which Ray is not asked for here) and vLLM's processes.
+    replica_cpus = max(1, math.ceil(replicas.num_cpus * options.replicas_per_worker))
     # What the replicas' parallel ranks pass through it (the pre-flight's figure), at least 1 GiB.
     shm_gi = max(1, math.ceil(shared_memory_bytes(config.engine.ranks) * options.replicas_per_worker / GIB))
     return Sizing(
@@ -145,8 +178,7 @@ def sizing_for(options: RenderOptions, application: dict[str, Any]) -> Sizing:
         gpus_per_replica=int(gpus) if gpus == int(gpus) else gpus,
         replicas_per_worker=options.replicas_per_worker,
         gpus_per_worker=gpus_per_worker,
-        ray_cpus_per_worker=ray_cpus,
-        container_cpus=ray_cpus + options.worker_extra_cpus_per_gpu * gpus_per_worker,
+        container_cpus=replica_cpus + options.worker_extra_cpus_per_gpu * gpus_per_worker,
         # A memory-backed /dev/shm counts against the pod's memory.
         memory_gi=options.worker_base_memory_gi + options.worker_memory_gi_per_gpu * gpus_per_worker + shm_gi,
         min_replicas=low,

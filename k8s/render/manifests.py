@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from k8s.render.app import grrm_application, load_serve_config, serve_config_for, sizing_for
+from k8s.render.app import grrm_application, load_serve_config, serve_config_for, sized_application, sizing_for
 from k8s.render.kube import documents_text, namespace, secret
 from k8s.render.observability import metrics_service, prometheus_config
 from k8s.render.options import RenderOptions, check_options
-from k8s.render.ray_cluster import rayservice
+from k8s.render.placement import check_placement, node_shape
+from k8s.render.ray_cluster import ray_groups, rayservice
 from k8s.render.verl_job import rayjob, submit_script
 from k8s.render.volumes import model_cache_claim, model_download_job
 
@@ -15,9 +16,11 @@ def render(options: RenderOptions | None = None) -> dict[str, str]:
     """Every manifest as {file name: text}."""
     options = options or RenderOptions()
     base = load_serve_config()
-    serve_config = serve_config_for(options, base)
-    sizing = sizing_for(options, grrm_application(serve_config))
+    sizing = sizing_for(options, sized_application(options, base))
     check_options(options, sizing)
+    serve_config = serve_config_for(options, base)
+    shapes = {name: node_shape(name, group["rayStartParams"]) for name, group in ray_groups(options, sizing).items()}
+    check_placement(shapes, grrm_application(serve_config), options.replicas_per_worker)
     hf_note = (
         "# A template: put the real token in with\n"
         f"#   kubectl -n {options.namespace} create secret generic {options.hf_token_secret} "

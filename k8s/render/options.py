@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from k8s.render.app import Sizing
 
-# verl's default placement-group bundle: {"CPU": max_colocate_count=3, "GPU": 1} per GPU.
+# verl's placement-group bundle: {"CPU": max_colocate_count=3, "GPU": 1} per GPU (k8s/render/placement.py).
 VERL_CPUS_PER_GPU_BUNDLE = 3
 UPGRADE_STRATEGIES = ("NewCluster", "NewClusterWithIncrementalUpgrade", "None")
 
@@ -89,7 +89,12 @@ class RenderOptions:
 
 
 def check_options(options: RenderOptions, sizing: Sizing) -> None:
-    """Refuse combinations that deploy but misbehave."""
+    """Refuse combinations that deploy but misbehave.
+
+    Not here: whether verl's per-node placement group could take a reward pod. That is structural
+    (k8s/render/placement.py, checked on every render): a reward pod offers no Ray CPU and each bundle asks
+    for 3, so a reward pod of any size (replicas_per_worker up to policy_gpus_per_node and beyond) is safe.
+    """
     if options.policy_nodes < 1 or options.policy_gpus_per_node < 1:
         raise ValueError("policy_nodes and policy_gpus_per_node must be >= 1 (verl's trainer.nnodes, n_gpus_per_node)")
     if not 0 <= options.policy_min_nodes <= options.policy_nodes:
@@ -98,17 +103,6 @@ def check_options(options: RenderOptions, sizing: Sizing) -> None:
         raise ValueError(
             f"policy_gpus_per_node ({options.policy_gpus_per_node}) is not a multiple of "
             f"rollout_tp ({options.rollout_tp})"
-        )
-    # verl asks for one STRICT_PACK placement group per node of n_gpus_per_node bundles
-    # {"CPU": 3, "GPU": 1}. A reward worker must never be able to hold one (the autoscaler
-    # could pick the reward group for the trainer's demand, or the trainer could take an idle
-    # reward pod): it has too few GPUs or too few Ray CPUs.
-    verl_cpus = VERL_CPUS_PER_GPU_BUNDLE * options.policy_gpus_per_node
-    if sizing.gpus_per_worker >= options.policy_gpus_per_node and sizing.ray_cpus_per_worker >= verl_cpus:
-        raise ValueError(
-            f"a reward worker ({sizing.gpus_per_worker} GPUs, {sizing.ray_cpus_per_worker} Ray CPUs) could hold "
-            f"verl's per-node placement group ({options.policy_gpus_per_node} GPUs, {verl_cpus} CPUs): "
-            "use fewer replicas per worker or more policy GPUs per node"
         )
     if options.upgrade_strategy not in UPGRADE_STRATEGIES:
         raise ValueError(f"upgrade_strategy: {options.upgrade_strategy!r} is not a RayService upgrade type")

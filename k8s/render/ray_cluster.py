@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from deployments.process_env import BODY_MEMORY_ENV
-from k8s.render.app import SERVICE_RESOURCE, Sizing
+from k8s.render.app import GRRM_RESOURCE, SERVICE_RESOURCE, Sizing
 from k8s.render.kube import (
     CLIENT_PORT,
     DASHBOARD_AGENT_PORT,
@@ -24,8 +24,8 @@ from k8s.render.kube import (
 from k8s.render.options import RenderOptions
 from k8s.render.volumes import engine_volume_mounts, hf_env, model_cache_volume, shm_volume
 
-# Custom Ray resources that tag each worker group (see README "Keeping the two workloads apart").
-GRRM_RESOURCE = "grrm_worker"
+# Custom Ray resources that tag each worker group (see README "Keeping the two workloads apart"); the
+# reward group's, GRRM_RESOURCE, is defined beside the application that asks for it (app.py).
 TRAINER_RESOURCE = "verl_trainer"
 
 
@@ -141,13 +141,13 @@ def reward_worker_group(options: RenderOptions, sizing: Sizing) -> dict[str, Any
         "minReplicas": sizing.min_workers,
         "maxReplicas": sizing.max_workers,
         "idleTimeoutSeconds": options.worker_idle_timeout_s,
-        # Preferred by autoscaler v2 when a demand fits both groups (a reward replica's
-        # resources fit an 8-GPU trainer node too).
-        "priority": 10,
+        # No autoscaler `priority`: a replica's demand (grrm_worker) fits this group only, and no trainer
+        # demand (a CPU) fits it, so the autoscaler never has two groups to choose from.
         "rayStartParams": {
-            # Exactly the CPUs the replicas take: an idle CPU here would let
-            # CPU-only trainer actors (verl's TaskRunner, reward loop workers) land on a reward pod.
-            "num-cpus": str(sizing.ray_cpus_per_worker),
+            # No Ray CPU, whatever the container's quota: nothing that asks for a CPU (verl's TaskRunner,
+            # its reward-loop workers, its {CPU: 3, GPU: 1} bundles) can land on a reward pod. The replicas
+            # ask for none (app.py), only for their GPUs and a grrm_worker each.
+            "num-cpus": "0",
             "num-gpus": str(sizing.gpus_per_worker),
             "resources": ray_resources_param({GRRM_RESOURCE: sizing.replicas_per_worker}),
             "metrics-export-port": str(METRICS_PORT),
@@ -166,8 +166,10 @@ def service_worker_group(options: RenderOptions) -> dict[str, Any]:
         "maxReplicas": options.service_pods,
         "rayStartParams": {
             # No Ray CPU: nothing that asks for one (trainer actors) lands here; the ingress and the
-            # ledger ask for the custom resource instead (one each per pod).
+            # ledger ask for the custom resource instead (one each per pod). No GPU either, said
+            # explicitly: Ray would count the GPUs a runtime exposes to a pod that asked for none.
             "num-cpus": "0",
+            "num-gpus": "0",
             "resources": ray_resources_param({SERVICE_RESOURCE: 2}),
             "metrics-export-port": str(METRICS_PORT),
         },
@@ -226,7 +228,18 @@ def policy_worker_group(options: RenderOptions) -> dict[str, Any]:
     }
 
 
+def ray_groups(options: RenderOptions, sizing: Sizing) -> dict[str, dict[str, Any]]:
+    """The head group and the worker groups (in ``workerGroupSpecs`` order), by group name (``head``)."""
+    return {
+        "head": head_group(options),
+        "grrm-gpus": reward_worker_group(options, sizing),
+        "grrm-services": service_worker_group(options),
+        "policy-gpus": policy_worker_group(options),
+    }
+
+
 def rayservice(options: RenderOptions, serve_config: dict[str, Any], sizing: Sizing) -> dict[str, Any]:
+    groups = ray_groups(options, sizing)
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayService",
@@ -255,12 +268,8 @@ def rayservice(options: RenderOptions, serve_config: dict[str, Any], sizing: Siz
                     "imagePullPolicy": "IfNotPresent",
                     "resources": resources("1", 1),
                 },
-                "headGroupSpec": head_group(options),
-                "workerGroupSpecs": [
-                    reward_worker_group(options, sizing),
-                    service_worker_group(options),
-                    policy_worker_group(options),
-                ],
+                "headGroupSpec": groups.pop("head"),
+                "workerGroupSpecs": list(groups.values()),
                 **gcs_fault_tolerance(options),
             },
         },
