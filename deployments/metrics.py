@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from ray.serve.metrics import Counter, Gauge, Histogram
 
+from cluster.engines.base import EngineStats, ReportingEngine
 from cluster.schema import GroupResult
 
 _LATENCY_BOUNDARIES = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600]
@@ -11,6 +14,9 @@ _LATENCY_BOUNDARIES = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 
 
 # Label of the tenants beyond a replica's max_tenant_labels.
 OTHER_TENANTS = "other"
+# How often a replica copies its engine's scheduler figures into its metrics: finer than a Prometheus
+# scrape (15 s by default) is wasted; an engine updates them every step.
+ENGINE_STATS_PERIOD_S = 5.0
 
 
 class ReplicaMetrics:
@@ -60,6 +66,17 @@ class ReplicaMetrics:
         self.engine_probes_missed = Counter(
             "grrm_engine_probes_missed", "Health checks that found no answer to the engine's probe within "
                                          "hang_timeout_s (replicas.hang_probes in a row: the engine is hung).")
+        # The engine scheduler's figures (vLLM only, but the queue lengths: the scripted engine too).
+        self.engine_kv_cache_usage = Gauge("grrm_engine_kv_cache_usage", "Fraction of the engine's KV cache in "
+                                                                         "use, 0 to 1 (vLLM).")
+        self.engine_requests_running = Gauge("grrm_engine_requests_running", "Requests the engine generates for "
+                                                                             "now (its running batch).")
+        self.engine_requests_waiting = Gauge("grrm_engine_requests_waiting", "Requests queued at the engine, not "
+                                                                             "yet scheduled.")
+        self.engine_preemptions = Counter("grrm_engine_preemptions", "Requests the engine preempted (KV cache "
+                                                                     "full: their blocks freed, recomputed later; "
+                                                                     "vLLM).")
+        self._preemptions_exported = 0
         self.stage_latency = Histogram(
             "grrm_stage_latency_s",
             "Seconds spent per stage (generation, parse, repair, merge, total).",
@@ -113,6 +130,31 @@ class ReplicaMetrics:
             self.tenant_completion_tokens.inc(result.usage.completion_tokens, tags=tags)
         self.tenant_queue_wait.observe(waited_s, tags=tags)
 
+    def record_engine_stats(self, stats: EngineStats) -> None:
+        """Copy the engine's latest scheduler figures into the gauges, and its new preemptions into the
+        counter; a figure the engine does not have (``None``) is left out."""
+        self.engine_requests_running.set(stats.running)
+        self.engine_requests_waiting.set(stats.waiting)
+        if stats.kv_cache_usage is not None:
+            self.engine_kv_cache_usage.set(stats.kv_cache_usage)
+        if stats.preemptions is not None:
+            # A total below the last one is a restarted count: all of it is new.
+            new = stats.preemptions - self._preemptions_exported
+            new = stats.preemptions if new < 0 else new
+            if new:
+                self.engine_preemptions.inc(new)
+            self._preemptions_exported = stats.preemptions
+
     def record_tenant_failure(self, tenant: str, failure: str) -> None:
         """One of a tenant's requests failed: a group without a verdict, a refusal, an assembly timeout."""
         self.tenant_failures.inc(tags={"tenant": self.tenant_label(tenant), "failure": failure})
+
+
+async def export_engine_stats(engine: ReportingEngine, metrics: ReplicaMetrics,
+                              period_s: float = ENGINE_STATS_PERIOD_S) -> None:
+    """Copy the engine's scheduler figures into the replica's metrics every ``period_s``, until cancelled."""
+    while True:
+        stats = engine.stats()
+        if stats is not None:
+            metrics.record_engine_stats(stats)
+        await asyncio.sleep(period_s)

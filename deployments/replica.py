@@ -52,7 +52,7 @@ from deployments.engine_loss import EngineLoss
 from deployments.engine_probe import EngineProbe
 from deployments.hand_off import RingFollower
 from deployments.ledger import ServeLedger
-from deployments.metrics import ReplicaMetrics
+from deployments.metrics import ReplicaMetrics, export_engine_stats
 from deployments.preflight import ensure_replica_can_start
 from deployments.replica_lane import engine_lane, sleep_when_idle
 from deployments.replica_report import recent_group_rows, replica_info, tenant_rows
@@ -132,6 +132,9 @@ class GRRMReplica:
         self._outstanding_work = 0.0
         self.loss = EngineLoss(self.name, self.engine, self.lane, self.assembler)
         self._sleep_loop: asyncio.Task[None] | None = None
+        # The engine scheduler's figures (KV cache, queue, preemptions) into the replica's metrics.
+        self._stats_loop = asyncio.get_running_loop().create_task(export_engine_stats(self.engine, self.metrics),
+                                                                  name="engine-stats")
         if self.lane.sleeper is not None:
             sleeping = self.metrics.engine_sleeping.set
             self._sleep_loop = asyncio.get_running_loop().create_task(
@@ -262,8 +265,10 @@ class GRRMReplica:
 
     def info(self) -> dict[str, Any]:
         """What this replica runs, what it did so far, and its memory."""
+        stats = self.engine.stats()
         return {**replica_info(self.name, self.config, self.lane, self.assembler, self.cold_start_s),
-                "health_probes": self.probe.watch.as_dict()}
+                "health_probes": self.probe.watch.as_dict(),
+                "engine_stats": None if stats is None else dataclasses.asdict(stats)}
 
     def recent_groups(self, since: float | None = None) -> list[dict[str, Any]]:
         """The groups this replica scored lately, oldest first, with their tenant and times (Unix seconds
@@ -284,9 +289,10 @@ class GRRMReplica:
         ring = getattr(self, "ring", None)
         if ring is not None:
             ring.stop()
-        sleep_loop = getattr(self, "_sleep_loop", None)
-        if sleep_loop is not None:
-            sleep_loop.cancel()
+        for loop_name in ("_sleep_loop", "_stats_loop"):
+            task = getattr(self, loop_name, None)
+            if task is not None:
+                task.cancel()
         probe = getattr(self, "probe", None)
         if probe is not None:
             probe.close()

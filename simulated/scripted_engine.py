@@ -45,6 +45,7 @@ from cluster import gqm
 from cluster.engines.base import (
     EngineDeadError,
     EngineError,
+    EngineStats,
     EngineUnsupportedError,
     FinishReason,
     Generation,
@@ -429,6 +430,7 @@ class ScriptedEngine(EngineBase):
         self.sleeps = 0  # times it went to sleep
         self.wakes = 0  # times it woke up
         self.slow_probes_served = 0  # health probes answered late (the slow_probe* test knob)
+        self._running = 0  # generations in their latency model's time now
 
     # ----------------------------------------------------------------- steering (tests)
 
@@ -533,6 +535,11 @@ class ScriptedEngine(EngineBase):
                 raise EngineDeadError("scripted engine died while stalled (kill() was called)")
             raise EngineError("scripted engine: stopped while stalled")
 
+    def stats(self) -> EngineStats:
+        """Its own queue: generations in their latency model's time (running), and those waiting for one of
+        ``max_concurrent_prompts`` (waiting). It has no KV cache and preempts nothing."""
+        return EngineStats(running=self._running, waiting=0 if self._slots is None else self._slots.waiting)
+
     async def generate(self, prompts: Sequence[str], sampling: SamplingSettings, priority: int = 0) -> list[Generation]:
         await self._alive()
         if self._sleeping:
@@ -568,6 +575,14 @@ class ScriptedEngine(EngineBase):
         return list(results)
 
     # ----------------------------------------------------------------- internals
+
+    async def _run_for(self, seconds: float) -> None:
+        """One generation's time in the latency model, counted as running meanwhile."""
+        self._running += 1
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self._running -= 1
 
     def _load_hf_tokenizer(self) -> Tokenizer:
         try:
@@ -654,10 +669,10 @@ class ScriptedEngine(EngineBase):
         ) * plan.latency_factor
         if delay > 0:
             if self._slots is None:
-                await asyncio.sleep(delay)
+                await self._run_for(delay)
             else:
                 async with self._slots.hold(priority):
-                    await asyncio.sleep(delay)
+                    await self._run_for(delay)
         if self._killed:
             raise EngineDeadError("scripted engine died during generation (kill() was called)")
         return Generation(

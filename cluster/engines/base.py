@@ -130,6 +130,53 @@ class SleepingEngine(Protocol):
         """Load the weights back and allocate the KV cache: the engine serves again."""
 
 
+@dataclass(frozen=True)
+class EngineStats:
+    """What an engine's scheduler last reported, for the replica's metrics (docs/operations/metrics.md).
+
+    ``None`` where the engine has no such figure (only vLLM reports its KV cache and preemptions)."""
+
+    running: int  # requests the engine is generating for now
+    waiting: int  # requests queued at the engine, not yet scheduled
+    kv_cache_usage: float | None = None  # fraction of the KV cache's blocks in use, 0..1
+    preemptions: int | None = None  # requests preempted (their KV cache given up) since the engine started
+
+
+@runtime_checkable
+class ReportingEngine(Protocol):
+    """An engine that reports its scheduler's figures (every :class:`~cluster.engines.lifecycle.EngineBase`
+    does; those without any report ``None``)."""
+
+    def stats(self) -> EngineStats | None:
+        """The latest figures, or ``None`` when the engine has none (yet)."""
+
+
+class EngineStatsRecorder:
+    """Keeps an engine's latest scheduler figures and its running total of preemptions; an engine's stats
+    hook writes it on every engine step, the replica reads a snapshot now and then."""
+
+    def __init__(self) -> None:
+        self._latest: EngineStats | None = None
+        self._preemptions = 0
+
+    def scheduler(self, running: int, waiting: int, kv_cache_usage: float) -> None:
+        """One scheduler report: the queue lengths and the KV cache's use now."""
+        self._latest = EngineStats(running=running, waiting=waiting, kv_cache_usage=kv_cache_usage,
+                                   preemptions=self._preemptions)
+
+    def preempted(self, requests: int) -> None:
+        """``requests`` more requests were preempted."""
+        self._preemptions += requests
+
+    def snapshot(self) -> EngineStats | None:
+        """The latest report with the preemptions so far; ``None`` before the first report."""
+        latest = self._latest
+        if latest is None:
+            return None
+        return EngineStats(running=latest.running, waiting=latest.waiting, kv_cache_usage=latest.kv_cache_usage,
+                           preemptions=self._preemptions)
+
+
 def apply_chat_template(tokenizer: Tokenizer, user_message: str) -> str:
     """The prompt as the model sees it: one user message through the model's own chat template."""
     text = tokenizer.apply_chat_template(

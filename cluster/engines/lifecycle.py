@@ -15,7 +15,7 @@ import abc
 import asyncio
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from cluster.engines.base import EngineError, Tokenizer, TokenizerNotReadyError
+from cluster.engines.base import EngineError, EngineStats, Tokenizer, TokenizerNotReadyError
 
 if TYPE_CHECKING:
     from cluster.engines.config import EngineConfig
@@ -94,6 +94,11 @@ class EngineBase(abc.ABC):
                 f"tokenizer: call start() first (the {self.name} engine loads its tokenizer when it starts)"
             )
         return self._tokenizer
+
+    def stats(self) -> EngineStats | None:
+        """The scheduler's latest figures (:class:`~cluster.engines.base.ReportingEngine`); an engine without
+        any (transformers, SGLang behind this interface) reports ``None``."""
+        return None
 
     def _require_started(self) -> None:
         """Raise :class:`~cluster.engines.base.EngineError` unless the engine is started."""

@@ -21,7 +21,15 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from cluster.engines.base import EngineDeadError, EngineError, FinishReason, Generation, SamplingSettings
+from cluster.engines.base import (
+    EngineDeadError,
+    EngineError,
+    EngineStats,
+    EngineStatsRecorder,
+    FinishReason,
+    Generation,
+    SamplingSettings,
+)
 from cluster.engines.config import EngineConfig
 from cluster.engines.lifecycle import EngineBase
 
@@ -83,7 +91,8 @@ def engine_args_kwargs(config: EngineConfig) -> dict[str, Any]:
         "gpu_memory_utilization": config.gpu_memory_utilization,
         "dtype": config.dtype,
         "seed": config.seed,
-        # Per-request INFO lines and periodic stats would flood a reward server's logs.
+        # Keeps vLLM's LoggingStatLogger (its stats as log lines) out. The stats themselves stay on:
+        # VLLMEngine passes its own stat logger, which turns them on and feeds the replica's metrics.
         "disable_log_stats": True,
         "enable_log_requests": False,
     }
@@ -133,6 +142,32 @@ def map_finish_reason(reason: object) -> FinishReason:
     return _FINISH_REASONS.get(str(reason).lower(), "error")
 
 
+def _stat_logger_class(recorder: EngineStatsRecorder) -> type:
+    """A vLLM stat logger that writes each engine step's scheduler figures and preemptions into
+    ``recorder`` and logs nothing. Passed as the only custom stat logger (with ``disable_log_stats``), it
+    turns vLLM's stats on without its LoggingStatLogger; vLLM still adds its Prometheus logger, whose
+    registry nothing in a replica serves (the replica exports through Ray: deployments/metrics.py)."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class RecordingStatLogger(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0):
+            self.engine_index = engine_index
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+                   engine_idx: int = 0) -> None:
+            if scheduler_stats is not None:
+                # vLLM's Prometheus logger counts deferred waiting requests as waiting too.
+                waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
+                recorder.scheduler(scheduler_stats.num_running_reqs, waiting, scheduler_stats.kv_cache_usage)
+            if iteration_stats is not None and iteration_stats.num_preempted_reqs:
+                recorder.preempted(iteration_stats.num_preempted_reqs)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return RecordingStatLogger
+
+
 def _import_vllm() -> dict[str, Any]:
     """Import what the engine uses from vLLM (slow: ~6-13 s on a CPU; runs in a thread)."""
     from vllm import SamplingParams
@@ -169,6 +204,7 @@ class VLLMEngine(EngineBase):
         self._engine: Any = None
         self._vllm: dict[str, Any] = {}
         self._sleeping = False
+        self._stats = EngineStatsRecorder()
 
     # -- lifecycle (EngineBase) ------------------------------------------------------------------
 
@@ -192,7 +228,8 @@ class VLLMEngine(EngineBase):
             # Building the engine starts the engine core (a process) and waits for it: seconds
             # to minutes. A thread keeps the event loop serving meanwhile; without a running loop
             # the constructor defers its output handler, which we start right after.
-            engine = await asyncio.to_thread(self._vllm["AsyncLLM"].from_engine_args, args)
+            engine = await asyncio.to_thread(self._vllm["AsyncLLM"].from_engine_args, args,
+                                             stat_loggers=[_stat_logger_class(self._stats)])
         except Exception as exc:
             raise EngineError(f"vLLM could not start {self.config.model!r}: {exc}") from exc
         try:
@@ -283,6 +320,11 @@ class VLLMEngine(EngineBase):
             await asyncio.wait_for(engine.is_sleeping(), HEALTH_PROBE_TIMEOUT_S)
         except Exception as exc:  # TimeoutError included
             raise EngineDeadError(f"the vLLM engine core is dead or does not answer: {exc!r}") from exc
+
+    def stats(self) -> EngineStats | None:
+        """The scheduler's latest figures (KV cache use, running and waiting requests) and the preemptions
+        so far, as vLLM's engine core reported them with its last step; ``None`` before the first step."""
+        return self._stats.snapshot()
 
     def sampling_params(self, sampling: SamplingSettings) -> Any:
         """The ``vllm.SamplingParams`` for ``sampling`` (the engine must be started)."""

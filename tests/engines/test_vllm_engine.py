@@ -287,6 +287,39 @@ class TestVLLMEngine:
         assert generation.completion_tokens == 2
         await engine.check_health()
 
+    async def test_the_schedulers_figures_arrive_while_it_generates(self, engine, prompts):
+        # Stats are on (a stat logger of ours) while vLLM's log stays quiet (no LoggingStatLogger).
+        loggers = engine._engine.logger_manager.stat_loggers
+        assert not any("Logging" in type(logger).__name__ for logger in loggers), loggers
+        task = asyncio.create_task(engine.generate(prompts, SamplingSettings(max_tokens=1500, ignore_eos=True)))
+        try:
+            for _ in range(500):  # until a step has reported every request at the engine
+                await asyncio.sleep(0.02)
+                stats = engine.stats()
+                if stats is not None and stats.running + stats.waiting == len(prompts):
+                    break
+            assert stats is not None and stats.running + stats.waiting == len(prompts), stats
+            assert 0 < stats.kv_cache_usage <= 1  # the running requests hold KV cache blocks
+            assert isinstance(stats.preemptions, int) and stats.preemptions >= 0
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def test_the_stat_logger_reads_vllms_own_stat_objects(self, engine):
+        from vllm.v1.metrics.stats import IterationStats, SchedulerStats
+
+        from cluster.engines.base import EngineStats, EngineStatsRecorder
+        from cluster.engines.vllm import _stat_logger_class
+
+        recorder = EngineStatsRecorder()
+        stat_logger = _stat_logger_class(recorder)(engine._engine.vllm_config, 0)
+        preempted = IterationStats()
+        preempted.num_preempted_reqs = 2
+        stat_logger.record(SchedulerStats(num_running_reqs=3, num_waiting_reqs=2, num_skipped_waiting_reqs=1,
+                                          kv_cache_usage=0.25), preempted)
+        stat_logger.record(None, preempted)
+        assert recorder.snapshot() == EngineStats(running=3, waiting=3, kv_cache_usage=0.25, preemptions=4)
+
     async def test_a_missing_model_fails_start_with_an_engine_error(self, engine, tmp_path):
         broken = VLLMEngine(EngineConfig(model=str(tmp_path / "no-such-model")))
         with pytest.raises(EngineError, match="no-such-model"):
