@@ -48,7 +48,7 @@ CRD_FILES = {
     "RayJob": "ray.io_rayjobs.yaml",
     "RayCluster": "ray.io_rayclusters.yaml",
 }
-CORE_KINDS = {"Namespace", "Secret", "Service", "ConfigMap", "PersistentVolumeClaim", "Job"}
+CORE_KINDS = {"Namespace", "Secret", "Service", "ConfigMap", "PersistentVolumeClaim", "Job", "StatefulSet"}
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
@@ -252,15 +252,13 @@ def validate_all(files: dict[str, str], validators: dict[str, jsonschema.Draft7V
             if document["apiVersion"].startswith("ray.io/"):
                 problems += [f"{name}: {error}" for error in crd_errors(validators, document)]
                 problems += [f"{name}: {error}" for error in kuberay_rule_errors(document)]
-                if document["kind"] == "RayService":
-                    for group, template in pod_templates(document).items():
-                        pod_template = {
-                            "apiVersion": "v1",
-                            "kind": "PodTemplate",
-                            "metadata": {"name": group},
-                            "template": template,
-                        }
-                        problems += [f"{name} [{group}]: {error}" for error in core_errors(pod_template)]
+                templates = pod_templates(document) if document["kind"] == "RayService" else {}
+                if document["kind"] == "RayJob" and "submitterPodTemplate" in document["spec"]:
+                    templates["submitter"] = document["spec"]["submitterPodTemplate"]
+                for group, template in templates.items():
+                    pod_template = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": group},
+                                    "template": template}
+                    problems += [f"{name} [{group}]: {error}" for error in core_errors(pod_template)]
             else:
                 assert document["kind"] in CORE_KINDS, f"{name}: unexpected kind {document['kind']}"
                 problems += [f"{name}: {error}" for error in core_errors(document)]
@@ -470,16 +468,47 @@ def test_ingress_and_ledger_run_one_replica_each_on_pods_of_their_own(committed:
 def test_gcs_fault_tolerance_keeps_the_head_state_in_redis(committed: dict[str, str]) -> None:
     cluster = one(committed, "rayservice-grrm.yaml")["spec"]["rayClusterConfig"]
     options = cluster["gcsFaultToleranceOptions"]
-    assert options["redisAddress"].startswith("redis://")
     secret_ref = options["redisPassword"]["valueFrom"]["secretKeyRef"]
     secret = one(committed, "secret-redis-password.yaml")
     assert secret_ref == {"name": secret["metadata"]["name"], "key": "password"}
     assert "password" in secret["stringData"]
     # The head settings it had are kept: no work on the head.
     assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
-    off = k8s_render.render(k8s_render.RenderOptions(redis_address=""))
-    assert "secret-redis-password.yaml" not in off
+    # An external Redis: no Redis rendered; '' turns GCS fault tolerance off.
+    external = rendered(redis_address="redis://redis.example.internal:6379")
+    assert "redis.yaml" not in external and "secret-redis-password.yaml" in external
+    assert one(external, "rayservice-grrm.yaml")["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"][
+        "redisAddress"] == "redis://redis.example.internal:6379"
+    off = rendered(redis_address="")
+    assert "secret-redis-password.yaml" not in off and "redis.yaml" not in off
     assert "gcsFaultToleranceOptions" not in yaml.safe_load(off["rayservice-grrm.yaml"])["spec"]["rayClusterConfig"]
+
+
+def test_a_first_deploy_brings_its_own_redis(committed: dict[str, str], crd_validators) -> None:
+    """The default: a Redis in the cluster at the address the head is given, with the password of the Secret
+    the head reads, keeping its data on a volume; in any namespace."""
+    service, statefulset = yaml_documents(committed)["redis.yaml"]
+    address = one(committed, "rayservice-grrm.yaml")["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"][
+        "redisAddress"]
+    port = service["spec"]["ports"][0]["port"]
+    assert address == f"redis://{service['metadata']['name']}.{service['metadata']['namespace']}.svc.cluster.local:{port}"
+    pod = statefulset["spec"]["template"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    (container,) = pod["spec"]["containers"]
+    assert container["image"].startswith("redis:7")
+    password = env_of(pod)["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]
+    assert password["name"] == one(committed, "secret-redis-password.yaml")["metadata"]["name"]
+    assert password["key"] == "password" and password["optional"] is False
+    args = container["args"]
+    assert args[args.index("--requirepass") + 1] == "$(REDIS_PASSWORD)"  # expanded by the kubelet
+    assert args[args.index("--appendonly") + 1] == "yes"
+    (claim,) = statefulset["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]  # what every default storage class offers
+    assert {"name": "data", "mountPath": "/data"} in container["volumeMounts"]
+    files = rendered(namespace="rl", name="grrm2")
+    validate_all(files, crd_validators)
+    assert one(files, "rayservice-grrm.yaml")["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"][
+        "redisAddress"] == "redis://grrm2-redis.rl.svc.cluster.local:6379"
 
 
 def test_embedded_application_validates_as_app_config(committed: dict[str, str]) -> None:
@@ -646,62 +675,139 @@ def test_every_engine_pod_has_a_memory_backed_dev_shm_sized_for_its_ranks(tp, pe
     assert "/dev/shm" not in mounts(templates["grrm-services"]) and "/dev/shm" not in mounts(templates["head"])
 
 
+def env_of(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {item["name"]: item for item in template["spec"]["containers"][0].get("env", [])}
+
+
 def test_weights_come_from_a_cache_that_outlives_pods_filled_once_by_a_job(committed: dict[str, str]) -> None:
     rayservice = one(committed, "rayservice-grrm.yaml")
     templates = pod_templates(rayservice)
     for group in ENGINE_GROUPS:
-        cache = mounts(templates[group])["/models/hf"]
+        cache = mounts(templates[group])["/models"]
         assert cache["persistentVolumeClaim"] == {"claimName": "grrm-model-cache"}, group
-        env = {item["name"]: item for item in templates[group]["spec"]["containers"][0]["env"]}
-        assert env["HF_HOME"]["value"] == "/models/hf" and "HF_HUB_OFFLINE" not in env
+        env = env_of(templates[group])
+        assert env["HF_HOME"]["value"] == "/models/hf"
+        # On by default: a pod starts from the cache without asking the hub.
+        assert env["HF_HUB_OFFLINE"]["value"] == "1"
+        # vLLM's compile cache on the shared volume: a new pod reuses what the first one compiled.
+        assert env["VLLM_CACHE_ROOT"]["value"] == "/models/vllm-cache"
     claim, job = yaml_documents(committed)["model-cache.yaml"]
     assert claim["kind"] == "PersistentVolumeClaim" and claim["metadata"]["name"] == "grrm-model-cache"
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]  # reward and trainer pods on many nodes read it
+    # A storage class is a required choice: the committed file holds the placeholder envsubst fills.
+    assert claim["spec"]["storageClassName"] == "${GRRM_RWX_STORAGE_CLASS}"
+    assert "envsubst '$GRRM_RWX_STORAGE_CLASS' < k8s/model-cache.yaml" in committed["model-cache.yaml"]
     pod = job["spec"]["template"]
     (container,) = pod["spec"]["containers"]
     model = yaml.safe_load(GRRM_YAML.read_text())["applications"][0]["args"]["engine"]["model"]
-    assert container["command"][-1] == f"hf download {model} && hf download Qwen/Qwen2.5-7B-Instruct"
+    assert container["command"][-1].endswith(f"&& hf download {model} && hf download Qwen/Qwen2.5-7B-Instruct")
     assert container["image"] == k8s_render.RenderOptions().image
-    assert mounts(pod)["/models/hf"]["persistentVolumeClaim"]["claimName"] == "grrm-model-cache"
-    assert {item["name"]: item for item in container["env"]}["HF_HOME"]["value"] == "/models/hf"
+    assert mounts(pod)["/models"]["persistentVolumeClaim"]["claimName"] == "grrm-model-cache"
+    env = env_of(pod)
+    assert env["HF_HOME"]["value"] == "/models/hf" and "HF_HUB_OFFLINE" not in env  # the Job alone asks the hub
 
 
-def test_offline_pods_never_ask_the_hub_and_other_caches_render(crd_validators) -> None:
-    files = rendered(hf_offline=True)
+def test_every_pod_that_mounts_the_cache_can_write_it(committed: dict[str, str]) -> None:
+    """fsGroup 100 (the image's group users) and a root init container that makes the cache's directories
+    group-writable, on the download Job and every engine pod."""
+    templates = pod_templates(one(committed, "rayservice-grrm.yaml"))
+    job = yaml_documents(committed)["model-cache.yaml"][1]["spec"]["template"]
+    pods = {"download Job": job, **{group: templates[group] for group in ENGINE_GROUPS}}
+    for name, pod in pods.items():
+        spec = pod["spec"]
+        assert spec["securityContext"] == {"fsGroup": 100, "fsGroupChangePolicy": "OnRootMismatch"}, name
+        (init,) = spec["initContainers"]
+        assert init["securityContext"]["runAsUser"] == 0, name
+        assert init["volumeMounts"] == [{"name": "model-cache", "mountPath": "/models"}], name
+        # Its own image: nothing more to pull.
+        assert init["image"] == spec["containers"][0]["image"], name
+    # CPU-only pods mount no cache and need none of it.
+    assert "securityContext" not in templates["head"]["spec"] and "initContainers" not in templates["head"]["spec"]
+    # Off where Pod Security forbids root containers; an emptyDir is writable by all anyway.
+    for overrides in ({"model_cache_fix_permissions": False}, {"model_cache_pvc": None, "hf_offline": False}):
+        reward = pod_templates(one(rendered(**overrides), "rayservice-grrm.yaml"))["grrm-gpus"]["spec"]
+        assert "initContainers" not in reward and reward["securityContext"]["fsGroup"] == 100
+
+
+def _run_pod_script(command: list[str], cache: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    """A container's bash command run here, its /models moved to ``cache`` and `hf` a stub that logs."""
+    stub = tmp_path / "bin" / "hf"
+    stub.parent.mkdir(exist_ok=True)
+    stub.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/hf.log\n')
+    stub.chmod(0o755)
+    script = command[-1].replace("/models", str(cache))
+    env = {"PATH": f"{stub.parent}:/usr/bin:/bin"}
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env)
+
+
+def test_the_cache_scripts_prepare_the_volume_and_the_job_stops_on_one_it_cannot_write(
+    committed: dict[str, str], tmp_path: Path
+) -> None:
+    job = yaml_documents(committed)["model-cache.yaml"][1]["spec"]["template"]["spec"]
+    (init,) = job["initContainers"]
+    cache = tmp_path / "volume"
+    cache.mkdir()
+    prepared = _run_pod_script(init["command"], cache, tmp_path)
+    assert prepared.returncode == 0  # never blocks the pod: the Job's own check speaks
+    for directory in (cache, cache / "hf", cache / "vllm-cache"):
+        assert directory.is_dir()
+        if not prepared.stdout:  # root here: group users, group-writable, new files inherit the group
+            assert directory.stat().st_gid == 100 and directory.stat().st_mode & 0o2070 == 0o2070
+    download = _run_pod_script(job["containers"][0]["command"], cache, tmp_path)
+    assert download.returncode == 0, download.stderr
+    assert (tmp_path / "hf.log").read_text().split("\n")[:2] == [
+        f"download {yaml.safe_load(GRRM_YAML.read_text())['applications'][0]['args']['engine']['model']}",
+        "download Qwen/Qwen2.5-7B-Instruct",
+    ]
+    # A volume the image's user cannot write (an NFS export squashing root): stop at once, name the fix.
+    refused = _run_pod_script(job["containers"][0]["command"], tmp_path / "missing", tmp_path)
+    assert refused.returncode == 1
+    assert "not writable" in refused.stderr and "k8s/README.md, Weights" in refused.stderr
+
+
+def test_offline_is_the_default_and_other_caches_render(crd_validators) -> None:
+    files = rendered(hf_offline=False)
     validate_all(files, crd_validators)
-    templates = pod_templates(one(files, "rayservice-grrm.yaml"))
     for group in ENGINE_GROUPS:
-        env = {item["name"]: item for item in templates[group]["spec"]["containers"][0]["env"]}
-        assert env["HF_HUB_OFFLINE"]["value"] == "1", group
-    # The download Job itself needs the hub.
-    job = yaml_documents(files)["model-cache.yaml"][1]
-    assert "HF_HUB_OFFLINE" not in {item["name"] for item in job["spec"]["template"]["spec"]["containers"][0]["env"]}
-    # A node path instead of a PVC: no claim, no Job; each node's first pod fills it.
-    files = rendered(model_cache_pvc=None, model_cache_host_path="/var/lib/grrm/hf", hf_offline=True)
+        assert "HF_HUB_OFFLINE" not in env_of(pod_templates(one(files, "rayservice-grrm.yaml"))[group]), group
+    # A node path instead of a PVC: no claim, no Job; filled by you (offline) or each node's first pod.
+    files = rendered(model_cache_pvc=None, model_cache_host_path="/var/lib/grrm/hf")
     validate_all(files, crd_validators)
     assert "model-cache.yaml" not in files
     reward = pod_templates(one(files, "rayservice-grrm.yaml"))["grrm-gpus"]
-    assert mounts(reward)["/models/hf"]["hostPath"]["path"] == "/var/lib/grrm/hf"
-    # Neither: a cache that dies with its pod (every new pod downloads).
-    files = rendered(model_cache_pvc=None)
-    assert "emptyDir" in mounts(pod_templates(one(files, "rayservice-grrm.yaml"))["grrm-gpus"])["/models/hf"]
+    assert mounts(reward)["/models"]["hostPath"]["path"] == "/var/lib/grrm/hf"
+    assert reward["spec"]["initContainers"][0]["name"] == "cache-permissions"  # kubelet creates it root-owned
+    # Neither: a cache that dies with its pod (every new pod downloads, so it must ask the hub).
+    files = rendered(model_cache_pvc=None, hf_offline=False)
+    assert "emptyDir" in mounts(pod_templates(one(files, "rayservice-grrm.yaml"))["grrm-gpus"])["/models"]
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
     ({"model_cache_host_path": "/var/lib/hf"}, "choose one cache"),
-    ({"model_cache_pvc": None, "hf_offline": True}, "hf_offline"),
+    ({"model_cache_pvc": None}, "hf_offline .*--no-hf-offline"),
+    ({"model_cache_storage_class": None}, "model_cache_storage_class: .*ReadWriteMany.*standard-rwx.*azurefile-csi.*EFS"),
+    ({"model_cache_storage_class": "Not A Class"}, "model_cache_storage_class: 'Not A Class'"),
 ])
 def test_cache_options_that_cannot_work_are_refused(overrides, message) -> None:
     with pytest.raises(ValueError, match=message):
         rendered(**overrides)
 
 
+def test_a_named_storage_class_is_written_and_needs_no_envsubst() -> None:
+    files = rendered(model_cache_storage_class="standard-rwx")
+    claim = yaml_documents(files)["model-cache.yaml"][0]
+    assert claim["spec"]["storageClassName"] == "standard-rwx"
+    assert "envsubst" not in files["model-cache.yaml"] and "kubectl apply -f k8s/model-cache.yaml" in files["model-cache.yaml"]
+
+
 def test_cli_takes_the_cache_options(tmp_path: Path) -> None:
     argv = ["--model-cache-pvc", "", "--model-cache-host-path", "/mnt/hf", "--hf-offline", "--out", str(tmp_path)]
     assert k8s_render.main(argv) == 0
     reward = pod_templates(one({p.name: p.read_text() for p in tmp_path.iterdir()}, "rayservice-grrm.yaml"))["grrm-gpus"]
-    assert mounts(reward)["/models/hf"]["hostPath"]["path"] == "/mnt/hf"
+    assert mounts(reward)["/models"]["hostPath"]["path"] == "/mnt/hf"
     assert not (tmp_path / "model-cache.yaml").exists()
+    # A render without a storage class fails naming the option (exit 2, no stack trace).
+    assert k8s_render.main(["--model-cache-storage-class", "", "--out", str(tmp_path / "x")]) == 2
 
 
 def test_head_takes_no_work_and_no_traffic(committed: dict[str, str]) -> None:
@@ -761,11 +867,18 @@ def test_secrets_are_referenced_by_name_and_key(committed: dict[str, str]) -> No
 def test_metrics_service_and_scrape_config_cover_every_ray_pod(committed: dict[str, str]) -> None:
     rayservice = one(committed, "rayservice-grrm.yaml")
     service = one(committed, "metrics-service.yaml")
-    selector = service["spec"]["selector"]
-    assert not any(key.startswith("ray.io/") for key in selector)  # survives cluster renames
+    selector = dict(service["spec"]["selector"])
+    assert "ray.io/cluster" not in selector  # survives cluster renames
     assert "app.kubernetes.io/name" not in selector  # KubeRay owns that label on its pods
+    # The renderer's labels and KubeRay's on every Ray pod (a label the template does not carry: KubeRay adds it).
+    assert selector.pop("ray.io/is-ray-node") == "yes"
     for name, template in pod_templates(rayservice).items():
         assert selector.items() <= template["metadata"]["labels"].items(), name
+    # The other pods of the deployment export no metrics, and carry no ray.io label to be selected by.
+    others = [yaml_documents(committed)["redis.yaml"][1], yaml_documents(committed)["model-cache.yaml"][1],
+              {"spec": {"template": one(committed, "verl-job.yaml")["spec"]["submitterPodTemplate"]}}]
+    for other in others:
+        assert not any(key.startswith("ray.io/") for key in other["spec"]["template"]["metadata"]["labels"])
         ports = {p["name"]: p["containerPort"] for p in template["spec"]["containers"][0]["ports"]}
         assert ports["metrics"] == 8080, name
     cluster = rayservice["spec"]["rayClusterConfig"]

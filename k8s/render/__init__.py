@@ -16,6 +16,9 @@ What is rendered (see ``k8s/README.md`` for the design and the operations):
 * ``namespace.yaml``                 the namespace;
 * ``secret-hf-token.yaml``           Hugging Face token Secret template (placeholder value);
 * ``secret-api-token.yaml``          bearer token Secret template for the HTTP API (placeholder);
+* ``secret-redis-password.yaml``    the GCS Redis's password Secret template (placeholder);
+* ``redis.yaml``                    that Redis in the cluster (the default; ``--redis-address`` for yours);
+* ``model-cache.yaml``              the cache volume's PVC (ReadWriteMany) and the Job that fills it;
 * ``rayservice-grrm.yaml``           the RayService: CPU-only head, ``grrm-gpus`` reward workers
                                      (one or more TP replicas per pod), ``policy-gpus`` trainer
                                      workers, the Ray autoscaler (v2) on;
@@ -29,7 +32,9 @@ What is rendered (see ``k8s/README.md`` for the design and the operations):
 Modules, one job each: :mod:`~k8s.render.options` (what a render depends on),
 :mod:`~k8s.render.app` (the Serve application and the reward pods' sizing),
 :mod:`~k8s.render.ray_cluster` (the RayService), :mod:`~k8s.render.placement` (which Ray demand fits which
-group, checked on every render; each group's Ray node shape), :mod:`~k8s.render.observability` (metrics Service,
+group, checked on every render; each group's Ray node shape), :mod:`~k8s.render.scheduling` (where Kubernetes
+may put each pod), :mod:`~k8s.render.volumes` (the cache volume, the download Job), :mod:`~k8s.render.redis`
+(the GCS's Redis), :mod:`~k8s.render.observability` (metrics Service,
 Prometheus scrape job), :mod:`~k8s.render.verl_job` (the verl RayJob and submit script; its Hydra
 overrides in ``verl_job.yaml``), :mod:`~k8s.render.kube` (what every manifest shares),
 :mod:`~k8s.render.manifests` (every file of a render), :mod:`~k8s.render.cli` (the command line).

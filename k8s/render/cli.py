@@ -42,15 +42,28 @@ FLAGS = {
     "job_name": "RayJob name",
     "ray_cluster_name": "RayCluster for the RayJob's clusterSelector",
     "upgrade_strategy": "RayService upgradeStrategy.type",
-    "redis_address": "Redis of GCS fault tolerance ('' = off)",
+    "redis_address": "Redis of GCS fault tolerance (default: one rendered in the cluster, redis.yaml; '' = off)",
     "redis_password_secret": "Secret (key `password`) with that Redis's password",
+    "redis_image": "image of the in-cluster Redis",
     "service_pods": "grrm-services pods (= ingress and ledger replicas, one of each per pod)",
-    "model_cache_pvc": "PVC (ReadWriteMany) holding the weights at /models/hf, filled once by model-cache.yaml's Job "
-                       "('' = none)",
-    "model_cache_storage_class": "storage class of that PVC (default: the cluster's)",
-    "model_cache_host_path": "a node path holding the weights instead of a PVC",
+    "model_cache_pvc": "PVC (ReadWriteMany) mounted at /models (weights, vLLM's compile cache), filled once by "
+                       "model-cache.yaml's Job ('' = none)",
+    "model_cache_storage_class": "storage class of that PVC, one that mounts ReadWriteMany (required; default: a "
+                                 "placeholder for envsubst '$GRRM_RWX_STORAGE_CLASS')",
+    "model_cache_host_path": "a node path holding the cache instead of a PVC",
     "model_cache_gi": "size of the weights cache (GiB)",
-    "hf_offline": "pods never ask the hub (HF_HUB_OFFLINE=1): the weights must be in the cache first",
+    "model_cache_fix_permissions": "a root init container makes the cache's directories writable by gid 100",
+    "hf_offline": "pods never ask the hub (HF_HUB_OFFLINE=1; on by default): the weights must be in the cache first",
+    "tolerations": "taints every pod tolerates, comma-separated key[=value][:Effect] (e.g. dedicated=grrm:NoSchedule)",
+    "cpu_tolerations": "taints the CPU pods (head, services, Redis, download Job, job submitter) tolerate too",
+    "reward_tolerations": "taints the reward pods tolerate too",
+    "policy_tolerations": "taints the trainer pods tolerate too",
+    "cpu_node_selector": "node labels the CPU pods require, comma-separated key=value",
+    "reward_node_selector": "node labels the reward pods require (with the GPU product's), key=value,...",
+    "policy_node_selector": "node labels the trainer pods require (with the GPU product's), key=value,...",
+    "cpu_pods_on_gpu_nodes": "let the CPU pods run on GPU nodes (a cluster of GPU nodes only)",
+    "share_gpu_nodes": "let reward and trainer pods share a node (no anti-affinity between them)",
+    "service_pods_on_distinct_nodes": "require the grrm-services pods on distinct nodes (default: preferred)",
 }
 # Options whose '' means None (no such object).
 EMPTY_MEANS_NONE = ("trainer_data_pvc", "model_cache_pvc", "model_cache_storage_class", "model_cache_host_path")
@@ -99,10 +112,30 @@ def parse_args(argv: list[str] | None = None) -> tuple[RenderOptions, argparse.N
     return RenderOptions(**values), args
 
 
-def _value_type(hint: Any) -> type:
-    """The type a flag's text converts to: the field's type, ``X`` for ``X | None``."""
+def _value_type(hint: Any) -> Any:
+    """What a flag's text converts with: the field's type, ``X`` for ``X | None``, a comma-separated list for
+    a tuple, ``key=value,...`` for a dict."""
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        return _items
+    if origin is dict:
+        return _labels
     (kind,) = [arg for arg in typing.get_args(hint) if arg is not type(None)] or [hint]
     return kind
+
+
+def _items(text: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+def _labels(text: str) -> dict[str, str]:
+    result = {}
+    for item in _items(text):
+        key, equals, value = item.partition("=")
+        if not equals or not key:
+            raise argparse.ArgumentTypeError(f"{item!r} is not key=value")
+        result[key] = value
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:

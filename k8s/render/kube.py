@@ -71,6 +71,10 @@ class _Dumper(yaml.SafeDumper):
     def increase_indent(self, flow: bool = False, indentless: bool = False) -> Any:
         return super().increase_indent(flow, False)
 
+    def ignore_aliases(self, data: Any) -> bool:
+        # A dict used twice (a selector and the labels it selects) is written out twice, not as &id001.
+        return True
+
 
 def _str_representer(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
     if "\n" in value:

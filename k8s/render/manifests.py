@@ -8,6 +8,7 @@ from k8s.render.observability import metrics_service, prometheus_config
 from k8s.render.options import RenderOptions, check_options
 from k8s.render.placement import check_placement, node_shape
 from k8s.render.ray_cluster import ray_groups, rayservice
+from k8s.render.redis import in_cluster, redis_address, redis_objects
 from k8s.render.verl_job import rayjob, submit_script
 from k8s.render.volumes import model_cache_claim, model_download_job
 
@@ -33,17 +34,32 @@ def render(options: RenderOptions | None = None) -> dict[str, str]:
         '--from-literal=token="$(openssl rand -hex 32)"\n'
     )
     redis_note = (
-        "# A template: the password of the Redis that backs GCS fault tolerance (an HA Redis you run).\n"
+        "# A template: the password of the Redis that backs GCS fault tolerance"
+        + (" (redis.yaml's, which reads it from here)" if in_cluster(options) else " (yours)") + ".\n"
         f"#   kubectl -n {options.namespace} create secret generic {options.redis_password_secret} "
-        "--from-literal=password=...\n"
+        + ('--from-literal=password="$(openssl rand -hex 32)"\n' if in_cluster(options)
+           else "--from-literal=password=...\n")
+    )
+    redis_yaml_note = (
+        "# The Redis the head's GCS keeps its state in (GCS fault tolerance): one pod, its append-only file on a\n"
+        "# volume. It makes a first deploy work; it is not highly available: in production render with\n"
+        "# --redis-address redis://<your HA Redis> (k8s/README.md, Head failure).\n"
     )
     # The reward model and the policy, where they are hub ids (a path is the user's to fill).
     hub_models = [model for model in (sizing.model, options.policy_model) if not model.startswith(("/", "."))]
+    storage_class = options.model_cache_storage_class
+    apply_cache = (
+        "envsubst '$GRRM_RWX_STORAGE_CLASS' < k8s/model-cache.yaml | kubectl apply -f -"
+        if storage_class == RenderOptions.model_cache_storage_class else "kubectl apply -f k8s/model-cache.yaml"
+    )
     cache_note = (
-        "# The weights cache every engine pod mounts at /models/hf (HF_HOME), and a Job that fills it once, before\n"
-        "# the RayService starts, so no replica pod downloads the weights itself:\n"
-        f"#   kubectl apply -f k8s/model-cache.yaml && kubectl -n {options.namespace} wait --for=condition=complete "
-        "--timeout=2h job/grrm-model-download\n"
+        "# The cache volume every engine pod mounts at /models (weights in /models/hf = HF_HOME, vLLM's compile\n"
+        "# cache in /models/vllm-cache), and a Job that fills it once, before the RayService starts, so no replica\n"
+        "# pod downloads the weights itself. Its storage class must mount ReadWriteMany (k8s/README.md, Weights):\n"
+        + ("#   export GRRM_RWX_STORAGE_CLASS=standard-rwx   # GKE Filestore; AKS: azurefile-csi; EKS: your EFS class\n"
+           if storage_class == RenderOptions.model_cache_storage_class else "")
+        + f"#   {apply_cache}\n"
+        f"#   kubectl -n {options.namespace} wait --for=condition=complete --timeout=2h job/grrm-model-download\n"
     )
     job_note = (
         f"# clusterSelector needs the RayService's active RayCluster name (it carries a generated suffix):\n"
@@ -64,8 +80,9 @@ def render(options: RenderOptions | None = None) -> dict[str, str]:
                 secret(options, options.redis_password_secret, "gcs-storage", "REPLACE_WITH_REDIS_PASSWORD",
                        key="password"),
                 note=redis_note)}
-            if options.redis_address else {}
+            if redis_address(options) else {}
         ),
+        **({"redis.yaml": documents_text(*redis_objects(options), note=redis_yaml_note)} if in_cluster(options) else {}),
         **(
             {"model-cache.yaml": documents_text(
                 model_cache_claim(options),

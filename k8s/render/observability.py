@@ -8,6 +8,8 @@ from typing import Any
 from k8s.render.kube import METRICS_PORT, labels, to_yaml
 from k8s.render.options import RenderOptions
 
+RAY_NODE_LABEL = "ray.io/is-ray-node"
+
 
 def metrics_service(options: RenderOptions) -> dict[str, Any]:
     return {
@@ -22,7 +24,9 @@ def metrics_service(options: RenderOptions) -> dict[str, Any]:
             # Headless: one endpoint per Ray pod (head, reward and trainer workers, both clusters
             # during a blue/green upgrade), for Prometheus' endpoints discovery.
             "clusterIP": "None",
-            "selector": labels(options),
+            # KubeRay's label on every Ray pod (not Redis, the download Job or the job submitter, which
+            # carry this deployment's labels and export no metrics); stable across cluster renames.
+            "selector": {**labels(options), RAY_NODE_LABEL: "yes"},
             "ports": [{"name": "metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT, "protocol": "TCP"}],
         },
     }

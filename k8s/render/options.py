@@ -3,7 +3,8 @@ combinations of options that would deploy but misbehave (:func:`check_options`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -12,6 +13,17 @@ if TYPE_CHECKING:
 # verl's placement-group bundle: {"CPU": max_colocate_count=3, "GPU": 1} per GPU (k8s/render/placement.py).
 VERL_CPUS_PER_GPU_BUNDLE = 3
 UPGRADE_STRATEGIES = ("NewCluster", "NewClusterWithIncrementalUpgrade", "None")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+# kubectl taint's form: key[=value][:Effect] (no effect: every effect).
+_TOLERATION = re.compile(r"(?P<key>[A-Za-z0-9][-A-Za-z0-9_./]*)(=(?P<value>[-A-Za-z0-9_.]*))?(:(?P<effect>\w+))?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+# RWX storage classes of the big clouds, for the message of a render that names none.
+RWX_STORAGE_CLASSES = (
+    "GKE: `standard-rwx` (Filestore; also premium-rwx, enterprise-rwx; the Filestore CSI driver enabled)",
+    "AKS: `azurefile-csi` (or azurefile-csi-premium)",
+    "EKS: an EFS class you create (provisioner efs.csi.aws.com, often named `efs-sc`)",
+    "elsewhere: an NFS or CephFS class",
+)
 
 
 @dataclass(frozen=True)
@@ -45,11 +57,19 @@ class RenderOptions:
     # downloading them; or a path on each node (filled by the first pod there); '' for both: an emptyDir
     # per pod (every pod downloads).
     model_cache_pvc: str | None = "grrm-model-cache"
-    model_cache_storage_class: str | None = None  # None: the cluster's default (it must offer ReadWriteMany)
+    # Required with the PVC: most clusters' default class cannot mount ReadWriteMany, and a claim it
+    # cannot provision waits forever. The default is a placeholder for `envsubst '$GRRM_RWX_STORAGE_CLASS'`
+    # (the API server refuses it unsubstituted), like ray_cluster_name.
+    model_cache_storage_class: str | None = "${GRRM_RWX_STORAGE_CLASS}"
     model_cache_host_path: str | None = None
     model_cache_gi: int = 100
-    # Pods never ask the hub (HF_HUB_OFFLINE=1): the weights must be in the cache already.
-    hf_offline: bool = False
+    # A root init container gives the image's group (users, 100) write access to the cache's directories
+    # on pods that mount it (fsGroup alone does not reach NFS, nor a hostPath). Off where Pod Security
+    # forbids root containers: then make the volume writable by gid 100 yourself (README, Weights).
+    model_cache_fix_permissions: bool = True
+    # Pods never ask the hub (HF_HUB_OFFLINE=1): the weights must be in the cache already (the download
+    # Job fills it; it alone asks the hub). A new pod then starts from the cache without a round trip.
+    hf_offline: bool = True
     # /dev/shm per trainer GPU (verl's FSDP ranks and its vLLM rollout's TP ranks pass tensors through it).
     policy_shm_gi_per_gpu: int = 2
     worker_idle_timeout_s: int = 300
@@ -77,10 +97,34 @@ class RenderOptions:
     ray_cluster_name: str = "${GRRM_RAY_CLUSTER}"
     upgrade_strategy: str = "NewCluster"
     # GCS fault tolerance: the head's GCS keeps its state in this Redis, so a head failure does
-    # not restart the workers (their replicas keep serving while the head comes back). An
-    # operator-provided, highly available Redis; '' turns it off.
-    redis_address: str = "redis://grrm-redis.grrm.svc.cluster.local:6379"
+    # not restart the workers (their replicas keep serving while the head comes back). None: a Redis
+    # rendered in the cluster (redis.yaml: one pod with an append-only file on a volume, so a first
+    # deploy works); a redis:// address: one of yours (production: a highly available one); '': off.
+    redis_address: str | None = None
     redis_password_secret: str = "grrm-redis"
+    redis_image: str = "redis:7.4"
+    redis_storage_gi: int = 1
+    # Scheduling (README, Scheduling). Extra taints the pods tolerate, in kubectl taint's form
+    # `key[=value][:Effect]` (no effect: every effect; no value: any value), e.g. `dedicated=grrm:NoSchedule`:
+    # on every pod, or on one kind. The GPU pods tolerate nvidia.com/gpu already.
+    tolerations: tuple[str, ...] = ()
+    cpu_tolerations: tuple[str, ...] = ()  # head, grrm-services, Redis, the download Job, the job submitter
+    reward_tolerations: tuple[str, ...] = ()
+    policy_tolerations: tuple[str, ...] = ()
+    # Node labels each kind of pod requires (node pools), e.g. {"cloud.google.com/gke-nodepool": "cpu-pool"}.
+    cpu_node_selector: dict[str, str] = field(default_factory=dict)
+    reward_node_selector: dict[str, str] = field(default_factory=dict)
+    policy_node_selector: dict[str, str] = field(default_factory=dict)
+    # The CPU pods stay off GPU nodes (nodes labelled gpu_label_key), where they would take a trainer's
+    # CPUs and memory. True (a cluster of GPU nodes only): they may run there, tolerating the GPU taint.
+    cpu_pods_on_gpu_nodes: bool = False
+    # Reward and trainer pods never share a node (required anti-affinity): 1-GPU reward pods spread over
+    # the GPU nodes would leave no node whole for an 8-GPU trainer pod. True: they may (one GPU node
+    # split between the two, with policy_gpus_per_node below its GPUs).
+    share_gpu_nodes: bool = False
+    # The grrm-services pods on distinct nodes: preferred by default (a cluster with one CPU node still
+    # starts both); True requires it (as many CPU nodes as service_pods), so a node loss takes one.
+    service_pods_on_distinct_nodes: bool = False
     # CPU pods of their own for the ingress and the ledger: one replica of each per pod, so losing
     # a pod (or its node) loses one replica of each, never both.
     service_pods: int = 2
@@ -109,7 +153,46 @@ def check_options(options: RenderOptions, sizing: Sizing) -> None:
     if options.model_cache_pvc and options.model_cache_host_path:
         raise ValueError("model_cache_pvc and model_cache_host_path: choose one cache for the weights")
     if options.hf_offline and not (options.model_cache_pvc or options.model_cache_host_path):
-        raise ValueError("hf_offline: pods that never ask the hub need the weights in a cache that outlives them "
-                         "(model_cache_pvc or model_cache_host_path)")
+        raise ValueError("hf_offline (on by default): pods that never ask the hub need the weights in a cache that "
+                         "outlives them (model_cache_pvc or model_cache_host_path); with neither, every pod downloads "
+                         "its weights: render with --no-hf-offline")
+    check_storage_class(options)
+    for name in ("tolerations", "cpu_tolerations", "reward_tolerations", "policy_tolerations"):
+        for text in getattr(options, name):
+            toleration(text, name)
     if len(options.name) > 47:
         raise ValueError("name: a RayService name is at most 47 characters (KubeRay adds a 6-character suffix)")
+
+
+def check_storage_class(options: RenderOptions) -> None:
+    """The weights cache's PVC names a storage class, and one Kubernetes accepts (or the envsubst placeholder)."""
+    if not options.model_cache_pvc:
+        return
+    storage_class = options.model_cache_storage_class
+    if not storage_class:
+        raise ValueError(
+            "model_cache_storage_class: the weights cache PVC needs a storage class that mounts ReadWriteMany "
+            "(most clusters' default class cannot, and the claim then waits forever); name one of yours, e.g. "
+            + "; ".join(RWX_STORAGE_CLASSES)
+        )
+    if storage_class != RenderOptions.model_cache_storage_class and not _DNS_SUBDOMAIN.fullmatch(storage_class):
+        raise ValueError(f"model_cache_storage_class: {storage_class!r} is not a storage class name")
+
+
+def toleration(text: str, option: str = "tolerations") -> dict[str, str]:
+    """A Kubernetes toleration from kubectl taint's form ``key[=value][:Effect]`` (``option`` names the setting
+    in errors): no value tolerates any value (Exists), no effect every effect."""
+    match = _TOLERATION.fullmatch(text)
+    if match is None:
+        raise ValueError(f"{option}: {text!r} is not key[=value][:Effect] (e.g. dedicated=grrm:NoSchedule)")
+    effect = match.group("effect")
+    if effect is not None and effect not in TAINT_EFFECTS:
+        raise ValueError(f"{option}: {text!r} has effect {effect!r}, not one of {', '.join(TAINT_EFFECTS)}")
+    result = {"key": match.group("key")}
+    if match.group("value") is None:
+        result["operator"] = "Exists"
+    else:
+        result.update(operator="Equal", value=match.group("value"))
+    if effect is not None:
+        result["effect"] = effect
+    return result

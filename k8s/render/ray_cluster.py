@@ -22,7 +22,18 @@ from k8s.render.kube import (
     to_yaml,
 )
 from k8s.render.options import RenderOptions
-from k8s.render.volumes import engine_volume_mounts, hf_env, model_cache_volume, shm_volume
+from k8s.render.redis import redis_address
+from k8s.render.scheduling import (
+    HEAD_COMPONENT,
+    POLICY_COMPONENT,
+    REWARD_COMPONENT,
+    SERVICES_COMPONENT,
+    cpu_pod,
+    policy_pod,
+    reward_pod,
+    service_pod,
+)
+from k8s.render.volumes import cache_pod_settings, engine_env, engine_volume_mounts, model_cache_volume, shm_volume
 
 # Custom Ray resources that tag each worker group (see README "Keeping the two workloads apart"); the
 # reward group's, GRRM_RESOURCE, is defined beside the application that asks for it (app.py).
@@ -67,10 +78,6 @@ def ray_resources_param(custom: dict[str, int]) -> str:
     return '"' + json.dumps(custom).replace('"', '\\"') + '"'
 
 
-def gpu_tolerations() -> list[dict[str, Any]]:
-    return [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-
-
 def head_group(options: RenderOptions) -> dict[str, Any]:
     container = {
         "name": "ray-head",
@@ -97,8 +104,8 @@ def head_group(options: RenderOptions) -> dict[str, Any]:
             "metrics-export-port": str(METRICS_PORT),
         },
         "template": {
-            "metadata": {"labels": labels(options, "ray-head")},
-            "spec": {"containers": [container]},
+            "metadata": {"labels": labels(options, HEAD_COMPONENT)},
+            "spec": {**cpu_pod(options), "containers": [container]},
         },
     }
 
@@ -124,17 +131,16 @@ def serving_container(options: RenderOptions, env: list[dict[str, Any]], quantit
 
 def reward_worker_group(options: RenderOptions, sizing: Sizing) -> dict[str, Any]:
     container = serving_container(
-        options, [*hf_env(options), api_token_env(options)],
+        options, [*engine_env(options), api_token_env(options)],
         resources(sizing.container_cpus, sizing.memory_gi, sizing.gpus_per_worker),
     )
     container["volumeMounts"] = engine_volume_mounts()
     spec: dict[str, Any] = {
+        **reward_pod(options),
+        **cache_pod_settings(options, options.image),
         "containers": [container],
-        "tolerations": gpu_tolerations(),
         "volumes": [model_cache_volume(options), shm_volume(sizing.shm_gi)],
     }
-    if options.gpu_product:
-        spec["nodeSelector"] = {options.gpu_label_key: options.gpu_product}
     return {
         "groupName": "grrm-gpus",
         "replicas": sizing.min_workers,
@@ -152,7 +158,7 @@ def reward_worker_group(options: RenderOptions, sizing: Sizing) -> dict[str, Any
             "resources": ray_resources_param({GRRM_RESOURCE: sizing.replicas_per_worker}),
             "metrics-export-port": str(METRICS_PORT),
         },
-        "template": {"metadata": {"labels": labels(options, "reward-worker")}, "spec": spec},
+        "template": {"metadata": {"labels": labels(options, REWARD_COMPONENT)}, "spec": spec},
     }
 
 
@@ -173,7 +179,10 @@ def service_worker_group(options: RenderOptions) -> dict[str, Any]:
             "resources": ray_resources_param({SERVICE_RESOURCE: 2}),
             "metrics-export-port": str(METRICS_PORT),
         },
-        "template": {"metadata": {"labels": labels(options, "reward-services")}, "spec": {"containers": [container]}},
+        "template": {
+            "metadata": {"labels": labels(options, SERVICES_COMPONENT)},
+            "spec": {**service_pod(options), "containers": [container]},
+        },
     }
 
 
@@ -191,7 +200,7 @@ def policy_worker_group(options: RenderOptions) -> dict[str, Any]:
         ],
         # The bridge reaches the reward app through a Serve handle (no token needed); the token
         # is there for its HTTP transport.
-        "env": [*hf_env(options), api_token_env(options)],
+        "env": [*engine_env(options), api_token_env(options)],
         # A memory-backed /dev/shm counts against the pod's memory.
         "resources": resources(cpus, options.policy_memory_gi_per_gpu * gpus + shm_gi, gpus),
         # Same readiness as the reward workers: a trainer node has no Serve replica, its proxy
@@ -205,10 +214,12 @@ def policy_worker_group(options: RenderOptions) -> dict[str, Any]:
     if options.trainer_data_pvc:
         container["volumeMounts"].append({"name": "data", "mountPath": "/data"})
         volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": options.trainer_data_pvc}})
-    spec: dict[str, Any] = {"containers": [container], "tolerations": gpu_tolerations(), "volumes": volumes}
-    product = options.policy_gpu_product or options.gpu_product
-    if product:
-        spec["nodeSelector"] = {options.gpu_label_key: product}
+    spec: dict[str, Any] = {
+        **policy_pod(options),
+        **cache_pod_settings(options, options.trainer_image),
+        "containers": [container],
+        "volumes": volumes,
+    }
     minimum = options.policy_min_nodes
     return {
         "groupName": "policy-gpus",
@@ -224,7 +235,7 @@ def policy_worker_group(options: RenderOptions) -> dict[str, Any]:
             "resources": ray_resources_param({TRAINER_RESOURCE: 1}),
             "metrics-export-port": str(METRICS_PORT),
         },
-        "template": {"metadata": {"labels": labels(options, "policy-worker")}, "spec": spec},
+        "template": {"metadata": {"labels": labels(options, POLICY_COMPONENT)}, "spec": spec},
     }
 
 
@@ -277,12 +288,13 @@ def rayservice(options: RenderOptions, serve_config: dict[str, Any], sizing: Siz
 
 
 def gcs_fault_tolerance(options: RenderOptions) -> dict[str, Any]:
-    """The RayService's GCS fault tolerance on an external Redis (KubeRay >= 1.3), if configured."""
-    if not options.redis_address:
+    """The RayService's GCS fault tolerance on Redis (KubeRay >= 1.3): the rendered one or yours; none if off."""
+    address = redis_address(options)
+    if not address:
         return {}
     return {
         "gcsFaultToleranceOptions": {
-            "redisAddress": options.redis_address,
+            "redisAddress": address,
             "redisPassword": {
                 "valueFrom": {"secretKeyRef": {"name": options.redis_password_secret, "key": "password"}}
             },

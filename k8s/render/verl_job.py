@@ -14,9 +14,10 @@ from typing import Any
 import yaml
 
 from k8s.render.app import Sizing
-from k8s.render.kube import DASHBOARD_PORT, GENERATED_HEADER, labels
+from k8s.render.kube import DASHBOARD_PORT, GENERATED_HEADER, labels, resources
 from k8s.render.options import RenderOptions
 from k8s.render.ray_cluster import TRAINER_RESOURCE
+from k8s.render.scheduling import cpu_pod
 
 VERL_JOB_OVERRIDES = Path(__file__).with_name("verl_job.yaml")
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")  # a whole value "{name}": a render option's value
@@ -72,6 +73,26 @@ def rayjob(options: RenderOptions, sizing: Sizing) -> dict[str, Any]:
             "entrypointResources": entrypoint_resources(),
             # The cluster is the reward service's: never tear it down with the job.
             "shutdownAfterJobFinishes": False,
+            "submitterPodTemplate": submitter_pod(options),
+        },
+    }
+
+
+def submitter_pod(options: RenderOptions) -> dict[str, Any]:
+    """The pod that runs ``ray job submit`` (KubeRay fills in its command): KubeRay's default, placed as the
+    other CPU pods are (its default would ignore the render's tolerations and node selectors)."""
+    return {
+        "metadata": {"labels": labels(options, "trainer-submitter")},
+        "spec": {
+            **cpu_pod(options),
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": "ray-job-submitter",
+                # The head's image, as KubeRay's default: the same Ray as the cluster.
+                "image": options.image,
+                "imagePullPolicy": "IfNotPresent",
+                "resources": resources(1, 1),
+            }],
         },
     }
 
