@@ -602,6 +602,7 @@ def test_cli_renders_a_custom_size(tmp_path: Path, crd_validators) -> None:
         {"rollout_tp": 3},
         {"policy_nodes": 0},
         {"policy_nodes": 2, "policy_min_nodes": 3},
+        {"redis_address": "http://redis:6379"},
     ],
 )
 def test_render_refuses_bad_sizes(overrides: dict[str, Any]) -> None:
@@ -989,3 +990,13 @@ def test_submit_script_runs_the_same_job(committed: dict[str, str]) -> None:
     assert "-- " + job_entrypoint.splitlines()[0] in text
     assert "grrm-head-svc.grrm.svc.cluster.local:8265" in text
     assert "--entrypoint-resources '{\"verl_trainer\": 1}'" in text
+
+
+def test_readme_patches_name_the_groups_they_mean(committed: dict[str, str]) -> None:
+    """The README's `kubectl patch` lines index workerGroupSpecs; each says which group it means."""
+    groups = [group["groupName"] for group in
+              one(committed, "rayservice-grrm.yaml")["spec"]["rayClusterConfig"]["workerGroupSpecs"]]
+    patches = re.findall(r'workerGroupSpecs/(\d+)/\w+".*#\s*([a-z-]+)', (K8S_DIR / "README.md").read_text())
+    assert len(patches) == 2
+    for index, group in patches:
+        assert groups[int(index)] == group

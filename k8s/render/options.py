@@ -17,6 +17,7 @@ TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 # kubectl taint's form: key[=value][:Effect] (no effect: every effect).
 _TOLERATION = re.compile(r"(?P<key>[A-Za-z0-9][-A-Za-z0-9_./]*)(=(?P<value>[-A-Za-z0-9_.]*))?(:(?P<effect>\w+))?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+_REDIS_ADDRESS = re.compile(r"(rediss?://([^@/\s]+@)?)?[^:/@\s]+:\d+/?")
 # RWX storage classes of the big clouds, for the message of a render that names none.
 RWX_STORAGE_CLASSES = (
     "GKE: `standard-rwx` (Filestore; also premium-rwx, enterprise-rwx; the Filestore CSI driver enabled)",
@@ -157,6 +158,9 @@ def check_options(options: RenderOptions, sizing: Sizing) -> None:
                          "outlives them (model_cache_pvc or model_cache_host_path); with neither, every pod downloads "
                          "its weights: render with --no-hf-offline")
     check_storage_class(options)
+    if options.redis_address and not _REDIS_ADDRESS.fullmatch(options.redis_address):
+        raise ValueError(f"redis_address: {options.redis_address!r} is not redis://host:port (or rediss://, "
+                         "host:port); '' turns GCS fault tolerance off, leaving it out renders a Redis")
     for name in ("tolerations", "cpu_tolerations", "reward_tolerations", "policy_tolerations"):
         for text in getattr(options, name):
             toleration(text, name)
