@@ -8,10 +8,15 @@ Only what this machine lacks is swapped, and each swap is printed and written wi
   ends an answer nor writes a verdict, so its answers are cut short (``max_answer_tokens``), verdict
   repair writes the verdict, and one retry is enough;
 - the engine: where vLLM cannot be imported, the transformers engine (vLLM's batch settings and its
-  priority scheduler have no transformers counterpart; its micro-batch takes ``max_num_seqs``).
+  priority scheduler have no transformers counterpart; its micro-batch takes ``max_num_seqs``);
+- the GPU: where torch sees no CUDA device, the engine runs on the CPU (``replicas.gpus_per_rank`` 0).
 
 Everything else (dtype, context, prefix caching, GPU memory share, temperatures, limits) is grrm.yaml's.
 A table and ``bench/results/production_config.json``: groups scored, valid verdicts, seconds.
+
+A run with a swap is a run of grrm.yaml's blocks on what the machine has, NOT a run of the production
+config: it ends with a line saying so and exit status 3 (``SWAPPED_EXIT``), which scripts/gpu_smoke.sh
+reports as such; 0 only where nothing was swapped and every group got a verdict; 1 where one did not.
 
     .venv/bin/python -m bench.production_config                 # the 20 demo groups
     .venv/bin/python -m bench.production_config --quick          # 4 groups
@@ -38,6 +43,11 @@ GRRM_YAML = ROOT / "deployments" / "grrm.yaml"
 DEMO_GROUPS = ROOT / "data" / "demo_groups.jsonl"
 # A random model's answers: long enough for an analysis and the repair to follow it.
 TINY_MODEL_ANSWER_TOKENS = 128
+# Exit status of a run that scored with swaps: the production config itself did not run (not a pass,
+# not a failure; scripts/gpu_smoke.sh's "incomplete" status).
+SWAPPED_EXIT = 3
+# How the verdict line of a run with swaps starts (scripts/gpu_smoke.sh repeats the line in its summary).
+NOT_RUN = "production config NOT run: swapped"
 
 
 @dataclass(frozen=True)
@@ -50,11 +60,12 @@ class Swap:
     why: str
 
 
-def machine_config(config: AppConfig, *, model_found: bool, vllm_importable: bool,
+def machine_config(config: AppConfig, *, model_found: bool, vllm_importable: bool, cuda_device: bool,
                    tiny_model: str) -> tuple[AppConfig, list[Swap]]:
     """``config`` with only what this machine lacks swapped, and the swaps (pure)."""
     engine = config.engine.model_dump()
     scoring = config.scoring.model_dump()
+    replicas = config.replicas.model_dump()
     swaps: list[Swap] = []
 
     def swap(block: dict[str, Any], name: str, field: str, value: Any, why: str) -> None:
@@ -78,9 +89,25 @@ def machine_config(config: AppConfig, *, model_found: bool, vllm_importable: boo
         swap(engine, "engine", "engine_kwargs", kwargs, no_vllm + " (max_num_seqs: the micro-batch)")
         swap(engine, "engine", "max_num_seqs", None, no_vllm)
         swap(engine, "engine", "max_num_batched_tokens", None, no_vllm)
+    if not cuda_device and config.replicas.gpus_per_rank > 0:
+        swap(replicas, "replicas", "gpus_per_rank", 0.0, "no CUDA device here: the engine runs on the CPU")
     changed = config.model_copy(update={"engine": type(config.engine).model_validate(engine),
-                                        "scoring": type(config.scoring).model_validate(scoring)})
+                                        "scoring": type(config.scoring).model_validate(scoring),
+                                        "replicas": type(config.replicas).model_validate(replicas)})
     return AppConfig.model_validate(changed.model_dump()), swaps  # validated again, as a deployment would be
+
+
+def verdict(row: dict[str, Any], swaps: list[Swap]) -> tuple[int, str]:
+    """The run's exit status and its last line: 1 where a group got no verdict; ``SWAPPED_EXIT`` where
+    anything was swapped (grrm.yaml's blocks scored, but not the production config); 0 only for the
+    production config as shipped, every group valid."""
+    if row["valid"] != row["groups"]:
+        return 1, (f"[production-config] FAILED: {row['groups'] - row['valid']} of {row['groups']} groups got no "
+                   f"verdict ({', '.join(row['failures']) or 'no failure kind'})")
+    if swaps:
+        return SWAPPED_EXIT, (f"[production-config] {NOT_RUN} {', '.join(item.field for item in swaps)} (grrm.yaml's "
+                              f"blocks scored {row['valid']} of {row['groups']} groups on what this machine has)")
+    return 0, f"[production-config] production config ran as shipped: {row['valid']} of {row['groups']} groups valid"
 
 
 def demo_groups(count: int) -> list[GroupRequest]:
@@ -128,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         model_found = False
     vllm_importable = importlib.util.find_spec("vllm") is not None
     config, swaps = machine_config(config, model_found=model_found, vllm_importable=vllm_importable,
-                                   tiny_model=str(args.tiny_model))
+                                   cuda_device=_cuda_device(), tiny_model=str(args.tiny_model))
     if not model_found:
         from cluster.tiny_model import build_tiny_model
 
@@ -138,9 +165,19 @@ def main(argv: list[str] | None = None) -> int:
     row = asyncio.run(score(config, demo_groups(4 if args.quick else args.groups)))
     print_table([row], ["engine", "dtype", "groups", "valid", "start_s", "score_s"])
     write_json("production_config", [row], meta={"config": str(args.config), "swaps": [asdict(s) for s in swaps],
-                                                 "machine": machine()})
-    # Every group answered with a verdict: the tiny model's verdicts come from repair, a real one's on its own.
-    return 0 if row["valid"] == row["groups"] else 1
+                                                 "production_config_ran": not swaps, "machine": machine()})
+    # Every group answered with a verdict (the tiny model's come from repair, a real one's on its own), and
+    # only with nothing swapped is that a run of the production config.
+    status, line = verdict(row, swaps)
+    print(line)
+    return status
+
+
+def _cuda_device() -> bool:
+    """Whether torch sees a CUDA device here."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 if __name__ == "__main__":

