@@ -1,6 +1,12 @@
 """The retry policy: how many attempts one logical request gets, how long it may take in all,
 how long to wait between attempts, and which failures are worth another attempt.
 
+Back pressure (a failure kind with ``back_pressure``: ``overloaded``, the service full now) is not a
+failed attempt: a trainer's client waits it out with capped exponential backoff until its deadline,
+and only real failures (a replica lost, the network, no replica) spend ``max_attempts``. A member
+refused for 5 s and then given a default reward would leave the rest of its group waiting for it
+until the deadline.
+
 One object, one backoff formula, read by the one retry loop (the client's
 :class:`~grrm_client.RewardClient`), whoever runs it: a trainer (every transient failure retried,
 incomplete groups re-joined) or the service's HTTP ingress (``deployments/client.py``: only a call
@@ -32,6 +38,9 @@ class RetryPolicy:
     # Re-joins of a member whose group did not complete (None: until the deadline); past them it is
     # answered so. 0: its caller re-joins (the ingress's routes).
     max_rejoins: int | None = None
+    # True: back pressure is retried until the deadline without spending max_attempts (see the module
+    # docstring); False: it spends them like any transient failure. Read only where retry_transient is.
+    back_pressure_until_deadline: bool = True
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -40,6 +49,13 @@ class RetryPolicy:
             raise ValueError(f"max_rejoins: must be >= 0 or None, got {self.max_rejoins}")
         if self.max_backoff_s < self.backoff_s:
             raise ValueError(f"max_backoff_s ({self.max_backoff_s}) is less than backoff_s ({self.backoff_s})")
+
+    def waits_out(self, code: str | None) -> bool:
+        """Whether this policy retries a failure with ``code`` as back pressure: until the deadline, without
+        spending an attempt (never where it retries no transient failure, as the ingress's routes)."""
+        kind = kind_of(code)
+        return (self.retry_transient and self.back_pressure_until_deadline and kind is not None
+                and kind.back_pressure)
 
     def delay(self, retry: int) -> float:
         """Seconds to wait before retry number ``retry`` (1-based): exponential, capped."""

@@ -51,14 +51,24 @@ class ClientConfig(BaseModel):
     # The one retry loop: over HTTP the ingress re-routes a call whose replica died within the sends this
     # attempt may take, and says how many it took; they count here.
     max_attempts: int = Field(
-        4, ge=1, description="Sends per logical request, all layers together (503 / back pressure / replica loss / "
-                             "connection errors are retried; the HTTP ingress's re-routes after a replica died "
-                             "count too). An assembly timeout is not a failed attempt: the member re-joins its "
-                             "group until deadline_s.")
+        4, ge=1, description="Sends per logical request that failed, all layers together: a replica lost, no "
+                             "replica to answer (`unavailable`), a replica shutting down, connection errors are "
+                             "retried, and the HTTP ingress's re-routes after a replica died count too. Back "
+                             "pressure (`overloaded`) is not a failed attempt (retry_overloaded_until_deadline), "
+                             "nor is an assembly timeout: the member re-joins its group until deadline_s.")
+    retry_overloaded_until_deadline: bool = Field(
+        True, description="Retry an `overloaded` answer (Serve's queue full, a replica with too many groups "
+                          "assembling, the tenant at max_groups_in_flight or max_waiting_members: the service is "
+                          "full now, not failing) with backoff until deadline_s, spending none of max_attempts. "
+                          "False: it spends them like any transient failure, so a member refused for a few seconds "
+                          "gets a default reward and its group-mates wait for it until deadline_s; only for a caller "
+                          "that would rather fail fast than wait.")
     backoff_s: float = Field(0.5, ge=0, description="Wait before the first retry, in seconds; it doubles with each "
                                                     "further retry up to max_backoff_s (a longer Retry-After from "
-                                                    "the service wins). Also the pause before a member re-joins its "
-                                                    "incomplete group.")
+                                                    "the service wins). Back pressure has a count of its own, so "
+                                                    "an `overloaded` member is asked again every max_backoff_s at "
+                                                    "most. Also the pause before a member re-joins its incomplete "
+                                                    "group.")
     max_backoff_s: float = Field(8.0, ge=0, description="Longest wait between two attempts, in seconds (at least "
                                                         "backoff_s).")
     # One notion for the demand announcements (grrm_client/demand.py) and the recorded trace: both find a
@@ -88,4 +98,5 @@ class ClientConfig(BaseModel):
     def retry_policy(self) -> RetryPolicy:
         """The one retry policy of this client's calls."""
         return RetryPolicy(max_attempts=self.max_attempts, deadline_s=self.deadline_s,
-                           backoff_s=self.backoff_s, max_backoff_s=self.max_backoff_s)
+                           backoff_s=self.backoff_s, max_backoff_s=self.max_backoff_s,
+                           back_pressure_until_deadline=self.retry_overloaded_until_deadline)

@@ -3,17 +3,25 @@
 :class:`RewardClient` sends one member (:meth:`~RewardClient.score_member`) or one whole group
 (:meth:`~RewardClient.score_group`) and always returns a :class:`CallOutcome`; it never raises
 for a service problem. Each logical request has a deadline (``deadline_s``, every attempt
-included) and at most ``max_attempts`` attempts, with exponential backoff between them, on:
+included) and at most ``max_attempts`` attempts, with exponential backoff between them, on real
+failures:
 
-* overload: HTTP 503 (its ``Retry-After`` is honoured) or a handle's ``BackPressureError`` /
-  ``DeploymentUnavailableError``;
+* no replica to answer: HTTP 503 ``unavailable`` or a handle's ``DeploymentUnavailableError``;
 * replica death: the next send tells the router so (``attempt``), and a re-sent group takes pure
   ring order to land with its members on one live replica (the transports send once each);
-* a member refused because its replica was shutting down or had too many groups assembling;
+* a member refused because its replica was shutting down;
 * connection errors (HTTP).
 
-What is retried is decided by the failure's kind (``cluster/failures.py``: the ``failure`` of an
-answer, the ``code`` of an HTTP error body), never by a message's wording.
+Back pressure is not a failed attempt: an ``overloaded`` answer (Serve's queue full, a handle's
+``BackPressureError``, a replica with too many groups assembling, a tenant at its bounds) is retried
+with the same capped exponential backoff (a longer ``Retry-After`` wins) until ``deadline_s``, and
+spends none of ``max_attempts`` (``ClientConfig.retry_overloaded_until_deadline``): a member refused
+for a few seconds and then given a default reward would hold the rest of its group until the deadline.
+Such sends are counted (``overloaded``) as well as attempts.
+
+What is retried, and how, is decided by the failure's kind (``cluster/failures.py``: the ``failure``
+of an answer, the ``code`` of an HTTP error body; ``retryable``, ``back_pressure``), never by a
+message's wording.
 
 A member whose group did not complete within the replica's ``assembly_timeout_s`` (HTTP 504, or
 ``failure == "timeout"``) is not a failed attempt: its group is still being generated (members of
@@ -27,8 +35,8 @@ a member whose index and text it already holds as the same member, so a retried 
 (or reads) the one verdict of its group and is never counted twice; a whole group is answered
 once per call. Bad input (a conflicting member, an invalid or too large request) is not retried.
 
-This is the only retry loop: ``max_attempts`` bounds the sends of one logical request over every
-layer below. The handle transport sends once per attempt. Over HTTP, the ingress runs this same
+This is the only retry loop: ``max_attempts`` bounds the sends of one logical request that failed,
+over every layer below. The handle transport sends once per attempt. Over HTTP, the ingress runs this same
 loop with a Serve-side policy (``deployments/client.py``: only a call whose replica died is sent
 again) within the sends the attempt may take (``Grrm-Attempts-Left``), and says how many it took
 (``sends`` of the answer, ``Grrm-Sends`` of an error), which count as attempts here. Importing this
@@ -74,8 +82,9 @@ class CallOutcome(Generic[R]):
     None when no answer was obtained; then ``failure`` says why (``deadline``, ``transport_error``,
     or a failure code of ``cluster/failures.py`` such as ``unavailable``, ``overloaded``,
     ``invalid_request``) and ``error`` describes it. ``attempts`` counts sends that
-    failed or answered; ``rejoins`` the re-sends of a member whose group was still incomplete;
-    ``cause``, the last send's own error (a Serve handle's), for the service's callers.
+    failed or answered; ``overloaded``, those of them the service refused as back pressure (they
+    spend none of ``max_attempts``); ``rejoins`` the re-sends of a member whose group was still
+    incomplete; ``cause``, the last send's own error (a Serve handle's), for the service's callers.
     """
 
     result: R | None
@@ -85,6 +94,7 @@ class CallOutcome(Generic[R]):
     latency_s: float = 0.0
     rejoins: int = 0
     cause: BaseException | None = field(default=None, repr=False, compare=False)
+    overloaded: int = 0
 
 
 def group_incomplete(result: MemberResult | GroupResult) -> bool:
@@ -121,6 +131,7 @@ class RewardClient:
         self.retries = 0  # attempts beyond the first, over all requests
         self.rejoins = 0  # re-sends of members whose group was still incomplete, over all requests
         self.reroutes = 0  # attempts lost with their replica, over all requests
+        self.overloaded = 0  # sends refused as back pressure (overloaded), over all requests
         self.announcements = 0  # demand announcements taken
         self.announcements_failed = 0
         # The run's trace for grrm plan (config.trace_path), noted here, where every caller's requests pass
@@ -191,7 +202,7 @@ class RewardClient:
             retry_after: float | None = None
             try:
                 result = await asyncio.wait_for(
-                    send(request, remaining, attempt=call.reroutes, attempts_left=policy.max_attempts - call.attempts),
+                    send(request, remaining, attempt=call.reroutes, attempts_left=policy.max_attempts - call.spent),
                     timeout=remaining)
             except (asyncio.TimeoutError, TimeoutError):
                 call.attempts += 1
@@ -224,9 +235,19 @@ class RewardClient:
                     return self._outcome(call, None, None)
                 failure, error = result.failure or "unavailable", result.error or ""
             call.attempts += sends
-            if call.attempts >= policy.max_attempts:
+            if policy.waits_out(failure):
+                # Back pressure: the service is full now. Waited out until the deadline; of this answer's sends
+                # only those before it (the HTTP ingress re-routing a call whose replica died) spend attempts.
+                call.spent += sends - 1
+                call.overloaded += 1
+                self.overloaded += 1
+                delay = policy.delay(call.overloaded)
+            else:
+                call.spent += sends
+                delay = policy.delay(call.spent)
+            if call.spent >= policy.max_attempts:
                 return self._outcome(call, failure, error)
-            delay = max(policy.delay(call.attempts), retry_after or 0.0)
+            delay = max(delay, retry_after or 0.0)
             if self._clock() + delay >= deadline:
                 return self._outcome(call, "deadline", f"no time left to retry after: {error}")
             self.retries += 1
@@ -244,6 +265,7 @@ class RewardClient:
             latency_s=self._clock() - call.started,
             rejoins=call.rejoins,
             cause=call.cause if result is None else None,
+            overloaded=call.overloaded,
         )
 
 
@@ -252,7 +274,9 @@ class _Call:
     """The progress of one logical request."""
 
     started: float
-    attempts: int = 0
+    attempts: int = 0  # sends that failed or answered
+    spent: int = 0  # of them, those that count against max_attempts (not back pressure)
+    overloaded: int = 0  # of them, those refused as back pressure
     rejoins: int = 0
     reroutes: int = 0  # attempts whose replica died (the router's `attempt` of the next send)
     cause: BaseException | None = None  # the last send's own error

@@ -247,9 +247,16 @@ async def test_sends_per_logical_request_are_bounded_by_max_attempts_alone():
     outcome = await client.score_member(MEMBER)
     assert outcome.result.score == 4 and outcome.attempts == 3
     assert handle.add_member.attempts_seen == [0, 1, 1]  # overload does not count as a lost replica
-    # The same kind as the HTTP ingress answers for Serve's back pressure (grrm_handles.send.unanswered_code).
-    handle = FakeHandle([BackPressureError(num_queued_requests=3, max_queued_requests=2)] * 3)
+    # The same kind as the HTTP ingress answers for Serve's back pressure (grrm_handles.send.unanswered_code):
+    # waited out, spending none of max_attempts; where the config spends them, the failure after them.
+    pressure = [BackPressureError(num_queued_requests=3, max_queued_requests=2)] * 3
+    handle = FakeHandle([*pressure, answer])
     client = RewardClient(config, HandleTransport(config, handle=handle), sleep=time.sleep, clock=time.clock)
+    outcome = await client.score_member(MEMBER)
+    assert outcome.result.score == 4 and (outcome.attempts, outcome.overloaded) == (4, 3)
+    spends = BridgeConfig(max_attempts=3, retry_overloaded_until_deadline=False)
+    client = RewardClient(spends, HandleTransport(spends, handle=FakeHandle(list(pressure))), sleep=time.sleep,
+                          clock=time.clock)
     assert (await client.score_member(MEMBER)).failure == "overloaded"
 
 
