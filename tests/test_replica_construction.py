@@ -64,8 +64,10 @@ async def test_a_failure_after_the_engine_started_stops_the_engine(lifecycle, ca
 
 async def test_a_failing_engine_start_is_still_stopped(lifecycle, tmp_path):
     # An engine whose start fails may have started processes: it is stopped all the same. A directory
-    # with a config.json passes the pre-flight's model check; it holds no weights, so the start fails.
+    # with a config.json and a weights file passes the pre-flight's model check; the weights are empty,
+    # so the start fails.
     (tmp_path / "config.json").write_text((Path(__file__).parent / "data" / "qwen2.5-7b-config.json").read_text())
+    (tmp_path / "model.safetensors").write_bytes(b"")
     config = AppConfig(engine=EngineConfig(kind="transformers", model=str(tmp_path)),
                        replicas=ReplicaSettings(num_replicas=1, gpus_per_rank=0))
     with pytest.raises(Exception) as error:
