@@ -369,6 +369,11 @@ class Sampler:
         with self._lock:
             return list(self.broken.values())
 
+    def begin(self, run: str) -> None:
+        """Samples from now on belong to ``run``, starting (before its first phase)."""
+        with self._lock:
+            self.run, self.phase = run, "starting"
+
     def flag(self, phase: str, what: str) -> None:
         """A broken rule found outside a sample (verl's placement group that never formed)."""
         with self._lock:
@@ -681,7 +686,7 @@ async def rehearse_old_placement(sampler: Sampler, rendered: Rendered, port: int
     from ray import serve
 
     await asyncio.to_thread(serve.delete, rendered.app_name)
-    sampler.run = "old_placement"
+    sampler.begin("old_placement")
     deployed, _ = await Deployed.start(rendered, rehearsal_application(rendered, old_placement=True), port)
     try:
         await deployed.scale_up("old")
