@@ -15,17 +15,12 @@ what is tested is how Ray, Serve and the app survive a node or the head, not the
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.own_cluster, pytest.mark.timeout(900)]
+from tests.own_cluster import run_bench
 
-ROOT = Path(__file__).resolve().parents[2]
-CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")
+pytestmark = [pytest.mark.slow, pytest.mark.own_cluster, pytest.mark.timeout(900)]
 
 
 # How long the GCS (and the head) stay down; groups count as due while down only if they were sent by
@@ -41,21 +36,11 @@ OUTAGE_KEYS = ("phase", "groups_due_while_down", "groups_waiting_for_the_outage"
 
 def test_no_member_is_lost_when_a_node_the_gcs_or_the_head_dies(tmp_path):
     out = tmp_path / "rows.json"
-    before = CURRENT_CLUSTER.read_text() if CURRENT_CLUSTER.exists() else None
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "GRRM_BENCH_RESULTS": str(tmp_path)}
-    try:
-        # The GCS and the head stay down 20 s (the bench's default is 5): on CI's loaded machine a 5 s
-        # outage once saw no answer over HTTP at all, and groups took 7-10 s while the GCS was down, so a
-        # 10 s outage left too little of it for a group to be due (bench.node_chaos.outage_waits).
-        run = subprocess.run([sys.executable, "-m", "bench.node_chaos", "--quick", "--redis", "--head-down-s", str(HEAD_DOWN_S),
-                              "--out", str(out)],
-                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)
-    finally:
-        # The bench's head wrote itself here; a later `serve run` must not wait for it.
-        if before is None:
-            CURRENT_CLUSTER.unlink(missing_ok=True)
-        else:
-            CURRENT_CLUSTER.write_text(before)
+    # The GCS and the head stay down 20 s (the bench's default is 5): on CI's loaded machine a 5 s
+    # outage once saw no answer over HTTP at all, and groups took 7-10 s while the GCS was down, so a
+    # 10 s outage left too little of it for a group to be due (bench.node_chaos.outage_waits).
+    run = run_bench(["bench.node_chaos", "--quick", "--redis", "--head-down-s", str(HEAD_DOWN_S), "--out", str(out)],
+                    tmp_path, timeout_s=840)
     assert out.exists(), run.stdout[-3000:] + run.stderr[-3000:]
     rows = {row["phase"]: row for row in json.loads(out.read_text())}
     print(json.dumps(rows, indent=1))
