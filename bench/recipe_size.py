@@ -19,8 +19,10 @@ SIMULATED engine (scripted, at a GPU-like time per group), real Ray Serve, real 
 
 Reported per row: members; the peak of the tenant's members waiting for group-mates on the replica (the
 quantity ``max_waiting_members`` bounds) and of every member it held (complete groups waiting for the engine
-included), from the replica's own times that each answer carries (a member's arrival, its group's completion,
-its scoring's end), and as sampled every 0.5 s from the replica's ``tenants()`` and ``info()``; refusals (``overloaded`` answers the
+included): the larger of the replica's gauges (``tenants()``, ``info()``) sampled every 0.5 s and what the
+replica's own times in each answer give (a member's arrival, its group's completion, its scoring's end);
+members that re-joined their group after an assembly timeout (grrm.yaml's 120 s is shorter than a phase of
+150 s); refusals (``overloaded`` answers the
 clients saw) and retries; members defaulted (and of them, refused first); members stuck (still waiting for a
 group-mate when the replica had nothing left to score, for two assembly timeouts); rewards on the wrong
 rollout; seconds from the step's last member sent to its last reward. ``--old`` adds the spread case at n=8
@@ -422,6 +424,10 @@ def row_of(case: Case, config: Any, step: list[Rollout], answers: list[dict | No
     wrong = sum(info is not None and not info["failed"] and info["raw_score"] != rollout.quality
                 for rollout, info in zip(step, infos))
     sent_at = [info["sent_at"] for info in answered] + ([started + case.phase_s] if stuck else [])
+    waiting_from_answers = peak_between([(info["received_at"], info["complete_at"]) for info in answered
+                                         if info["complete_at"]])
+    held_from_answers = peak_between([(info["received_at"], info["scoring_ended_at"]) for info in answered
+                                      if info["scoring_ended_at"]])
     answered_at = [info["answered_at"] for info in answered]
     return {
         "mode": case.mode, "admission": case.admission, "prompts": case.prompts, "n": case.n, "members": len(step),
@@ -429,14 +435,17 @@ def row_of(case: Case, config: Any, step: list[Rollout], answers: list[dict | No
         "slots": config.replicas.max_ongoing_requests, "queue": config.replicas.max_queued_requests,
         "waiting_bound": config.waiting_members_limit(case.tenant),
         "reward_workers": len(clients),
-        # The replica's own times, carried by each answer: a member waits for group-mates from its arrival to its
-        # group's completion, and holds its slot until its group is scored. Exact where the sampling may miss.
-        "peak_waiting": peak_between([(info["received_at"], info["complete_at"]) for info in answered
-                                      if info["complete_at"]]),
-        "peak_held": max(seen.peak_held, peak_between([(info["received_at"], info["scoring_ended_at"])
-                                                       for info in answered if info["scoring_ended_at"]])),
-        "peak_waiting_sampled": seen.peak_waiting, "peak_held_sampled": seen.peak_held,
+        # Of the replica's gauges sampled every SAMPLE_S and its own times carried by each answer (a member waits
+        # for group-mates from its arrival to its group's completion and holds its slot until its group is
+        # scored), the larger: sampling misses a burst that keeps the replica busy, the answers' times miss a
+        # member's wait before it re-joined its group after an assembly timeout.
+        "peak_waiting": max(seen.peak_waiting, waiting_from_answers),
+        "peak_held": max(seen.peak_held, held_from_answers),
+        "peak_waiting_sampled": seen.peak_waiting, "peak_waiting_answers": waiting_from_answers,
+        "peak_held_sampled": seen.peak_held, "peak_held_answers": held_from_answers,
         "peak_groups_in_flight_sampled": seen.peak_in_flight,
+        "rejoined_members": sum(info["rejoins"] > 0 for info in answered),
+        "rejoins": sum(info["rejoins"] for info in answered),
         "refused": sum(client.overloaded for client in clients), "retries": sum(client.retries for client in clients),
         "refused_by_replica": (after["rejected_tenant_waiting"] - before["rejected_tenant_waiting"]
                                + after["rejected_overload"] - before["rejected_overload"]),
@@ -524,8 +533,8 @@ def report_section(results: list[dict]) -> str:
     from bench.report import machine_line, table
 
     columns = ["mode", "admission", "n", "members", "phase_s", "slots", "waiting_bound", "peak_waiting", "peak_held",
-               "refused", "retries", "defaulted", "refused_then_defaulted", "stuck_members", "stuck_groups",
-               "last_member_to_last_reward_s", "step_s", "replica_s_per_group"]
+               "rejoined_members", "refused", "retries", "defaulted", "refused_then_defaulted", "stuck_members",
+               "stuck_groups", "last_member_to_last_reward_s", "step_s", "replica_s_per_group"]
     return "\n".join([
         "## GRRM's recipe at full size on one replica",
         "",
@@ -543,9 +552,11 @@ def report_section(results: list[dict]) -> str:
         "the reward workers, `compute_score_batch`); `spread`: each rollout as it finishes in a generation phase of "
         "`phase_s` (in proportion to its length), one row to a random worker's `compute_score`, as the agent loop "
         "streams them. `peak_waiting`: the run's members waiting for group-mates on the replica at once (what "
-        "`max_waiting_members` bounds: `waiting_bound`) from the replica's own times in each answer (arrival, the "
-        "group's completion), `peak_held`: every member the replica held (complete groups waiting for the engine "
-        "too; of the replica's gauge sampled every 0.5 s and the answers' times, the larger); `refused`: "
+        "`max_waiting_members` bounds: `waiting_bound`), `peak_held`: every member the replica held (complete "
+        "groups waiting for the engine too); each the larger of the replica's own gauge sampled every 0.5 s and "
+        "what the replica's times in every answer give (arrival, the group's completion, its scoring's end); "
+        "`rejoined_members`: members whose group was still incomplete at the assembly timeout (grrm.yaml's 120 s, "
+        "shorter than the phase) and who re-joined it, as designed; `refused`: "
         "`overloaded` answers the clients saw; `defaulted`: default rewards, `refused_then_defaulted` of them after "
         "retries; `stuck_members`: still waiting for a group-mate two assembly timeouts after the replica had "
         "nothing left to score (they would wait until `deadline_s`, 1,800 s); `last_member_to_last_reward_s`: from "
