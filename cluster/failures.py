@@ -6,8 +6,9 @@ answer is one error body (``ErrorResponse``: ``code``, ``error``, ``detail``): a
 before any scoring, or a member whose failure's kind has a status other than 200 (its group
 conflicts, is refused, timed out, moved, or its replica is overloaded or stopping); a member's
 answer is either its result (200) or that error body, never both. With the code: whether another
-attempt may succeed (``retryable``), whether the caller's own input is at fault (``bad_input``),
-and the HTTP status the ingress answers with.
+attempt may succeed (``retryable``), whether it is the service's back pressure, waited out rather
+than counted as a failed attempt (``back_pressure``), whether the caller's own input is at fault
+(``bad_input``), and the HTTP status the ingress answers with.
 Callers decide from these fields, never from a message text; messages are for people and may
 be reworded freely.
 
@@ -57,6 +58,9 @@ class FailureKind:
     retryable: bool = False  # another attempt, later, may succeed
     bad_input: bool = False  # the request's own content is at fault: the same request fails again
     rejoin: bool = False  # a member's group is not complete yet: send it again to join it (not a retry)
+    # The service is full now, not failing: a caller waits it out with backoff until its deadline, and the
+    # wait spends none of its attempts (those are for real failures: a replica lost, the network).
+    back_pressure: bool = False
     meaning: str = ""  # what happened, for people: the failure reference (docs/reference/failures.md)
 
     @property
@@ -84,9 +88,10 @@ KINDS: dict[str, FailureKind] = {
                             "prompt guard rejects)"),
         FailureKind("conflict", 409, bad_input=True,
                     meaning="a member disagrees with what its group already holds (source, languages, size, a text)"),
-        FailureKind("overloaded", 503, retryable=True,
+        FailureKind("overloaded", 503, retryable=True, back_pressure=True,
                     meaning="Serve's queue is full, the replica holds too many groups assembling, or the tenant "
-                            "its max_groups_in_flight"),
+                            "its max_groups_in_flight or max_waiting_members (back pressure: retried with backoff "
+                            "until the caller's deadline)"),
         FailureKind("shutting_down", 503, retryable=True,
                     meaning="the replica is stopping, or stopped before the group was scored"),
         FailureKind("moved", 503, rejoin=True,

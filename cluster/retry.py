@@ -53,9 +53,13 @@ class RetryPolicy:
     def waits_out(self, code: str | None) -> bool:
         """Whether this policy retries a failure with ``code`` as back pressure: until the deadline, without
         spending an attempt (never where it retries no transient failure, as the ingress's routes)."""
+        return self.retry_transient and self.back_pressure_until_deadline and self.back_pressure(code)
+
+    @staticmethod
+    def back_pressure(code: str | None) -> bool:
+        """Whether a failure with ``code`` is the service's back pressure (full now, not failing)."""
         kind = kind_of(code)
-        return (self.retry_transient and self.back_pressure_until_deadline and kind is not None
-                and kind.back_pressure)
+        return kind is not None and kind.back_pressure
 
     def delay(self, retry: int) -> float:
         """Seconds to wait before retry number ``retry`` (1-based): exponential, capped."""

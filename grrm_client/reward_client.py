@@ -83,7 +83,7 @@ class CallOutcome(Generic[R]):
     or a failure code of ``cluster/failures.py`` such as ``unavailable``, ``overloaded``,
     ``invalid_request``) and ``error`` describes it. ``attempts`` counts sends that
     failed or answered; ``overloaded``, those of them the service refused as back pressure (they
-    spend none of ``max_attempts``); ``rejoins`` the re-sends of a member whose group was still
+    spend none of ``max_attempts`` unless the policy says so); ``rejoins`` the re-sends of a member whose group was still
     incomplete; ``cause``, the last send's own error (a Serve handle's), for the service's callers.
     """
 
@@ -235,12 +235,13 @@ class RewardClient:
                     return self._outcome(call, None, None)
                 failure, error = result.failure or "unavailable", result.error or ""
             call.attempts += sends
+            if policy.back_pressure(failure):
+                call.overloaded += 1
+                self.overloaded += 1
             if policy.waits_out(failure):
                 # Back pressure: the service is full now. Waited out until the deadline; of this answer's sends
                 # only those before it (the HTTP ingress re-routing a call whose replica died) spend attempts.
                 call.spent += sends - 1
-                call.overloaded += 1
-                self.overloaded += 1
                 delay = policy.delay(call.overloaded)
             else:
                 call.spent += sends
