@@ -3,7 +3,7 @@ under streamed members, with the faults a reward service meets during training:
 
 1. engine death: SIGKILL of one replica's vLLM engine-core process in the middle of a stream;
 2. engine hang: SIGSTOP of one replica's engine-core process (not in --quick: it is found by the
-   replica's health check, which probes the core: within health_check_period_s + hang_timeout_s);
+   replica's health check, which probes the core: within health_check_period_s + hang_probes x hang_timeout_s);
 3. replica death: ray.kill of one replica actor in the middle of a stream;
 4. a flood of dangling members (groups that never complete) beside a normal stream;
 5. bad inputs: a coerced field, a 10 MB body, a candidate that forges the prompt.

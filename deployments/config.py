@@ -14,6 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from cluster.admission import waiting_members_bound
 from cluster.autoscaling import ScalingSettings
 from cluster.config import ScoringConfig
 from cluster.fair_share import TenantPolicy
@@ -143,10 +144,18 @@ class ReplicaSettings(_Strict):
     # Serve's default of 5 starves a batching engine, and members waiting for their group hold a
     # slot each: a low limit fills up with incomplete groups whose other members queue behind them
     # until the assembly timeout.
-    max_ongoing_requests: int = Field(2048, ge=1, description="Concurrent requests one replica takes.")
+    max_ongoing_requests: int = Field(
+        2048, ge=1, description="Concurrent requests one replica takes. Each member waiting for group-mates holds "
+                                "one (an asyncio future: cheap), and so does each member of a complete group until "
+                                "it is scored. A tenant's waiting members may hold three quarters of them "
+                                "(tenants.*.max_waiting_members): for one run's step of B prompts x n rollouts on "
+                                "R replicas without a refusal, about 2 x B x (n - 1) / R (8192 for 512 x 8 on one).")
     max_queued_requests: int = Field(1024, ge=-1, description="Requests a caller may queue beyond "
                                                               "max_ongoing_requests before it gets a 503 / "
-                                                              "BackPressureError (-1: no limit).")
+                                                              "BackPressureError (-1: no limit); the clients "
+                                                              "retry it (`overloaded`) until their deadline. A "
+                                                              "queued member cannot complete its group until it "
+                                                              "has a slot.")
     max_assembling_groups: int = Field(
         100_000, ge=1, description="Groups one replica collects members for at once; a member of one more group is "
                                    "answered `overloaded` (HTTP 503, Retry-After) and retried by the clients.")
@@ -162,13 +171,15 @@ class ReplicaSettings(_Strict):
         1.0, ge=0, description="GPUs per tensor/pipeline-parallel rank (a whole one when there are several ranks); "
                                "0 on a CPU machine. A replica takes this times engine.tensor_parallel_size x "
                                "pipeline_parallel_size.")
-    # A hang is found within about health_check_period_s x (hang_probes - 1) + hang_timeout_s.
+    # A hang is found within about health_check_period_s + hang_probes x hang_timeout_s: each missed check waits
+    # hang_timeout_s for the one probe that is out.
     health_check_period_s: float = Field(5.0, gt=0, description="How often, in seconds, Serve checks each replica; "
                                                                 "the check probes the engine.")
     hang_timeout_s: float = Field(
-        8.0, gt=0, description="An engine that does not answer a health probe within this many seconds is hung: the "
-                               "replica ends and is replaced. A probe is answered between two engine steps, so a "
-                               "long generation is not a hang; a step longer than this is.")
+        8.0, gt=0, description="How long, in seconds, one health check waits for the engine's answer to its probe; "
+                               "replicas.hang_probes checks in a row without an answer mean a hung engine: the replica "
+                               "ends and is replaced. A probe is answered between two engine steps, so a long "
+                               "generation is not a hang.")
     hang_probes: int = Field(
         3, ge=1, description="Consecutive health probes an engine must miss (each unanswered within hang_timeout_s) "
                              "before it counts as hung; an answered probe starts the count again. One late probe "
@@ -287,10 +298,15 @@ class TenantDefaults(_Strict):
     max_waiting_members: int | None = Field(
         None, ge=1, description="Its members one replica holds waiting for group-mates (each holds one of the "
                                 "replica's max_ongoing_requests slots): at this many its new groups get 503 "
-                                "`overloaded` with Retry-After, this tenant only; members of its groups already "
-                                "collecting join up to 1.5 times this, and a member that completes its group "
-                                "always does. None: half of replicas.max_ongoing_requests, so a tenant whose groups "
-                                "never complete holds at most three quarters of a replica's slots.")
+                                "`overloaded` with Retry-After, this tenant only (the clients retry it until their "
+                                "deadline); members of its groups already collecting join up to 1.5 times this, "
+                                "and a member that completes its group always does. None: derived "
+                                "(cluster/admission.py waiting_members_bound): a tenant's waiting members may hold "
+                                "three quarters of replicas.max_ongoing_requests, the rest staying for other "
+                                "tenants and for the members that complete groups, so the bound is that over the "
+                                "1.5 join headroom (half the slots), and never above max_groups_in_flight x "
+                                "(limits.max_candidates_per_group - 1) where that is set. A step of B groups of n "
+                                "waits on one replica without a refusal while this is at least B x (n - 1).")
     max_announced_replicas: int | None = Field(
         None, ge=1, description="engine_work autoscaling: the most scorer replicas its announced demand (POST "
                                 "/v1/demand) may claim; the other tenants' announcements add their own, and its "
@@ -448,9 +464,14 @@ class AppConfig(_Strict):
 
     def waiting_members_limit(self, tenant: str) -> int:
         """How many of ``tenant``'s members one replica holds waiting for group-mates before it refuses
-        the tenant's new groups (``max_waiting_members``, or its default from the replica's slots)."""
-        own = self.tenant(tenant).max_waiting_members
-        return own if own is not None else max(1, self.replicas.max_ongoing_requests // 2)
+        the tenant's new groups: ``max_waiting_members``, else derived from what a replica holds and what
+        the tenant may use (:func:`cluster.admission.waiting_members_bound`)."""
+        settings = self.tenant(tenant)
+        if settings.max_waiting_members is not None:
+            return settings.max_waiting_members
+        return waiting_members_bound(self.replicas.max_ongoing_requests,
+                                     largest_group=self.limits.max_candidates_per_group,
+                                     max_groups_in_flight=settings.max_groups_in_flight)
 
     def tenant(self, name: str) -> TenantDefaults:
         """A tenant's settings: its own (``http.tenants``), else ``tenants.default`` (shared by every
