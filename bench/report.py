@@ -7,6 +7,7 @@ they cannot drift from them.
 
 from __future__ import annotations
 
+import importlib
 import json
 import statistics
 from pathlib import Path
@@ -187,6 +188,21 @@ HALF_COST_NOTE = (
     "configuration's step time moves by more than 5% from run to run on this machine (the zero-cost sync step: "
     "{main_sync} s in section 9's run, {this_sync} s in this one), so a step ratio near 1 is good to about +-15% here."
 )
+
+
+# Issue 58's rehearsal of production on this machine: each bench writes its own section (report_section).
+REHEARSALS = (("16", "node_fleet"), ("16b", "topology"), ("16c", "recipe_size"))
+
+
+def rehearsal_sections() -> list[str]:
+    """The rehearsal benches' sections, numbered here, for those whose results exist."""
+    sections = []
+    for number, name in REHEARSALS:
+        results = load(name)
+        if results:
+            body = importlib.import_module(f"bench.{name}").report_section(results)
+            sections.append("\n" + body.replace("## ", f"## {number}. ", 1))
+    return sections
 
 
 def main() -> int:
@@ -680,6 +696,7 @@ def main() -> int:
             "and the Kubernetes pods start them; with glibc's default the same 401 series left them 360 MiB larger "
             "in a run of this benchmark, and 20 such uploads took about 1.7 GB before a 401 read only 64 KiB).",
         ))
+    sections.extend(rehearsal_sections())
     OUT.write_text("\n".join(sections))
     print(f"wrote {OUT}")
     return 0
