@@ -131,14 +131,17 @@ async def stall_case(url: str, members: int, client_limit_s: float, tag: str) ->
 # -- processes of the service -------------------------------------------------------------------------
 
 def service_process(marker: str):
-    """The process of this machine whose command line holds ``marker`` (Ray names its workers'
-    processes after their actor: ``ray::ProxyActor``, ``ray::ServeReplica:<app>:GRRMIngress``)."""
+    """The process of this Ray cluster's Serve actor whose name holds ``marker`` (``SERVE_CONTROLLER_ACTOR``,
+    ``SERVE_PROXY_ACTOR``, ``<app>#GRRMIngress``): asked of the actor itself, since a process name
+    (``ray::ServeController``) is also another cluster's on a machine that runs several."""
     import psutil
+    import ray
 
-    for process in psutil.process_iter(["cmdline"]):
-        if marker in " ".join(process.info["cmdline"] or ()):
-            return process
-    raise RuntimeError(f"no process of this machine is {marker!r}")
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["namespace"] == "serve" and marker in actor["name"]:
+            handle = ray.get_actor(actor["name"], namespace="serve")
+            return psutil.Process(ray.get(handle.__ray_call__.remote(lambda _: os.getpid()), timeout=60))
+    raise RuntimeError(f"no Serve actor of this cluster is named like {marker!r}")
 
 
 def rss_mib(process) -> float:
@@ -161,7 +164,7 @@ async def ingress_report_keys(serve) -> int:
 
 async def announcements_case(serve, url: str, tenants: int) -> list[dict]:
     """``tenants`` names announce (64-slice profiles), then withdraw; /v1/info, report size, controller."""
-    controller = service_process("ServeController")
+    controller = service_process("SERVE_CONTROLLER_ACTOR")
     profile = [1.0 + (slice_ % 7) for slice_ in range(64)]
 
     async def measure(http: httpx.AsyncClient, phase: str, announced: int) -> dict:
@@ -218,7 +221,7 @@ async def upload_series(url: str, uploads: int, size: int, headers: dict[str, st
 
 
 async def refusals_case(url: str, uploads: int, size: int) -> list[dict]:
-    proxy, ingress = service_process("ProxyActor"), service_process(f"ServeReplica:{APP}:GRRMIngress")
+    proxy, ingress = service_process("SERVE_PROXY_ACTOR"), service_process(f"{APP}#GRRMIngress")
     rows = []
     for refusal, headers in (("401 unauthenticated", {}),
                              ("413 over max_request_bytes", {"Authorization": f"Bearer {TOKEN}"})):
