@@ -171,6 +171,12 @@ async def weights_case(url: str, weights: dict[str, float], groups_each: int) ->
             for tenant, weight in weights.items()]
 
 
+def warm_then_alone(url: str, groups: int) -> dict:
+    """:func:`alone_case` after 8 groups that warm the path."""
+    asyncio.run(alone_case(url, 8))
+    return asyncio.run(alone_case(url, groups))
+
+
 async def alone_case(url: str, groups: int) -> dict:
     client = client_for(url, "solo")
     try:
@@ -355,6 +361,10 @@ def main(argv: list[str] | None = None) -> int:
     from ray import serve
 
     rows: list[dict] = []
+    alone: dict[str, list[dict]] = {"fifo": [], "fair": []}
+    # Quick: the alone case runs on the HTTP-bound case's FIFO and fair applications before their floods, not
+    # on two of its own (deploys are most of a quick run's time); the full run deploys its own, 3 rounds.
+    alone_before_floods = args.quick and {"alone", "flood"} <= cases
     with local_serve() as base:
         url = f"{base}/{APP}"
         for case, load in (("engine_bound", engine_bound), ("http_bound", http_bound)) if "flood" in cases else ():
@@ -364,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
                           ("fair+flood_client_32", True, None, 32)]
             for mode, fair, limits, flood_concurrency in modes:
                 deploy(serve, load, fair=fair, limits=limits)
+                if alone_before_floods and case == "http_bound" and mode in alone:
+                    alone[mode].append(warm_then_alone(url, 240 // scale))
                 row = asyncio.run(flood_case(url, load, f"{case}-{mode}", flood_concurrency,
                                              flood_lead_s=1.5 if args.quick else 3.0))
                 rows.append({"case": case, "mode": mode, "small_groups": load.small_groups,
@@ -378,12 +390,10 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"case": "weights", "mode": "fair", **row})
             serve.delete(APP)
         # Rounds alternate the modes: one run of a few seconds moves by more than the gate could cost.
-        alone: dict[str, list[dict]] = {"fifo": [], "fair": []}
-        for _ in range(0 if "alone" not in cases else 1 if args.quick else 3):
+        for _ in range(0 if "alone" not in cases or alone_before_floods else 1 if args.quick else 3):
             for mode, fair in (("fifo", False), ("fair", True)):
                 deploy(serve, alone_load, fair=fair)
-                asyncio.run(alone_case(url, 8))  # warm the path
-                alone[mode].append(asyncio.run(alone_case(url, 240 // scale)))
+                alone[mode].append(warm_then_alone(url, 240 // scale))
                 serve.delete(APP)
         rates = {mode: statistics.median(run["groups_per_s"] for run in runs) for mode, runs in alone.items() if runs}
         for mode, runs in alone.items() if rates else ():
