@@ -137,13 +137,11 @@ def cpu_seconds_by_kind(driver_pid: int, replica_pid: int) -> dict[str, float]:
     return totals
 
 
-def measure(path: Path, engine: str, concurrency: int, groups: int) -> dict[str, Any]:
-    """One closed-loop run of ``groups`` groups through the path; throughput and CPU per group."""
-    from ray import serve
-
+def measure(path: Path, handle, engine: str, concurrency: int, groups: int) -> dict[str, Any]:
+    """One closed-loop run of ``groups`` groups through the path (``handle``: to its application's scorer
+    deployment); throughput and CPU per group."""
     from deployments.client import ScorerClient
 
-    handle = deploy(path, app_config(engine, path.router, concurrency))
     replica_pid = handle.info.remote().result()["pid"]
     client = ScorerClient(handle) if path.client else None
     calls_per_group = len(make_group(0).candidates) if path.members else 1
@@ -163,7 +161,6 @@ def measure(path: Path, engine: str, concurrency: int, groups: int) -> dict[str,
     before = cpu_seconds_by_kind(os.getpid(), replica_pid)
     latencies, wall = asyncio.run(closed_loop(send, concurrency, groups))
     after = cpu_seconds_by_kind(os.getpid(), replica_pid)
-    serve.delete("handle-path")
     return {
         "path": path.name,
         "engine": engine,
@@ -190,15 +187,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.groups, args.rounds, args.engines = 64, 1, "zero"
 
+    from ray import serve
+
     runs: list[dict[str, Any]] = []
     with local_serve():
         for engine in args.engines.split(","):
             for round_index in range(args.rounds):
-                # Each round starts at another path, so no path always runs first (on a fresh app).
+                # Each round starts at another path, so no path always runs first (on a fresh app). Quick:
+                # consecutive paths on the same application share one deployment (the group router's three).
+                up = None  # (bare, router) of the application running, and a handle to its scorer
                 for path in PATHS[round_index % len(PATHS):] + PATHS[:round_index % len(PATHS)]:
-                    row = measure(path, engine, args.concurrency, args.groups) | {"round": round_index}
+                    if up is None or not args.quick or up[0] != (path.bare, path.router):
+                        if up is not None:
+                            serve.delete("handle-path")
+                        up = (path.bare, path.router), deploy(path, app_config(engine, path.router, args.concurrency))
+                    row = measure(path, up[1], engine, args.concurrency, args.groups) | {"round": round_index}
                     print(f"[bench] {row}", flush=True)
                     runs.append(row)
+                serve.delete("handle-path")
 
     rows = aggregate(runs)
     print_table(rows, COLUMNS)
