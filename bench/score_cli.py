@@ -29,6 +29,7 @@ from bench.common import local_serve, machine, print_table, write_json
 from bench.serving import ENGINES, closed_loop, make_group
 
 APP = "bench-cli"
+QUICK_GROUPS = 48  # --quick's groups per run: every path's fixed costs, a few batches of work
 
 
 def write_input(path: Path, groups: int) -> Path:
@@ -75,10 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups", type=int, default=1500, help="groups per run")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--repeats", type=int, default=2, help="runs of each path (interleaved); the mean is reported")
-    parser.add_argument("--quick", action="store_true", help="120 groups, concurrency 8, one run (CI smoke run)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"{QUICK_GROUPS} groups, concurrency 8, one run (CI smoke run)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.groups, args.concurrency, args.repeats = 120, [8], 1
+        args.groups, args.concurrency, args.repeats = QUICK_GROUPS, [8], 1
 
     from ray import serve
 

@@ -157,7 +157,8 @@ def test_score_cli_quick(serve_instance, results):
     rows = {row["path"]: row for row in json.loads((results / "score_cli.json").read_text())}
     assert set(rows) == {"bare_http", "grrm_score_url", "grrm_score_app", "grrm_score_ray"}
     assert rows["bare_http"]["vs_bare_http"] == 1.0
-    assert all(row["groups"] == 120 and row["groups_per_s"] > 0 and row["simulated"] for row in rows.values())
+    quick_groups = importlib.import_module("bench.score_cli").QUICK_GROUPS
+    assert all(row["groups"] == quick_groups and row["groups_per_s"] > 0 and row["simulated"] for row in rows.values())
 
 
 def test_ensemble_quick(results):
