@@ -32,7 +32,7 @@ member into a default, defaulted one, left one stuck or put a reward on the wron
 
     .venv/bin/python -m bench.recipe_size              # 512 x 4 and 512 x 8, both modes, 150 s phase (~40 min)
     .venv/bin/python -m bench.recipe_size --old        # and the old admission's spread row (~20 min more)
-    .venv/bin/python -m bench.recipe_size --quick      # 64 x 8, both modes, 20 s phase, slots scaled, fast engine
+    .venv/bin/python -m bench.recipe_size --quick      # 64 x 8, both modes, 10 s phase, slots scaled, fast engine
 """
 
 from __future__ import annotations
@@ -573,13 +573,13 @@ def report_section(results: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="64 prompts x 8, 20 s phase, slots scaled, fast engine")
+    parser.add_argument("--quick", action="store_true", help="64 prompts x 8, 10 s phase, slots scaled, fast engine")
     parser.add_argument("--old", action="store_true", help="also the spread case at n=8 with the old admission")
     parser.add_argument("--prompts", type=int, default=None, help="prompts a step (default 512; --quick 64)")
-    parser.add_argument("--phase-s", type=float, default=None, help="generation phase (default 150 s; --quick 20 s)")
+    parser.add_argument("--phase-s", type=float, default=None, help="generation phase (default 150 s; --quick 10 s)")
     args = parser.parse_args(argv)
     args.prompts = args.prompts or (64 if args.quick else RECIPE_PROMPTS)
-    args.phase_s = args.phase_s or (20.0 if args.quick else 150.0)
+    args.phase_s = args.phase_s or (10.0 if args.quick else 150.0)
     scale = args.prompts / RECIPE_PROMPTS
     cases = cases_for(args)
     started = time.monotonic()

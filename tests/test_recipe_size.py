@@ -1,5 +1,5 @@
 """bench.recipe_size: GRRM's recipe through verl's reward path into one replica of grrm.yaml. Its quick form (64
-prompts x 8, slots scaled with the step, a 20 s generation phase) runs on the session's Serve and must see no
+prompts x 8, slots scaled with the step, a 10 s generation phase) runs on the session's Serve and must see no
 member refused, defaulted or stuck, at a size where the bound before issue 58 would have refused; its pure
 parts (the peak of open spans, the GPU-like engine time, the rows' check) in the quick tier."""
 
