@@ -24,25 +24,14 @@ SPEC_EXAMPLES = {
     "ranking": "Output the rankings in descending order on the last line, for example: `B > A = D > C`.",
     "score": "Output the scores on the last line, for example: `A: 4, B: 9, C: 7, D: 9`.",
 }
-SPEC_LANGUAGES = {
-    "en": "English",
-    "zh": "Chinese",
-    "de": "German",
-    "ru": "Russian",
-    "ko": "Korean",
-    "ja": "Japanese",
-    "fr": "French",
-    "es": "Spanish",
-    "pt": "Portuguese",
-    "it": "Italian",
-    "nl": "Dutch",
-    "th": "Thai",
-    "ro": "Romanian",
-    "ar": "Arabic",
-    "el": "Greek",
-    "vi": "Vietnamese",
-    "uk": "Ukrainian",
-}
+# Section 1's sentence, as the spec writes it: "Two-letter codes map to names: en English, ...".
+SPEC_LANGUAGES = dict(
+    pair.split(" ")
+    for pair in (
+        "en English, zh Chinese, de German, ru Russian, ko Korean, ja Japanese, fr French, es Spanish, "
+        "pt Portuguese, it Italian, nl Dutch, th Thai, ro Romanian, ar Arabic, el Greek, vi Vietnamese, uk Ukrainian"
+    ).split(", ")
+)
 
 FENCE = "```"
 
