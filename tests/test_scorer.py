@@ -228,6 +228,12 @@ async def test_the_reference_and_notes_follow_the_candidates_in_the_prompt():
         "\n\nYou may refer to the following notes, if helpful, when evaluating the translations.\n\n"
         "Notes:\n```\nmat: Matte (not Teppich)\n```\n"
     )
+    # The scripted model's analysis says what it was shown (the client test reads it in answers).
+    assert result.answer.startswith(
+        "Compared with the German reference: Die Katze saß auf der Matte.\nFollowing the notes: mat: Matte (not Teppich)\n"
+    )
+    plain = await scorer.score_group(group("eins [q=1]", "zwei [q=2]"))
+    assert "reference" not in plain.answer and "notes" not in plain.answer
 
 
 @pytest.mark.parametrize("config", [
