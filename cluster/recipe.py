@@ -348,7 +348,7 @@ class RecipeSettings(BaseModel):
                     "too few distinct candidates, a prompt over budget), plus its `format` part where the recipe "
                     "has one (GRRM: -0.04).")
     parts: dict[str, PartSettings] = Field(  # type: ignore[valid-type]
-        default_factory=lambda: {"grrm": GrrmPart()},
+        default_factory=lambda: {"grrm": {}}, validate_default=True,
         description="Part name -> its settings; the name is the component's name in answers, and its kind unless "
                     "`kind` says otherwise (grrm, language, overlong, format, bleu, chrf, length_ratio, model). "
                     "Default: grrm at weight 1, scale 1 (each candidate's reward is its score).")

@@ -18,6 +18,7 @@ from cluster.admission import waiting_members_bound
 from cluster.autoscaling import ScalingSettings
 from cluster.config import ScoringConfig
 from cluster.fair_share import TenantPolicy
+from cluster.recipe import RecipeSettings
 from cluster.schema import TENANT_PATTERN
 from cluster.engines.config import SLEEP_ENGINES, EngineConfig
 from deployments.autoscaling_policy import POLICY_PATH
@@ -312,6 +313,13 @@ class TenantDefaults(_Strict):
                                 "/v1/demand) may claim; the other tenants' announcements add their own, and its "
                                 "queued work still counts in full. None: half of replicas.autoscaling.max_replicas "
                                 "(at least 1), a share that leaves room for the others.")
+    recipe: RecipeSettings = Field(
+        default_factory=RecipeSettings,
+        description="How its candidates' rewards are composed (docs/recipes.md): default_reward and named, weighted "
+                    "parts (grrm, language, overlong, format, bleu, chrf, length_ratio, kind: model); every answer "
+                    "carries the reward and each part's value (components). Default: grrm at weight 1 and scale 1, "
+                    "default_reward 0 (a reward is the score). A tenant of http.tenants without one takes "
+                    "tenants.default's.")
 
 
 class TenantSettings(TenantDefaults):
@@ -431,7 +439,28 @@ class AppConfig(_Strict):
         self.placement  # noqa: B018 - a placement that cannot run is refused here, before Serve starts
         self._token_budget_fits()
         self._engine_slots_fit()
+        self._recipes_fit()
         return self
+
+    def recipes(self) -> list[tuple[str, RecipeSettings]]:
+        """Every tenant recipe with the field it is set in: ``tenants.default.recipe``, ``http.tenants[i].recipe``."""
+        return [("tenants.default.recipe", self.tenants.default.recipe),
+                *((f"http.tenants[{index}].recipe", tenant.recipe) for index, tenant in enumerate(self.http.tenants))]
+
+    def _recipes_fit(self) -> None:
+        # A named tenant without a recipe of its own rewards as every other tenant does, not by the bare default
+        # (copies: a settings object given to two configs is not changed).
+        default = self.tenants.default.recipe
+        if any("recipe" not in tenant.model_fields_set for tenant in self.http.tenants):
+            self.http = self.http.model_copy(update={"tenants": [
+                tenant if "recipe" in tenant.model_fields_set else tenant.model_copy(update={"recipe": default})
+                for tenant in self.http.tenants]})
+        for where, recipe in self.recipes():
+            for name, part in recipe.model_parts().items():
+                if part.deployment not in self.metric_models:
+                    known = ", ".join(sorted(self.metric_models)) or "none configured"
+                    raise ValueError(f"{where}.parts.{name}.deployment: no metric model {part.deployment!r} in "
+                                     f"metric_models ({known})")
 
     def _token_budget_fits(self) -> None:
         # A prompt and answer longer than the context would be refused or cut short by the engine, which
