@@ -3,8 +3,10 @@
 verl's reward loop asks for one reward per rollout, from many workers, in any order. The
 router sends every member of a group to one replica; there a :class:`GroupAssembler` holds the
 members until the last one arrives, scores the whole group as one GQM prompt and answers every
-member with its own score. Members are known by their ``index`` (the candidates are shown in index
-order) or, when the caller has no position, by their ``member_id`` (the candidates are then shown
+member with its own score, and the reward and components its tenant's recipe composed
+(:mod:`cluster.recipe_runner`: the language gate, the engine, the reward's parts). Every member must
+agree with its group on source, languages, size, reference and notes (a disagreeing one is a
+conflict). Members are known by their ``index`` (the candidates are shown in index order) or, when the caller has no position, by their ``member_id`` (the candidates are then shown
 in the order of their texts' digests, so the prompt never depends on arrival order); a re-sent
 member is recognised by the same index or id and the same text. A member marked ``invalid`` (its translation could not be extracted)
 counts towards completing the group but is not shown to the model and gets no score; a group with
