@@ -50,7 +50,7 @@ __all__ = ["COMPONENT_PREFIX", "NO_CONTEXT", "REJECTED", "FailureLog", "GroupRew
 
 # What a request the schema refuses (a source, language or reference the service cannot take) ends as.
 REJECTED = "rejected"
-# Every trainer logs each recipe part as `grrm/component/<name>/mean` (docs/recipes.md, "Each part logged").
+# Every trainer logs each recipe part per step under one name, `grrm/component/<name>/mean` (docs/trainers/).
 COMPONENT_PREFIX = "grrm/component"
 
 
