@@ -79,13 +79,16 @@ def _build(mode: DetectorMode) -> _Lingua:
 def lingua_detector(mode: DetectorMode = DEFAULT_MODE, *, parallel: bool = False) -> LinguaDetector:
     """The process's lingua detector over the ten gated languages, built on the first call for ``mode``.
 
-    The default, ``preloaded`` one text at a time, is the bench's choice (``bench/language_gate.py``): it
-    gives the reference's verdicts (high accuracy, lingua's default; ``low_accuracy`` differs on short
-    texts), it loads its models here, once, instead of inside the first group's gate, and one core gates
-    GRRM's step of 512 x 8 candidates well within the issue's 1 s. One text at a time rather than lingua's
-    parallel call: a group's few candidates gain nothing from a thread pool, and the parallel call would
-    hold the GIL (the replica's event loop) for the whole batch. Building ``preloaded`` takes about 2 s
-    of CPU and ~230 MB: call this off the event loop (a worker thread), before the first group.
+    The default, ``preloaded`` one text at a time, is the bench's choice (``bench/language_gate.py``,
+    BENCHMARKS): it gives the reference's verdicts (high accuracy, lingua's default builder; on the bench's
+    4,096 candidates ``low_accuracy`` changes 7 verdicts, short and mixed texts), one core gates GRRM's step
+    of 512 x 8 candidates in about 0.5 s of CPU (the issue's bound is 1 s; ``low_accuracy`` takes about
+    0.2 s, not worth a verdict unlike the reference's), and it loads its models here, once, rather than in
+    the first groups' gates as ``lazy`` does. One text at a time rather than lingua's parallel call: that
+    call saves no CPU, a group's few candidates gain nothing from a thread pool, and it holds the GIL (the
+    replica's event loop) until its whole batch is done, where one text at a time lets CPython hand the GIL
+    over between texts. Building ``preloaded`` takes about 1.5 s of CPU and 200-250 MB of memory: call
+    this off the event loop (a worker thread), before the first group.
     """
     if mode not in DETECTOR_MODES:
         raise ValueError(f"mode: unknown language detector mode {mode!r}; known: {', '.join(DETECTOR_MODES)}")
