@@ -344,8 +344,10 @@ class GroupResult(BaseModel):
     """The verdict on one group. ``scores`` is None unless ``valid``: never a made-up score."""
 
     group_id: str | None = Field(None, description="The request's group_id.")
-    scores: list[int] | None = Field(None, description="One score (0-10) per candidate, in request order; None "
-                                                       "unless valid: never a made-up score.")
+    scores: list[int | None] | None = Field(
+        None, description="One score (0-10) per candidate, in request order; None unless valid: never a made-up "
+                          "score. A candidate the recipe's language gate removed has None (its failure: "
+                          "wrong_language).")
     ranking: str | None = Field(None, description="The model's ranking line, e.g. 'B > A = C'.")
     valid: bool = Field(False, description="Whether the group got a verdict.")
     error: str | None = Field(None, description="Why not, for people (decide on `failure`, never on this text).")
