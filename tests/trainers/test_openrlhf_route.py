@@ -129,7 +129,9 @@ def test_openrlhfs_concurrent_single_sample_posts_are_scored_as_groups(local_app
     for status, body in answers:
         assert status == 200, body
         assert len(body["rewards"]) == 1 and body["scores"] == body["rewards"] and 0 <= body["rewards"][0] <= 10
-        assert body["extra_logs"] == {"grrm_valid": [1.0], "grrm_default": [0.0], "grrm_failed": [0.0]}, body
+        # local.yaml's recipe: the reward is the score, and its one part (grrm) is logged beside it.
+        assert body["extra_logs"] == {"grrm_valid": [1.0], "grrm_default": [0.0], "grrm_failed": [0.0],
+                                      "grrm/component/grrm/mean": body["rewards"]}, body
     groups = open_groups_scored(handle, LOCAL_APP, since)
     keys = {read_sample(p["query"][0], p["prompts"][0], p["labels"][0], 4, app_config.openrlhf, 0).key
             for p in (first_round[0], first_round[4])}
@@ -189,12 +191,15 @@ def test_a_reward_that_cannot_be_obtained_is_the_flagged_default_within_the_time
     assert time.monotonic() - started < 20
     for status, body in lonely:
         assert status == 200 and body["rewards"] == [-1.0], body
-        assert body["extra_logs"] == {"grrm_valid": [0.0], "grrm_default": [0.0], "grrm_failed": [1.0]}, body
+        assert body["extra_logs"] == {"grrm_valid": [0.0], "grrm_default": [0.0], "grrm_failed": [1.0],
+                                      "grrm/component/grrm/mean": [0.0]}, body
     # A response without a translation is the spec's default, not a failure; the rest is still scored.
     mixed = asyncio.run(post_like_openrlhf(url, [payload("The cat sleeps.", "no code block here")] + [
         payload("The cat sleeps.", f"```\nDie Katze {k} [q={k + 5}].\n```") for k in range(3)]))
     assert [body["rewards"][0] for _, body in mixed] == [-1.0, 5, 6, 7]
-    assert mixed[0][1]["extra_logs"] == {"grrm_valid": [0.0], "grrm_default": [1.0], "grrm_failed": [0.0]}
+    assert mixed[0][1]["extra_logs"] == {"grrm_valid": [0.0], "grrm_default": [1.0], "grrm_failed": [0.0],
+                                         "grrm/component/grrm/mean": [0.0]}
+    assert [body["extra_logs"]["grrm/component/grrm/mean"] for _, body in mixed[1:]] == [[5.0], [6.0], [7.0]]
     # OpenRLHF makes a tensor of each extra_logs value (samples_generator.py): numbers only.
     assert all(isinstance(value, float) for _, body in lonely + mixed for values in body["extra_logs"].values()
                for value in values)
