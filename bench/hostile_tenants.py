@@ -131,14 +131,17 @@ async def stall_case(url: str, members: int, client_limit_s: float, tag: str) ->
 # -- processes of the service -------------------------------------------------------------------------
 
 def service_process(marker: str):
-    """The process of this machine whose command line holds ``marker`` (Ray names its workers'
-    processes after their actor: ``ray::ProxyActor``, ``ray::ServeReplica:<app>:GRRMIngress``)."""
+    """The process of this Ray cluster's Serve actor whose name holds ``marker`` (``SERVE_CONTROLLER_ACTOR``,
+    ``SERVE_PROXY_ACTOR``, ``<app>#GRRMIngress``): asked of the actor itself, since a process name
+    (``ray::ServeController``) is also another cluster's on a machine that runs several."""
     import psutil
+    import ray
 
-    for process in psutil.process_iter(["cmdline"]):
-        if marker in " ".join(process.info["cmdline"] or ()):
-            return process
-    raise RuntimeError(f"no process of this machine is {marker!r}")
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["namespace"] == "serve" and marker in actor["name"]:
+            handle = ray.get_actor(actor["name"], namespace="serve")
+            return psutil.Process(ray.get(handle.__ray_call__.remote(lambda _: os.getpid()), timeout=60))
+    raise RuntimeError(f"no Serve actor of this cluster is named like {marker!r}")
 
 
 def rss_mib(process) -> float:
@@ -159,14 +162,15 @@ async def ingress_report_keys(serve) -> int:
     return len(await handle.record_autoscaling_stats.remote())
 
 
-async def announcements_case(serve, url: str, tenants: int) -> list[dict]:
-    """``tenants`` names announce (64-slice profiles), then withdraw; /v1/info, report size, controller."""
-    controller = service_process("ServeController")
+async def announcements_case(serve, url: str, tenants: int, window_s: float = 10.0) -> list[dict]:
+    """``tenants`` names announce (64-slice profiles), then withdraw; /v1/info, report size, and the
+    controller's CPU share over ``window_s`` after each."""
+    controller = service_process("SERVE_CONTROLLER_ACTOR")
     profile = [1.0 + (slice_ % 7) for slice_ in range(64)]
 
     async def measure(http: httpx.AsyncClient, phase: str, announced: int) -> dict:
         controller.cpu_percent(None)
-        await asyncio.sleep(10)
+        await asyncio.sleep(window_s)
         cpu = controller.cpu_percent(None)
         info_s = max([await timed_get(http, f"{url}/v1/info") for _ in range(3)])
         return {"phase": phase, "tenants": tenants, "info_s": info_s, "report_keys": await ingress_report_keys(serve),
@@ -217,14 +221,14 @@ async def upload_series(url: str, uploads: int, size: int, headers: dict[str, st
     return {"answered": answered, "closed_early": closed}
 
 
-async def refusals_case(url: str, uploads: int, size: int) -> list[dict]:
-    proxy, ingress = service_process("ProxyActor"), service_process(f"ServeReplica:{APP}:GRRMIngress")
+async def refusals_case(url: str, uploads: int, size: int, settle_s: float = 5.0) -> list[dict]:
+    proxy, ingress = service_process("SERVE_PROXY_ACTOR"), service_process(f"{APP}#GRRMIngress")
     rows = []
     for refusal, headers in (("401 unauthenticated", {}),
                              ("413 over max_request_bytes", {"Authorization": f"Bearer {TOKEN}"})):
         before = rss_mib(proxy), rss_mib(ingress)
         outcome = await upload_series(url, uploads, size, headers)
-        await asyncio.sleep(5)
+        await asyncio.sleep(settle_s)  # the series has ended in the proxy and ingress before memory is read
         proxy_growth, ingress_growth = rss_mib(proxy) - before[0], rss_mib(ingress) - before[1]
         rows.append({"refusal": refusal, "uploads": uploads, "upload_mb": size // MIB, **outcome,
                      "proxy_growth_mib": proxy_growth, "ingress_growth_mib": ingress_growth,
@@ -259,8 +263,13 @@ def main(argv: list[str] | None = None) -> int:
     with local_serve() as base:
         url = f"{base}/{APP}"
         slots, members = (32, 110) if args.quick else (256, 1100)
+        # Quick: the controller's CPU share over 2 s, not 10; uploads just over max_request_bytes' default
+        # (8 MiB, and past the 401's 64 KiB), their memory read 1 s after a series, not 5.
+        tenants, window_s = (50, 2.0) if args.quick else (500, 10.0)
+        uploads, upload_bytes, settle_s = (5, 10 * MIB, 1.0) if args.quick else (30, 60 * MIB, 5.0)
         for mode, bounded in (("fifo", False), ("defaults", True)) if "stall" in cases else ():
-            deploy(serve, slots=slots, bounded=bounded, assembly_timeout_s=5 if args.quick else 60)
+            # Quick: the flood's waiting members time out after 3 s (alpha's whole groups never wait for mates).
+            deploy(serve, slots=slots, bounded=bounded, assembly_timeout_s=3 if args.quick else 60)
             row = asyncio.run(stall_case(url, members, 30 if args.quick else 180, f"stall-{mode}"))
             rows.append({"case": "stall", "mode": mode, "slots": slots, "flood_members": members, **row})
             serve.delete(APP)
@@ -268,13 +277,13 @@ def main(argv: list[str] | None = None) -> int:
         if "announcements" in cases:
             deploy(serve, autoscaling=True)
             rows += [{"case": "announcements", **row}
-                     for row in asyncio.run(announcements_case(serve, url, 50 if args.quick else 500))]
+                     for row in asyncio.run(announcements_case(serve, url, tenants, window_s))]
             serve.delete(APP)
             print_table([row for row in rows if row["case"] == "announcements"], ANNOUNCEMENT_COLUMNS)
         if "refusals" in cases:
             deploy(serve, token=True)
             rows += [{"case": "refusals", **row}
-                     for row in asyncio.run(refusals_case(url, 5 if args.quick else 30, (20 if args.quick else 60) * MIB))]
+                     for row in asyncio.run(refusals_case(url, uploads, upload_bytes, settle_s))]
             serve.delete(APP)
 
     rows = kept_rows(cases) + rows

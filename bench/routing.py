@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
             serve.run(build_app(app_config(router, model)), name=name, route_prefix=f"/{name}")
             client = ScorerClient(serve.get_deployment_handle("GRRMReplica", app_name=name))
             results, wall = asyncio.run(drive(client, args.groups, args.requests_per_group, args.concurrency))
-            serve.delete(name)
+            # Not waited for: its engines stop (seconds) while the next router's replicas start.
+            serve.delete(name, _blocking=False)
             flat = [r for rs in results.values() for r in rs]
             prompt = sum(r.usage.prompt_tokens for r in flat)
             cached = sum(r.usage.cached_prompt_tokens for r in flat)
