@@ -129,3 +129,22 @@ def test_the_bench_owes_verdicts_by_the_spec():
                   Candidate("2024", "symbols", None))
     assert Group("de", "en", candidates).owed() == [False, True, True, None]
     assert Group("de", "ja", candidates).owed() == [True, True, True, None]
+
+
+def test_the_bench_runs_quick(tmp_path, monkeypatch):
+    """``python -m bench.language_gate --quick`` writes its rows (each configuration in a fresh process)."""
+    import json
+
+    from bench import language_gate
+
+    monkeypatch.setenv("GRRM_BENCH_RESULTS", str(tmp_path))
+    assert language_gate.main(["--quick"]) == 0
+    rows = json.loads((tmp_path / "language_gate.json").read_text())
+    assert {(row["mode"], row["api"]) for row in rows} == {
+        ("lazy", "serial"), ("low_accuracy", "serial"), ("low_accuracy", "parallel")}
+    for row in rows:
+        assert row["candidates"] == 128 and row["wrong"] == row["wrongly_gated"] + row["wrongly_passed"]
+        assert row["gated"] > 0 and row["cpu_s"] > 0 and row["rss_mb"] > 0
+    low = [row for row in rows if row["mode"] == "low_accuracy"]
+    assert low[0]["gated"] == low[1]["gated"]  # one model, the same verdicts through either lingua API
+    assert language_gate.report_section(rows).startswith("## ")
