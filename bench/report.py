@@ -190,14 +190,16 @@ HALF_COST_NOTE = (
 )
 
 
-# Issue 58's rehearsal of production on this machine: each bench writes its own section (report_section).
-REHEARSALS = (("16", "node_fleet"), ("16b", "topology"), ("16c", "recipe_size"))
+# Benches that write their own section (report_section): issue 58's rehearsal of production on this
+# machine (16), issue 56's reward recipe (17).
+OWN_SECTIONS = (("16", "node_fleet"), ("16b", "topology"), ("16c", "recipe_size"),
+                ("17", "language_gate"), ("17b", "recipe_overhead"))
 
 
-def rehearsal_sections() -> list[str]:
-    """The rehearsal benches' sections, numbered here, for those whose results exist."""
+def own_sections() -> list[str]:
+    """The sections the benches write themselves, numbered here, for those whose results exist."""
     sections = []
-    for number, name in REHEARSALS:
+    for number, name in OWN_SECTIONS:
         results = load(name)
         if results:
             body = importlib.import_module(f"bench.{name}").report_section(results)
@@ -696,7 +698,7 @@ def main() -> int:
             "and the Kubernetes pods start them; with glibc's default the same 401 series left them 360 MiB larger "
             "in a run of this benchmark, and 20 such uploads took about 1.7 GB before a 401 read only 64 KiB).",
         ))
-    sections.extend(rehearsal_sections())
+    sections.extend(own_sections())
     OUT.write_text("\n".join(sections))
     print(f"wrote {OUT}")
     return 0

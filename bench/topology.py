@@ -483,7 +483,9 @@ class Load:
             group_id = f"{label}-{worker}-{sent}"
             outcomes = await asyncio.gather(*(self.client.score_member(MemberRequest(
                 group_id=group_id, group_size=self.group_size, index=index, source=f"source {group_id}",
-                candidate=f"candidate {index} of {group_id}", src_lang="en", trg_lang="de"))
+                # German, as trg_lang says: grrm.yaml's recipe gates a candidate in another language.
+                candidate=f"Kandidat {index} der Gruppe {group_id}: die Katze schläft auf dem Dach.",
+                src_lang="en", trg_lang="de"))
                 for index in range(self.group_size)))
             sent += 1
             self.groups += 1

@@ -3,8 +3,10 @@
 verl's reward loop asks for one reward per rollout, from many workers, in any order. The
 router sends every member of a group to one replica; there a :class:`GroupAssembler` holds the
 members until the last one arrives, scores the whole group as one GQM prompt and answers every
-member with its own score. Members are known by their ``index`` (the candidates are shown in index
-order) or, when the caller has no position, by their ``member_id`` (the candidates are then shown
+member with its own score, and the reward and components its tenant's recipe composed
+(:mod:`cluster.recipe_runner`: the language gate, the engine, the reward's parts). Every member must
+agree with its group on source, languages, size, reference and notes (a disagreeing one is a
+conflict). Members are known by their ``index`` (the candidates are shown in index order) or, when the caller has no position, by their ``member_id`` (the candidates are then shown
 in the order of their texts' digests, so the prompt never depends on arrival order); a re-sent
 member is recognised by the same index or id and the same text. A member marked ``invalid`` (its translation could not be extracted)
 counts towards completing the group but is not shown to the model and gets no score; a group with
@@ -25,8 +27,17 @@ from dataclasses import dataclass, field
 
 from cluster import gqm
 from cluster.engines.base import EngineDeadError
-from cluster.group_records import CompletedGroup, MemberKey, Verdict, candidate_digest, text_digest
+from cluster.group_records import (
+    CompletedGroup,
+    GroupContext,
+    MemberKey,
+    Verdict,
+    candidate_digest,
+    group_context,
+)
 from cluster.ledger import CompletedGroupLedger
+from cluster.recipe import RecipeSettings
+from cluster.recipe_runner import RecipeOutcome, RecipeRunner
 from cluster.schema import FailureReason, GroupRequest, GroupResult, MemberRequest, MemberResult, MemberTiming
 
 # How many missing indices a timeout message lists before it only counts the rest.
@@ -38,6 +49,7 @@ RECENT_GROUPS = 10_000
 LEDGER_WRITE_BUDGET_S = 60.0
 # How far past its waiting-members limit a tenant's members may still join groups it has started.
 JOIN_HEADROOM = 1.5
+_DEFAULT_RECIPE = RecipeSettings()
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,10 +73,12 @@ class _Assembly:
 
     group_id: str
     first: MemberRequest  # the member every later one must agree with
+    context: GroupContext  # what every member must agree on (the first's)
     deadline: float  # on the assembler's clock
     outcome: asyncio.Future[Verdict]
     first_received_at: float  # wall clock
     candidates: dict[MemberKey, str | None] = field(default_factory=dict)  # None: an invalid member
+    response_tokens: dict[MemberKey, int | None] = field(default_factory=dict)  # each member's, for the recipe
     first_sent_at: float | None = None
     # The member keys in the order the model sees them (set when the group is complete).
     order: list[MemberKey] | None = None
@@ -134,6 +148,7 @@ class GroupAssembler:
         ledger: CompletedGroupLedger | None = None,
         ledger_timeout_s: float = 2.0,
         waiting_limit: Callable[[str], int | None] = lambda tenant: None,
+        rewards: RecipeRunner | None = None,
     ):
         """Set up an empty assembler.
 
@@ -142,7 +157,9 @@ class GroupAssembler:
         ``max_pending_groups`` bounds the groups being collected; ``replica`` names this replica
         in answers the assembler gives itself (timeouts, rejections); ``waiting_limit`` (tenant ->
         a number, None: no limit) bounds the members of one tenant that wait for group-mates here
-        (:meth:`_over_waiting_limit`).
+        (:meth:`_over_waiting_limit`); ``rewards`` runs each complete group through its tenant's recipe
+        (the language gate, the engine, the reward's parts; None: the default recipe, every member's
+        reward its score).
         """
         if assembly_timeout_s <= 0:
             raise ValueError(f"assembly_timeout_s must be positive, got {assembly_timeout_s}")
@@ -151,6 +168,7 @@ class GroupAssembler:
         if max_pending_groups < 1 or max_completed_groups < 0:
             raise ValueError("max_pending_groups must be >= 1 and max_completed_groups >= 0")
         self._score_group = score_group
+        self._rewards = rewards or RecipeRunner(lambda tenant: _DEFAULT_RECIPE, replica=replica)
         self.assembly_timeout_s = float(assembly_timeout_s)
         self.completed_ttl_s = float(completed_ttl_s)
         self.max_pending_groups = max_pending_groups
@@ -386,6 +404,7 @@ class GroupAssembler:
         assembly = _Assembly(
             group_id=member.group_id,
             first=member,
+            context=group_context(member),
             deadline=self._clock() + self.assembly_timeout_s,
             outcome=loop.create_future(),
             first_received_at=received_at,
@@ -418,14 +437,7 @@ class GroupAssembler:
 
     def _adopt(self, assembly: _Assembly, record: CompletedGroup) -> bool:
         """Answer ``assembly`` with the ledger's ``record`` if that is this group (whether it did)."""
-        first = assembly.first
-        agrees = not _disagreements(
-            first,
-            group_size=record.group_size,
-            src_lang=record.src_lang,
-            trg_lang=record.trg_lang,
-            same_source=text_digest(first.source) == record.source_digest,
-        ) and all(
+        agrees = not _disagreements(assembly.first, assembly.context, record.group_size, record.context) and all(
             record.digest_of(key) == candidate_digest(text) for key, text in assembly.candidates.items()
         )
         if not agrees:
@@ -468,13 +480,7 @@ class GroupAssembler:
     def _join(self, assembly: _Assembly, member: MemberRequest, received_at: float) -> MemberResult | None:
         """Add a member to a known group; a MemberResult when it is refused instead."""
         first = assembly.first
-        disagreements = _disagreements(
-            member,
-            group_size=first.group_size,
-            src_lang=first.src_lang,
-            trg_lang=first.trg_lang,
-            same_source=member.source == first.source,
-        )
+        disagreements = _disagreements(member, group_context(member), first.group_size, assembly.context)
         if (member.index is None) != assembly.keyed:
             disagreements.append(
                 "how members are identified (every member of a group has an index, or every member a member_id)"
@@ -503,6 +509,7 @@ class GroupAssembler:
 
     def _add(self, assembly: _Assembly, member: MemberRequest) -> None:
         assembly.candidates[member.key] = _candidate_of(member)
+        assembly.response_tokens[member.key] = member.response_tokens
         if member.sent_at is not None:
             first_sent = assembly.first_sent_at
             assembly.first_sent_at = member.sent_at if first_sent is None else min(first_sent, member.sent_at)
@@ -602,6 +609,8 @@ class GroupAssembler:
         self._counters["groups_scored"] += 1
         started_at = self._wall_clock()
         try:
+            tokens = [assembly.response_tokens.get(key) for key in assembly.order or ()]
+            shown_tokens = [tokens[index] for index in shown]
             request = GroupRequest(
                 tenant=first.tenant,
                 group_id=assembly.group_id,
@@ -609,8 +618,13 @@ class GroupAssembler:
                 candidates=[texts[index] for index in shown],
                 src_lang=first.src_lang,
                 trg_lang=first.trg_lang,
+                ref_text=first.ref_text,
+                ref_lang=first.ref_lang,
+                notes=first.notes,
+                response_tokens=None if None in shown_tokens else shown_tokens,
             )
-            verdict = self._verdict_from_result(assembly, await self._score_group(request), shown)
+            outcome = await self._rewards.run(request, self._score_group, shown_tokens)
+            verdict = self._verdict_from_outcome(assembly, outcome, shown)
         except EngineDeadError as error:
             self._abandon(assembly, error)
             return
@@ -646,29 +660,35 @@ class GroupAssembler:
             )
         self._finish(assembly, verdict, remember=False)
 
-    def _verdict_from_result(self, assembly: _Assembly, result: GroupResult, shown: list[int]) -> Verdict:
-        """The members' verdict from the result for the shown members (``shown``: their indices)."""
-        size = len(shown)
-        if result.valid and (result.scores is None or len(result.scores) != size):
+    def _verdict_from_outcome(self, assembly: _Assembly, outcome: RecipeOutcome, shown: list[int]) -> Verdict:
+        """The members' verdict from the recipe's outcome for the shown members (``shown``: their
+        positions); the members not shown (invalid) get their recipe's reward without a score."""
+        if outcome.malformed:
             # A malformed result must not hand out a wrong member's score or raise per member.
             self._counters["scoring_failures"] += 1
-            count = "no" if result.scores is None else len(result.scores)
-            return self._verdict(
-                "engine_error", f"group {assembly.group_id}: score_group returned {count} scores for {size} candidates"
-            )
-        scores: tuple[int | None, ...] | None = None
-        if result.valid and result.scores is not None:
-            by_position: list[int | None] = [None] * assembly.first.group_size
-            for position, score in zip(shown, result.scores, strict=True):
-                by_position[position] = score
-            scores = tuple(by_position)
+        size = assembly.first.group_size
+        result = outcome.result
+        scores: list[int | None] | None = None if outcome.scores is None else [None] * size
+        idle = self._rewards.unscored(assembly.first.tenant, invalid=True)
+        rewards = [idle.reward] * size
+        components = [idle.components] * size
+        failures: list[FailureReason | None] = [None] * size
+        for at, position in enumerate(shown):
+            if scores is not None and outcome.scores is not None:
+                scores[position] = outcome.scores[at]
+            rewards[position] = outcome.rewards[at]
+            components[position] = outcome.components[at]
+            failures[position] = outcome.failures[at]
         return Verdict(
-            scores=scores,
+            scores=None if scores is None else tuple(scores),
             valid=result.valid,
             error=result.error,
             failure=result.failure,
             replica=result.replica or self.replica,
             attempts=result.attempts,
+            rewards=tuple(rewards),
+            components=tuple(components),
+            failures=tuple(failures) if any(failures) else None,
         )
 
     def _group_verdict(self, assembly: _Assembly, verdict: Verdict, started_at: float | None) -> Verdict:
@@ -714,13 +734,10 @@ class GroupAssembler:
         self._store_completed(assembly.group_id, self._record(assembly, verdict))
 
     def _record(self, assembly: _Assembly, verdict: Verdict) -> CompletedGroup:
-        first = assembly.first
         order = assembly.order or prompt_order(assembly.candidates)
-        return CompletedGroup(
-            group_size=first.group_size,
-            src_lang=first.src_lang,
-            trg_lang=first.trg_lang,
-            source_digest=text_digest(first.source),
+        return CompletedGroup.of(
+            assembly.first.group_size,
+            assembly.context,
             candidate_digests=tuple(candidate_digest(assembly.candidates[key]) for key in order),
             verdict=verdict,
             expires_at=self._clock() + self.completed_ttl_s,
@@ -756,13 +773,7 @@ class GroupAssembler:
         return self._member_result(member, verdict, received_at)
 
     def _answer_from_cache(self, completed: CompletedGroup, member: MemberRequest, received_at: float) -> MemberResult:
-        disagreements = _disagreements(
-            member,
-            group_size=completed.group_size,
-            src_lang=completed.src_lang,
-            trg_lang=completed.trg_lang,
-            same_source=text_digest(member.source) == completed.source_digest,
-        )
+        disagreements = _disagreements(member, group_context(member), completed.group_size, completed.context)
         if (member.index is None) != (completed.member_ids is not None):
             disagreements.append(
                 "how members are identified (every member of a group has an index, or every member a member_id)"
@@ -790,7 +801,7 @@ class GroupAssembler:
             "conflict",
             f"group {member.group_id}: member {member.key!r} disagrees with the group on "
             f"{'; '.join(disagreements)}; all members of a group must share source, src_lang, "
-            "trg_lang and group_size",
+            "trg_lang, group_size, ref_text, ref_lang and notes",
             received_at,
         )
 
@@ -811,18 +822,29 @@ class GroupAssembler:
     def _refuse(self, member: MemberRequest, failure: FailureReason, error: str, received_at: float) -> MemberResult:
         return self._member_result(member, self._verdict(failure, error), received_at)
 
-    @staticmethod
-    def _member_result(member: MemberRequest, verdict: Verdict, received_at: float) -> MemberResult:
+    def _member_result(self, member: MemberRequest, verdict: Verdict, received_at: float) -> MemberResult:
         scores = verdict.scores
         position = verdict.position_of(member)
+        valid, failure, error = verdict.valid, verdict.failure, verdict.error
+        own = verdict.failures[position] if verdict.failures is not None and position is not None else None
+        if own is not None:
+            # The language gate took this member out of its group: its own failure, whatever the group's.
+            valid, failure = False, own
+            error = (f"group {member.group_id}: its candidate is not in the target language {member.trg_lang} "
+                     "(the recipe's language gate): not shown to the model, default reward")
+        if verdict.rewards is not None and verdict.components is not None and position is not None:
+            reward, components = verdict.rewards[position], dict(verdict.components[position])
+        else:
+            composed = self._rewards.unscored(member.tenant, member.invalid)
+            reward, components = composed.reward, dict(composed.components)
         return MemberResult(
             group_id=member.group_id,
             index=position,
             member_id=member.member_id,
             score=scores[position] if scores is not None and position is not None else None,
-            valid=verdict.valid,
-            error=verdict.error,
-            failure=verdict.failure,
+            valid=valid,
+            error=error,
+            failure=failure,
             replica=verdict.replica,
             attempts=verdict.attempts,
             group_scores=list(scores) if scores is not None else None,
@@ -832,6 +854,8 @@ class GroupAssembler:
                 scoring_started_at=verdict.scoring_started_at,
                 scoring_ended_at=verdict.scoring_ended_at,
             ),
+            reward=reward,
+            components=components,
         )
 
     @staticmethod
@@ -840,17 +864,9 @@ class GroupAssembler:
             assembly.outcome.set_result(verdict)
 
 
-def _disagreements(
-    member: MemberRequest, *, group_size: int, src_lang: str, trg_lang: str, same_source: bool
-) -> list[str]:
-    """The fields on which a member differs from its group, described for an error message."""
+def _disagreements(member: MemberRequest, context: GroupContext, group_size: int, group: GroupContext) -> list[str]:
+    """The fields on which a member (its ``context``) differs from its group, described for an error message."""
     found = []
     if member.group_size != group_size:
         found.append(f"group_size ({member.group_size} here, {group_size} in the group)")
-    if not same_source:
-        found.append("source (a different text)")
-    if member.src_lang != src_lang:
-        found.append(f"src_lang ({member.src_lang!r} here, {src_lang!r} in the group)")
-    if member.trg_lang != trg_lang:
-        found.append(f"trg_lang ({member.trg_lang!r} here, {trg_lang!r} in the group)")
-    return found
+    return found + group.disagreements(context)

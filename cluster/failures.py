@@ -25,6 +25,7 @@ FailureReason = Literal[
     "parse_failed",  # no parseable verdict after every allowed attempt
     "prompt_too_long",  # the GQM prompt exceeds the configured token limit
     "too_few_distinct",  # fewer than 2 distinct candidates: nothing to compare
+    "wrong_language",  # the language gate: the candidate is not in the target language
     "engine_error",  # the engine raised
     "timeout",  # a generation or the group assembly ran past its deadline
     "rejected",  # the group's input is refused (too large a group, a text the prompt guard rejects)
@@ -79,6 +80,9 @@ KINDS: dict[str, FailureKind] = {
                     meaning="the GQM prompt exceeds scoring.max_prompt_tokens"),
         FailureKind("too_few_distinct", 200, bad_input=True,
                     meaning="fewer than 2 distinct candidates: nothing to compare"),
+        FailureKind("wrong_language", 200, bad_input=True,
+                    meaning="the candidate is not in the group's target language (the recipe's language gate): "
+                            "it gets the default reward and is never shown to the model"),
         FailureKind("engine_error", 200, meaning="the engine raised on this group"),
         FailureKind("timeout", 504, rejoin=True,
                     meaning="a generation, or the group's assembly, ran past its deadline (a member: send it "

@@ -76,13 +76,27 @@ LANGUAGE_NAMES: dict[str, str] = {
 _GROUP_TEMPLATE = (
     "Given a source text in {} and multiple translation candidates in {}. Perform a step by step "
     "analysis and comparison of the translation quality for the candidates. {}\n\n"
-    "Source text:\n```\n{}\n```\n\n{}"
+    "Source text:\n```\n{}\n```\n\n{}{}"
 )
 _CANDIDATE_BLOCK = "Translation {}:\n```\n{}\n```\n"
 _SINGLE_TEMPLATE = (
     "Given a source text in {} and a translation text in {}. Perform a step by step analysis of "
     "translation quality and assign a score on a scale from 0 to 10.\n"
     "Source text:\n```\n{}\n```\n\nTranslation text:\n```\n{}\n```\n"
+)
+# The sixth slot of the group template (spec section 1b): the reference block, then the notes
+# block, each empty when not given. The single prompt takes a notes block too (singular wording).
+_REFERENCE_BLOCK = (
+    "\n\nYou may refer to the following reference, if helpful, when evaluating the translations.\n\n"
+    "{} reference:\n```\n{}\n```\n"
+)
+_GROUP_NOTES_BLOCK = (
+    "\n\nYou may refer to the following notes, if helpful, when evaluating the translations.\n\n"
+    "Notes:\n```\n{}\n```\n"
+)
+_SINGLE_NOTES_BLOCK = (
+    "\n\nYou may refer to the following notes, if helpful, when evaluating the translation.\n\n"
+    "Notes:\n```\n{}\n```\n"
 )
 
 _TASKS: dict[str, str] = {
@@ -102,9 +116,12 @@ _EXAMPLES: dict[str, str] = {
 PROMPT_TYPES: tuple[str, ...] = tuple(_TASKS)
 
 # The fixed text around each template's variable parts, for reading a prompt back apart.
-_GROUP_PIECES = _GROUP_TEMPLATE.split("{}")  # around: source language, target language, task, source, blocks
+_GROUP_PIECES = _GROUP_TEMPLATE.split("{}")  # around: languages, task, source, candidate blocks, context blocks
 _CANDIDATE_PIECES = _CANDIDATE_BLOCK.split("{}")  # around: letter, candidate
 _SINGLE_PIECES = _SINGLE_TEMPLATE.split("{}")  # around: source language, target language, source, candidate
+_REFERENCE_PIECES = _REFERENCE_BLOCK.split("{}")  # around: the reference's language, the reference
+_GROUP_NOTES_OPENING = _GROUP_NOTES_BLOCK.split("{}")[0]
+_SINGLE_NOTES_OPENING = _SINGLE_NOTES_BLOCK.split("{}")[0]
 
 
 @dataclass(frozen=True)
@@ -120,6 +137,11 @@ class GroupPrompt:
     trg_lang: str
     prompt_type: PromptType
     add_example: bool
+    # The reference block's text and language name, and the notes (spec section 1b), stripped as
+    # the prompt holds them; None when the prompt has no such block.
+    ref_text: str | None = None
+    ref_lang: str | None = None
+    notes: str | None = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +152,7 @@ class SinglePrompt:
     candidate: str
     src_lang: str
     trg_lang: str
+    notes: str | None = None  # stripped; None without a notes block
 
 
 EXTRACTORS: tuple[str, ...] = ("codeblock", "line", "oneline", "none")
@@ -200,8 +223,18 @@ def build_group_prompt(
     trg_lang: str,
     prompt_type: PromptType = "ranking_score",
     add_example: bool = False,
+    *,
+    ref_text: str | None = None,
+    ref_lang: str | None = None,
+    notes: str | None = None,
 ) -> str:
     """Build the GQM prompt for one group: the source and every candidate, labelled A, B, C, ...
+
+    ``ref_text`` in ``ref_lang`` (a code or a name) and ``notes``, where given and non-empty
+    after ``strip()``, follow the candidates as the spec's reference and notes blocks, stripped
+    (section 1b); without them the prompt is section 1's. A half reference pair (one of the two
+    empty or missing) is a :class:`GQMInputError` naming the half that was given: GRRM's
+    reference code drops such a pair silently, the project refuses it as its schema does.
 
     Texts are pasted between the code fences as given, byte for byte as the spec (and GRRM's
     reference) does: a text holding a fence or a special token could forge the prompt's
@@ -222,23 +255,52 @@ def build_group_prompt(
     trg_name = language_name(trg_lang, "trg_lang")
     task = _task_text(_require_prompt_type(prompt_type), add_example)
     blocks = "".join(_CANDIDATE_BLOCK.format(candidate_letter(i), c) for i, c in enumerate(candidates))
-    return _GROUP_TEMPLATE.format(src_name, trg_name, task, source, blocks)
+    context = _reference_block(ref_text, ref_lang) + _notes_block(notes, _GROUP_NOTES_BLOCK)
+    return _GROUP_TEMPLATE.format(src_name, trg_name, task, source, blocks, context)
+
+
+def _given(field: str, value: object) -> str | None:
+    """``value`` stripped, or None when it is missing or blank (the spec's "not given")."""
+    if value is None:
+        return None
+    return _require_str(field, value).strip() or None
+
+
+def _reference_block(ref_text: object, ref_lang: object) -> str:
+    text, lang = _given("ref_text", ref_text), _given("ref_lang", ref_lang)
+    if lang is not None and text is None:
+        raise GQMInputError("ref_lang", ref_lang, "given without ref_text (give both, or neither)")
+    if text is not None and lang is None:
+        raise GQMInputError("ref_text", ref_text, "given without ref_lang (give both, or neither)")
+    if text is None:
+        return ""
+    return _REFERENCE_BLOCK.format(language_name(lang, "ref_lang"), text)
+
+
+def _notes_block(notes: object, block: str) -> str:
+    text = _given("notes", notes)
+    return "" if text is None else block.format(text)
 
 
 def _task_text(prompt_type: str, add_example: bool) -> str:
     return _TASKS[prompt_type] + " " + _EXAMPLES[prompt_type] if add_example else _TASKS[prompt_type]
 
 
-def build_single_prompt(source: str, candidate: str, src_lang: str, trg_lang: str) -> str:
+def build_single_prompt(
+    source: str, candidate: str, src_lang: str, trg_lang: str, *, notes: str | None = None
+) -> str:
     """Build the single-candidate (SQM) prompt, the baseline GQM is compared against.
 
-    Texts are pasted as given, as in :func:`build_group_prompt` (see :mod:`cluster.prompt_guard`).
+    ``notes``, where given and non-empty after ``strip()``, follow as the spec's notes block,
+    stripped (section 2). Texts are pasted as given, as in :func:`build_group_prompt` (see
+    :mod:`cluster.prompt_guard`).
     """
     _require_str("source", source)
     _require_str("candidate", candidate)
-    return _SINGLE_TEMPLATE.format(
+    prompt = _SINGLE_TEMPLATE.format(
         language_name(src_lang, "src_lang"), language_name(trg_lang, "trg_lang"), source, candidate
     )
+    return prompt + _notes_block(notes, _SINGLE_NOTES_BLOCK)
 
 
 def _not_a_prompt(prompt: str, kind: str, problem: str) -> GQMInputError:
@@ -265,16 +327,60 @@ def _read_task(prompt: str, task: str) -> tuple[PromptType, bool]:
     raise _not_a_prompt(prompt, "a GQM group prompt", f"unknown task sentence {_preview(task)}")
 
 
+def _context_start(text: str, after_fence: Sequence[str]) -> int:
+    """Where the context blocks (reference, notes) start in ``text``, the prompt's candidate
+    part: right after the first closing fence that one of ``after_fence`` follows; the length
+    of ``text`` when there is none."""
+    fence = _CANDIDATE_PIECES[2]
+    found = [text.find(fence + opening) for opening in after_fence]
+    return min((index + len(fence) for index in found if index >= 0), default=len(text))
+
+
+def _block_text(prompt: str, text: str, kind: str, what: str) -> str:
+    """The text of a context block (its closing fence cut off): stripped and non-empty, as the
+    builders write it."""
+    fence = _CANDIDATE_PIECES[2]
+    if not text.endswith(fence):
+        raise _not_a_prompt(prompt, kind, f"the {what} block does not end with the closing fence {fence!r}")
+    inner = text[: len(text) - len(fence)]
+    if not inner or inner != inner.strip():
+        raise _not_a_prompt(prompt, kind, f"the {what} block's text is empty or not stripped")
+    return inner
+
+
+def _read_notes(prompt: str, tail: str, opening: str, kind: str) -> str | None:
+    """The notes of a prompt's last block (``tail``: empty, or a notes block that starts with ``opening``)."""
+    if not tail:
+        return None
+    if not tail.startswith(opening):
+        raise _not_a_prompt(prompt, kind, f"unexpected text after the last block: {_preview(tail)}")
+    return _block_text(prompt, tail[len(opening) :], kind, "notes")
+
+
+def _read_group_context(prompt: str, context: str, kind: str) -> tuple[str | None, str | None, str | None]:
+    """``(ref_text, ref_lang, notes)`` of a group prompt's context blocks (section 1b)."""
+    reference_opening, language_end, _ = _REFERENCE_PIECES
+    if not context.startswith(reference_opening):
+        return None, None, _read_notes(prompt, context, _GROUP_NOTES_OPENING, kind)
+    ref_lang, rest = _cut(prompt, context[len(reference_opening) :], language_end, kind, "the reference heading")
+    # The reference ends at the first closing fence the notes block follows, else at the end.
+    notes_at = _context_start(rest, [_GROUP_NOTES_OPENING])
+    ref_text = _block_text(prompt, rest[:notes_at], kind, "reference")
+    return ref_text, ref_lang, _read_notes(prompt, rest[notes_at:], _GROUP_NOTES_OPENING, kind)
+
+
 def parse_group_prompt(prompt: str) -> GroupPrompt:
     """Read a prompt of :func:`build_group_prompt` back into the arguments that built it.
 
     Texts may hold anything (newlines, fences, any Unicode) except what the format cannot tell
     apart from its own structure: a closing fence line followed by a ``Translation X:`` heading
-    line (the builder pastes texts as given). Where a text holds one, the first such place is
-    taken as the boundary. Raises :class:`GQMInputError` for a text that is not a group prompt.
+    line, or by the opening of the reference or notes block (the builder pastes texts as given).
+    Where a text holds one, the first such place is taken as the boundary. The reference and
+    notes read back stripped, as the prompt holds them, and the reference's language as its name.
+    Raises :class:`GQMInputError` for a text that is not a group prompt.
     """
     _require_str("prompt", prompt)
-    head, langs, task_intro, source_intro, source_end, _ = _GROUP_PIECES
+    head, langs, task_intro, source_intro, source_end, _, _ = _GROUP_PIECES
     kind = "a GQM group prompt"
     if not prompt.startswith(head):
         raise _not_a_prompt(prompt, kind, f"it does not start with {_preview(head)}")
@@ -283,6 +389,9 @@ def parse_group_prompt(prompt: str) -> GroupPrompt:
     task, rest = _cut(prompt, rest, source_intro, kind, "the source heading")
     prompt_type, add_example = _read_task(prompt, task)
     source, rest = _cut(prompt, rest, source_end + _candidate_head(0), kind, "the end of the source and candidate A")
+    context_at = _context_start(rest, [_REFERENCE_PIECES[0], _GROUP_NOTES_OPENING])
+    ref_text, ref_lang, notes = _read_group_context(prompt, rest[context_at:], kind)
+    rest = rest[:context_at]
     candidate_end = _CANDIDATE_PIECES[2]
     if not rest.endswith(candidate_end):
         raise _not_a_prompt(prompt, kind, f"it does not end with the closing fence {candidate_end!r}")
@@ -298,15 +407,18 @@ def parse_group_prompt(prompt: str) -> GroupPrompt:
     candidates.append(rest)
     if len(candidates) < MIN_CANDIDATES:
         raise _not_a_prompt(prompt, kind, f"it has {len(candidates)} candidate, a group needs {MIN_CANDIDATES}")
-    return GroupPrompt(source, tuple(candidates), src_lang, trg_lang, prompt_type, add_example)
+    return GroupPrompt(
+        source, tuple(candidates), src_lang, trg_lang, prompt_type, add_example, ref_text, ref_lang, notes
+    )
 
 
 def parse_single_prompt(prompt: str) -> SinglePrompt:
     """Read a prompt of :func:`build_single_prompt` back into the arguments that built it.
 
-    The source may not hold the format's own ``Translation text:`` block opening (see
-    :func:`parse_group_prompt`); the candidate may hold anything. Raises :class:`GQMInputError`
-    for a text that is not a single prompt.
+    The source may not hold the format's own ``Translation text:`` block opening, nor the
+    candidate a closing fence line followed by the notes block's opening (see
+    :func:`parse_group_prompt`); the notes may hold anything. Raises :class:`GQMInputError` for
+    a text that is not a single prompt.
     """
     _require_str("prompt", prompt)
     head, langs, intro, middle, end = _SINGLE_PIECES
@@ -315,10 +427,13 @@ def parse_single_prompt(prompt: str) -> SinglePrompt:
         raise _not_a_prompt(prompt, kind, f"it does not start with {_preview(head)}")
     src_lang, rest = _cut(prompt, prompt[len(head) :], langs, kind, "the text after the source language")
     trg_lang, rest = _cut(prompt, rest, intro, kind, "the text after the target language")
+    source, rest = _cut(prompt, rest, middle, kind, "the translation heading")
+    notes_at = _context_start(rest, [_SINGLE_NOTES_OPENING])
+    notes = _read_notes(prompt, rest[notes_at:], _SINGLE_NOTES_OPENING, kind)
+    rest = rest[:notes_at]
     if not rest.endswith(end):
         raise _not_a_prompt(prompt, kind, f"it does not end with the closing fence {end!r}")
-    source, candidate = _cut(prompt, rest[: len(rest) - len(end)], middle, kind, "the translation heading")
-    return SinglePrompt(source, candidate, src_lang, trg_lang)
+    return SinglePrompt(source, rest[: len(rest) - len(end)], src_lang, trg_lang, notes)
 
 
 def parse_prompt(prompt: str) -> GroupPrompt | SinglePrompt:

@@ -34,6 +34,7 @@ __all__ = [
     "RewardSettings",
     "SEMANTIC_DEFAULTS",
     "TOO_FEW_DISTINCT",
+    "WRONG_LANGUAGE",
     "default_outcome",
     "group_outcomes",
     "is_failure",
@@ -49,7 +50,8 @@ INVALID_EXTRACTION = "invalid_extraction"  # spec section 4: no translation in t
 INVALID_TEXT = "invalid_text"  # a translation the service cannot take (too long, bad characters)
 TOO_FEW_DISTINCT = "too_few_distinct"  # nothing to compare in the group
 PROMPT_TOO_LONG = "prompt_too_long"  # the group's GQM prompt is over the token limit
-SEMANTIC_DEFAULTS = frozenset({INVALID_EXTRACTION, INVALID_TEXT, TOO_FEW_DISTINCT, PROMPT_TOO_LONG})
+WRONG_LANGUAGE = "wrong_language"  # spec section 5b: the recipe's language gate removed it
+SEMANTIC_DEFAULTS = frozenset({INVALID_EXTRACTION, INVALID_TEXT, TOO_FEW_DISTINCT, PROMPT_TOO_LONG, WRONG_LANGUAGE})
 
 # Reasons of the bridge's own for a default reward (the others come from the service or transport).
 BAD_ROW = "bad_row"

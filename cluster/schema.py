@@ -139,6 +139,38 @@ def unscoped_group_id(scoped: str) -> tuple[str, str]:
     return tenant, group_id
 
 
+_REF_TEXT = Field(None, max_length=_MAX_TEXT,
+                  description="A reference translation of the source (give ref_lang with it): shown to the model "
+                              "after the candidates (GQM spec section 1b), and what the recipe's bleu and chrf parts "
+                              "compare with. The same on every member of a group.")
+_REF_LANG = Field(None, max_length=64, description="The reference's language: a two-letter code or a full name (give "
+                                                   "ref_text with it).")
+_NOTES = Field(None, max_length=_MAX_TEXT,
+               description="Free-text notes for the model (terminology, style), shown after the candidates and the "
+                           "reference. They count against the prompt's token budget like any other text.")
+
+
+def _check_reference_pair(ref_text: str | None, ref_lang: str | None) -> None:
+    """A reference comes with its language, and a language with its reference (the reference code
+    silently drops a half pair; the service refuses it, naming the half that is missing)."""
+    has_text = ref_text is not None and bool(ref_text.strip())
+    has_lang = ref_lang is not None and bool(ref_lang.strip())
+    if has_lang and not has_text:
+        raise ValueError("ref_lang: given without ref_text (give both, or neither)")
+    if has_text and not has_lang:
+        raise ValueError("ref_text: given without ref_lang (give both, or neither)")
+
+
+def _check_optional_language(value: str | None) -> str | None:
+    if value is None or not value.strip():
+        return value
+    return _check_language(value)
+
+
+def _check_optional_text(value: str | None) -> str | None:
+    return None if value is None else _check_text(value)
+
+
 class GroupRequest(BaseModel):
     """A whole group: one source and its candidate translations."""
 
@@ -155,10 +187,33 @@ class GroupRequest(BaseModel):
                                                    "in the prompt; identical texts are shown once and share a score.")
     src_lang: StrictStr = Field(max_length=64, description="Source language: a two-letter code or a full name.")
     trg_lang: StrictStr = Field(max_length=64, description="Target language: a two-letter code or a full name.")
+    ref_text: StrictStr | None = _REF_TEXT
+    ref_lang: StrictStr | None = _REF_LANG
+    notes: StrictStr | None = _NOTES
+    response_tokens: list[StrictInt] | None = Field(
+        None, description="Each candidate's response length in tokens, in candidate order: what the recipe's "
+                          "overlong part reads (without it, the part gives no penalty).")
+    post_edit: StrictBool = Field(
+        False, description="The last candidate is a post-edit of the others (the machine translations it was made "
+                           "from): its reward is its score against the group's mean (GQM spec section 5c); the "
+                           "candidates are not deduplicated.")
 
     validate_text = field_validator("source")(_check_text)
     validate_source = field_validator("source")(_check_not_blank)
     validate_languages = field_validator("src_lang", "trg_lang")(_check_language)
+    validate_context_texts = field_validator("ref_text", "notes")(_check_optional_text)
+    validate_ref_lang = field_validator("ref_lang")(_check_optional_language)
+
+    @model_validator(mode="after")
+    def _check_context(self) -> GroupRequest:
+        _check_reference_pair(self.ref_text, self.ref_lang)
+        if self.response_tokens is not None:
+            if len(self.response_tokens) != len(self.candidates):
+                raise ValueError(f"response_tokens: {len(self.response_tokens)} lengths for "
+                                 f"{len(self.candidates)} candidates")
+            if any(length < 0 for length in self.response_tokens):
+                raise ValueError("response_tokens: a length must not be negative")
+        return self
 
     @field_validator("candidates")
     @classmethod
@@ -205,10 +260,18 @@ class MemberRequest(BaseModel):
     # When the caller first sent this member (Unix seconds, the same on every re-send): timing only.
     sent_at: StrictFloat | None = Field(None, ge=0, description="When the caller first sent it (Unix seconds, the "
                                                                 "same on every re-send): timing only.")
+    ref_text: StrictStr | None = _REF_TEXT
+    ref_lang: StrictStr | None = _REF_LANG
+    notes: StrictStr | None = _NOTES
+    response_tokens: StrictInt | None = Field(
+        None, ge=0, le=100_000_000, description="This rollout's response length in tokens: what the recipe's "
+                                                "overlong part reads (without it, the part gives no penalty).")
 
     validate_text = field_validator("source", "candidate")(_check_text)
     validate_source = field_validator("source")(_check_not_blank)
     validate_languages = field_validator("src_lang", "trg_lang")(_check_language)
+    validate_context_texts = field_validator("ref_text", "notes")(_check_optional_text)
+    validate_ref_lang = field_validator("ref_lang")(_check_optional_language)
 
     @model_validator(mode="after")
     def _identity_in_group(self) -> MemberRequest:
@@ -220,6 +283,7 @@ class MemberRequest(BaseModel):
             raise ValueError(f"index: {self.index} is out of range for group_size {self.group_size}")
         if not self.invalid and not self.candidate.strip():
             raise ValueError("candidate: must not be empty or only whitespace (mark the member invalid instead)")
+        _check_reference_pair(self.ref_text, self.ref_lang)
         return self
 
     @property
@@ -280,8 +344,10 @@ class GroupResult(BaseModel):
     """The verdict on one group. ``scores`` is None unless ``valid``: never a made-up score."""
 
     group_id: str | None = Field(None, description="The request's group_id.")
-    scores: list[int] | None = Field(None, description="One score (0-10) per candidate, in request order; None "
-                                                       "unless valid: never a made-up score.")
+    scores: list[int | None] | None = Field(
+        None, description="One score (0-10) per candidate, in request order; None unless valid: never a made-up "
+                          "score. A candidate the recipe's language gate removed has None (its failure: "
+                          "wrong_language).")
     ranking: str | None = Field(None, description="The model's ranking line, e.g. 'B > A = C'.")
     valid: bool = Field(False, description="Whether the group got a verdict.")
     error: str | None = Field(None, description="Why not, for people (decide on `failure`, never on this text).")
@@ -298,6 +364,12 @@ class GroupResult(BaseModel):
     guarded_texts: dict[str, int] = Field(
         default_factory=dict, description="Texts that could have changed the prompt's structure, by what was done "
                                           "with them (neutralized, rejected, unguarded); empty for most groups.")
+    rewards: list[float] | None = Field(
+        None, description="Each candidate's reward, in request order, composed by its tenant's recipe (docs/recipes.md): "
+                          "the recipe's default_reward where the candidate got no score. None from a service without "
+                          "a recipe.")
+    components: list[dict[str, float]] | None = Field(
+        None, description="Each candidate's recipe parts (part name -> its value before weighting), in request order.")
 
 
 class MemberTiming(BaseModel):
@@ -334,3 +406,8 @@ class MemberResult(BaseModel):
         None, description="The whole group's scores, so one member's caller sees the whole verdict (None at the "
                           "positions of invalid members).")
     timing: MemberTiming | None = Field(None, description="When its group went through its replica.")
+    reward: float | None = Field(None, description="Its reward, composed by its tenant's recipe (docs/recipes.md): the "
+                                                   "recipe's default_reward when it got no score. None from a service "
+                                                   "without a recipe.")
+    components: dict[str, float] = Field(default_factory=dict,
+                                         description="Its recipe parts (part name -> its value before weighting).")

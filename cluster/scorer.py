@@ -104,8 +104,10 @@ class GroupScorer:
     def build_prompt(self, group: GroupRequest, distinct: Sequence[str]) -> str:
         """The GQM prompt as the model sees it (through its chat template).
 
-        Texts are pasted as given: :meth:`score_group` passes them through the prompt guard
-        first (:meth:`guard_texts`), so no source or candidate can change the prompt's structure.
+        The group's reference and notes follow the candidates (spec section 1b), in every
+        prompt of the group's plan. Texts are pasted as given: :meth:`score_group` passes them
+        through the prompt guard first (:meth:`guard_texts`), so no source, candidate, reference
+        or note can change the prompt's structure.
         """
         user_message = gqm.build_group_prompt(
             group.source,
@@ -114,6 +116,9 @@ class GroupScorer:
             group.trg_lang,
             self.config.prompt_type,
             self.config.add_example,
+            ref_text=group.ref_text,
+            ref_lang=group.ref_lang,
+            notes=group.notes,
         )
         return apply_chat_template(self.engine.tokenizer, user_message)
 
@@ -148,7 +153,8 @@ class GroupScorer:
             )
         else:
             if guarded.action == "neutralized" and guarded.forging:
-                group = group.model_copy(update={"source": guarded.source, "candidates": guarded.candidates})
+                group = group.model_copy(update={"source": guarded.source, "candidates": guarded.candidates,
+                                                 "ref_text": guarded.ref_text, "notes": guarded.notes})
             result = await self._score(group)
         result.guarded_texts = guarded.counts
         result.group_id = group.group_id
@@ -157,10 +163,12 @@ class GroupScorer:
         return result
 
     def guard_texts(self, group: GroupRequest) -> prompt_guard.GuardedTexts:
-        """The group's texts as its prompts will hold them, and which could forge the prompt's
-        structure (code fences, the tokenizer's special tokens): ``scoring.prompt_guard`` decides
-        whether they are neutralized, refused or left as they are (:mod:`cluster.prompt_guard`)."""
-        return prompt_guard.guard_texts(group.source, group.candidates, self.special_tokens, self.config.prompt_guard)
+        """The group's texts (source, candidates, reference, notes) as its prompts will hold them,
+        and which could forge the prompt's structure (code fences, the tokenizer's special
+        tokens): ``scoring.prompt_guard`` decides whether they are neutralized, refused or left
+        as they are (:mod:`cluster.prompt_guard`)."""
+        return prompt_guard.guard_texts(group.source, group.candidates, self.special_tokens, self.config.prompt_guard,
+                                        ref_text=group.ref_text, notes=group.notes)
 
     @functools.cached_property
     def special_tokens(self) -> tuple[str, ...]:
@@ -187,20 +195,28 @@ class GroupScorer:
 
     async def _score(self, group: GroupRequest) -> GroupResult:
         config = self.config
-        distinct, position = dedup_candidates(group.candidates)
+        # A post-edit group is scored as sent (spec section 5c): a post-edit identical to one of
+        # its MT texts is still its own, last, candidate. Ensembles keep working on it: merged
+        # scores come back per candidate, so the last is still the post-edit's.
+        distinct, position = (
+            (list(group.candidates), list(range(len(group.candidates))))
+            if group.post_edit
+            else dedup_candidates(group.candidates)
+        )
         if len(distinct) < gqm.MIN_CANDIDATES:
             return _failed("too_few_distinct", "the group has fewer than 2 distinct candidates")
+        shown = "candidates (a post-edit group's, not deduplicated)" if group.post_edit else "distinct candidates"
         if len(distinct) > config.max_group_size and not config.split_large_groups:
             return _failed(
                 "rejected",
-                f"candidates: {len(distinct)} distinct candidates exceed max_group_size {config.max_group_size}"
+                f"candidates: {len(distinct)} {shown} exceed max_group_size {config.max_group_size}"
                 " (split_large_groups is off)",
             )
         plan = self.plan(group, distinct)
         if len(plan) > config.max_prompts_per_group:
             return _failed(
                 "rejected",
-                f"candidates: {len(distinct)} distinct candidates need {len(plan)} prompts, more than "
+                f"candidates: {len(distinct)} {shown} need {len(plan)} prompts, more than "
                 f"max_prompts_per_group {config.max_prompts_per_group}",
             )
         if len(plan) == 1:

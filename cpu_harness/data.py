@@ -5,7 +5,8 @@ One row per source sentence, as verl's ``RLHFDataset`` reads it (``data.prompt_k
 * ``prompt``: the chat messages asking the policy for a translation (one user message);
 * ``data_source``, ``ability``, ``reward_model`` (``ground_truth`` unused: GRRM needs none);
 * ``extra_info``: ``index`` plus what the GRRM bridge reads, ``source``, ``src_lang``,
-  ``trg_lang`` (the bridge's default ``*_key`` options point there).
+  ``trg_lang``, and for some sources a reference ``ref_text`` with ``ref_lang`` and ``notes``
+  (null in the others; the bridge's default ``*_key`` options point there).
 
 CLI: ``python -m cpu_harness.data OUT_DIR [--rows N]`` writes ``train.parquet`` and ``val.parquet``.
 """
@@ -30,6 +31,12 @@ SOURCES: tuple[tuple[str, str, str], ...] = (
     ("en", "de", "The early bird catches the worm."),
     ("ja", "en", "猿も木から落ちる。"),
 )
+
+# A reference translation and notes for some sources (the others have none): what a real MT dataset may carry.
+REFERENCES: dict[str, tuple[str, str, str | None]] = {
+    "It's raining cats and dogs.": ("Es regnet in Strömen.", "de", "an idiom: translate what it means"),
+    "Das ist nicht mein Bier.": ("That's not my problem.", "en", None),
+}
 
 LANGUAGE_NAMES = {"en": "English", "de": "German", "zh": "Chinese", "fr": "French", "ru": "Russian", "ja": "Japanese"}
 DATA_SOURCE = "grrm-cpu-harness-mt"
@@ -60,7 +67,8 @@ def rows(count: int, offset: int = 0) -> list[dict]:
                 "prompt": [{"role": "user", "content": request}],
                 "ability": "translation",
                 "reward_model": {"style": "model", "ground_truth": ""},
-                "extra_info": {"index": index, "source": source, "src_lang": src_lang, "trg_lang": trg_lang},
+                "extra_info": {"index": index, "source": source, "src_lang": src_lang, "trg_lang": trg_lang,
+                               **dict(zip(("ref_text", "ref_lang", "notes"), REFERENCES.get(source, (None,) * 3)))},
             }
         )
     return result

@@ -26,6 +26,7 @@ from typing import Any
 from cluster.tiny_model import build_tiny_model
 from cpu_harness import data, reward_service
 from cpu_harness.ray_head import RAY_ENV, RayHead, free_port
+from cpu_harness.reward_service import HARNESS_DEFAULT_REWARD
 from cpu_harness.trainer import (
     CPU_ENV,
     FAKE_GPUS,
@@ -38,12 +39,12 @@ from cpu_harness.trainer import (
     read_metrics,
 )
 
-__all__ = ["Harness", "TrainingReport", "merge_steps", "replica_delta"]
+__all__ = ["HARNESS_DEFAULT_REWARD", "Harness", "TrainingReport", "merge_steps", "replica_delta"]
 
 # The random tiny policy writes no code block: the harness reads its whole (stripped) response
-# as the translation (extractor `none`), and flags any default reward with an impossible value.
+# as the translation (extractor `none`), and flags any default reward with an impossible value
+# (reward_service.HARNESS_DEFAULT_REWARD: the service's recipe and the bridge give it alike).
 HARNESS_EXTRACTOR = "none"
-HARNESS_DEFAULT_REWARD = -1.0
 
 
 @dataclass

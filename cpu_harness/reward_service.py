@@ -153,12 +153,21 @@ def _logged_steps(metrics_file: Path) -> int:
     return max((entry["step"] for entry in read_metrics(metrics_file)), default=0)
 
 
+# The harness's default reward, on both sides: the service's recipe gives it to a rollout it cannot score
+# (a blank one), the bridge to one that got no answer. Never a GRRM score (0..10), so no default passes for one.
+HARNESS_DEFAULT_REWARD = -1.0
+
+
 def harness_config(
     model_dir: str | None = None, config_file: Path | None = None, assembly_timeout_s: float | None = None
 ) -> AppConfig:
     """A Serve config file's application (default ``deployments/local.yaml``), optionally on
-    another tiny-model directory and with another assembly timeout."""
+    another tiny-model directory and with another assembly timeout; its default tenant's recipe gives
+    :data:`HARNESS_DEFAULT_REWARD` where it gives its default."""
     config = load_app_config(config_file or LOCAL_CONFIG)
+    tenants = config.tenants.model_copy(update={"default": config.tenants.default.model_copy(update={
+        "recipe": config.tenants.default.recipe.model_copy(update={"default_reward": HARNESS_DEFAULT_REWARD})})})
+    config = config.model_copy(update={"tenants": tenants})
     if model_dir is not None:
         config = config.model_copy(update={"engine": config.engine.model_copy(update={"model": model_dir})})
     if assembly_timeout_s is not None:

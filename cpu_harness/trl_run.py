@@ -4,7 +4,8 @@
 
 The tiny random policy (``cluster.tiny_model``, printable vocabulary) writes random text, so its
 whole completion is read as the translation (extractor ``none``). The dataset has TRL's ``prompt``
-column and the adapter's ``source``, ``src_lang`` and ``trg_lang`` columns. The only GRRM-specific
+column and the adapter's ``source``, ``src_lang`` and ``trg_lang`` columns, and ``ref_text``,
+``ref_lang`` and ``notes`` where a row has them (null in the others). The only GRRM-specific
 line is the reward function: ``GRRMReward(url=..., num_generations=...)``. Prints one JSON line per
 entry of TRL's log history (``{"log": {...}}``), then ``{"done": {...}}``.
 """
@@ -28,6 +29,9 @@ SOURCES = [
     ("en", "fr", "It is raining cats and dogs."),
     ("zh", "en", "画蛇添足"),
 ]
+# A reference and notes for some sources (the others have none): the recipe's context on real rows.
+REFERENCES = {"The weather is nice today.": ("Das Wetter ist heute schön.", "de", "informal register"),
+              "Ich habe keine Zeit.": ("I have no time.", "en", None)}
 
 
 def dataset(rows: int):
@@ -37,11 +41,15 @@ def dataset(rows: int):
     records = []
     for i in range(rows):
         src_lang, trg_lang, source = SOURCES[i % len(SOURCES)]
+        ref_text, ref_lang, notes = REFERENCES.get(source, (None, None, None))
         records.append({
             "prompt": [{"role": "user", "content": f"Translate from {src_lang} to {trg_lang}: {source}"}],
             "source": source,
             "src_lang": src_lang,
             "trg_lang": trg_lang,
+            "ref_text": ref_text,
+            "ref_lang": ref_lang,
+            "notes": notes,
         })
     return Dataset.from_list(records)
 

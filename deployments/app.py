@@ -16,6 +16,7 @@ from ray.serve.config import RequestRouterConfig
 from deployments.config import AppConfig, runtime_env
 from deployments.ingress import GRRMIngress
 from deployments.ledger import LedgerReplica
+from deployments.metric_models import MetricModelReplica
 from deployments.process_env import BODY_MEMORY_ENV
 from deployments.replica import GRRMReplica
 
@@ -83,7 +84,8 @@ def replica_options(config: AppConfig) -> dict[str, Any]:
 
 
 def build_app(args: AppConfig) -> Application:
-    """Build the reward application: scorer replicas behind the group-aware router, and HTTP."""
+    """Build the reward application: scorer replicas behind the group-aware router, the metric models
+    they score recipe parts with, and HTTP."""
     config = resolve_model_path(args if isinstance(args, AppConfig) else AppConfig.model_validate(args))
     ledger = serve.deployment(LedgerReplica).options(
         name=config.ledger_deployment_name,
@@ -92,7 +94,9 @@ def build_app(args: AppConfig) -> Application:
         **shared_options(config),
         **config.ledger.serve_options(),
     ).bind(config.completed_ttl_s, copies=config.ledger.num_replicas)
-    replicas = serve.deployment(GRRMReplica).options(**replica_options(config)).bind(config, ledger)
+    # Bound to the scorers (which reach them as handles), the metric models are deployments of this application.
+    replicas = serve.deployment(GRRMReplica).options(**replica_options(config)).bind(
+        config, ledger, metric_models=metric_model_deployments(config))
     ingress = GRRMIngress.options(
         name=config.ingress_deployment_name,
         max_ongoing_requests=100_000,  # backpressure belongs to the replicas (503 from there)
@@ -100,6 +104,17 @@ def build_app(args: AppConfig) -> Application:
         **ingress_options(config),
     )
     return ingress.bind(replicas, config)
+
+
+def metric_model_deployments(config: AppConfig) -> dict[str, Application]:
+    """A bound deployment per metric model (name -> application; ``metric_models`` in the config): its
+    replicas' options are a scorer's of the same settings (resources, placement, health checks), under
+    its own name and Serve's own router."""
+    deployments: dict[str, Application] = {}
+    for name in config.metric_models:
+        own = resolve_model_path(config.metric_model_config(name))
+        deployments[name] = serve.deployment(MetricModelReplica).options(**replica_options(own)).bind(name, own)
+    return deployments
 
 
 def ingress_options(config: AppConfig) -> dict[str, Any]:

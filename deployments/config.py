@@ -7,17 +7,19 @@ start, not a crash later. Everything below this layer receives these objects, no
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from collections.abc import Sequence
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cluster.admission import waiting_members_bound
 from cluster.autoscaling import ScalingSettings
 from cluster.config import ScoringConfig
 from cluster.fair_share import TenantPolicy
+from cluster.recipe import RecipeSettings
 from cluster.schema import TENANT_PATTERN
 from cluster.engines.config import SLEEP_ENGINES, EngineConfig
 from deployments.autoscaling_policy import POLICY_PATH
@@ -312,6 +314,13 @@ class TenantDefaults(_Strict):
                                 "/v1/demand) may claim; the other tenants' announcements add their own, and its "
                                 "queued work still counts in full. None: half of replicas.autoscaling.max_replicas "
                                 "(at least 1), a share that leaves room for the others.")
+    recipe: RecipeSettings = Field(
+        default_factory=RecipeSettings,
+        description="How its candidates' rewards are composed (docs/recipes.md): default_reward and named, weighted "
+                    "parts (grrm, language, overlong, format, bleu, chrf, length_ratio, kind: model); every answer "
+                    "carries the reward and each part's value (components). Default: grrm at weight 1 and scale 1, "
+                    "default_reward 0 (a reward is the score). A tenant of http.tenants without one takes "
+                    "tenants.default's.")
 
 
 class TenantSettings(TenantDefaults):
@@ -383,6 +392,25 @@ class TenantsSettings(_Strict):
                                                            "one (the busiest); the rest are summed under 'other'.")
 
 
+METRIC_MODEL_NAME = r"^[A-Za-z][A-Za-z0-9_-]{0,63}$"
+
+
+class MetricModelSettings(_Strict):
+    """A second model in the application, a recipe's ``{kind: model, deployment: <name>}`` part: a judge
+    asked GQM's single-candidate prompt, the reference in its notes (cluster/metric_judge.py)."""
+
+    engine: EngineConfig = Field(description="The engine each of its replicas runs, and its model.")
+    scoring: ScoringConfig = Field(
+        default_factory=ScoringConfig, description="Its prompt guard, token budgets, sampling, retries, verdict "
+                                                   "repair (a score constrained to 0..10) and generation timeout; "
+                                                   "the group settings (prompt type, splits, permutations) do not "
+                                                   "apply to one candidate.")
+    replicas: ReplicaSettings = Field(
+        default_factory=ReplicaSettings, description="Its replicas, as the scorers': a fixed num_replicas (None: "
+                                                     "1; no autoscaling), num_cpus, gpus_per_rank, resources, "
+                                                     "env_vars, health checks.")
+
+
 class AppConfig(_Strict):
     """One reward application: engine, scoring recipe, replicas, routing, limits."""
 
@@ -418,6 +446,11 @@ class AppConfig(_Strict):
                                                                     "bridge looks it up by name).")
     ingress_deployment_name: str = Field("GRRMIngress", description="Name of the HTTP ingress deployment.")
     ledger_deployment_name: str = Field("GRRMLedger", description="Name of the ledger deployment.")
+    metric_models: dict[str, MetricModelSettings] = Field(
+        default_factory=dict, description="Second models in the application (name -> settings), each a "
+                                          "deployment `MetricModel-<name>` that a recipe part `{kind: model, "
+                                          "deployment: <name>}` scores with: its value is the model's 0..10 score "
+                                          "of one candidate (QE; with the row's reference, reference-based) / 10.")
 
     @model_validator(mode="after")
     def _consistent(self) -> AppConfig:
@@ -431,7 +464,51 @@ class AppConfig(_Strict):
         self.placement  # noqa: B018 - a placement that cannot run is refused here, before Serve starts
         self._token_budget_fits()
         self._engine_slots_fit()
+        self._metric_models_fit()
+        self._recipes_fit()
         return self
+
+    def _metric_models_fit(self) -> None:
+        # Each metric model is checked as a scorer of its own would be (its model, placement, token budget).
+        for name in self.metric_models:
+            if not re.fullmatch(METRIC_MODEL_NAME, name):
+                raise ValueError(f"metric_models.{name}: a metric model's name is a letter, then letters, digits, "
+                                 "'_' or '-' (at most 64)")
+            if self.metric_models[name].replicas.autoscaling is not None:
+                raise ValueError(f"metric_models.{name}.replicas.autoscaling: a metric model runs a fixed "
+                                 "replicas.num_replicas")
+            try:
+                self.metric_model_config(name)
+            except ValidationError as error:
+                raise ValueError(f"metric_models.{name}: {_problems(error)}") from None
+
+    def metric_model_config(self, name: str) -> AppConfig:
+        """Metric model ``name`` as a scorer application of its own: what its replicas build and check
+        (engine, preflight, placement, Serve options), routed by Serve's own router (its calls carry no
+        group)."""
+        settings = self.metric_models[name]
+        return AppConfig(engine=settings.engine, scoring=settings.scoring, replicas=settings.replicas,
+                         routing=RoutingSettings(router="serve_default"), replica_deployment_name=f"MetricModel-{name}")
+
+    def recipes(self) -> list[tuple[str, RecipeSettings]]:
+        """Every tenant recipe with the field it is set in: ``tenants.default.recipe``, ``http.tenants[i].recipe``."""
+        return [("tenants.default.recipe", self.tenants.default.recipe),
+                *((f"http.tenants[{index}].recipe", tenant.recipe) for index, tenant in enumerate(self.http.tenants))]
+
+    def _recipes_fit(self) -> None:
+        # A named tenant without a recipe of its own rewards as every other tenant does, not by the bare default
+        # (copies: a settings object given to two configs is not changed).
+        default = self.tenants.default.recipe
+        if any("recipe" not in tenant.model_fields_set for tenant in self.http.tenants):
+            self.http = self.http.model_copy(update={"tenants": [
+                tenant if "recipe" in tenant.model_fields_set else tenant.model_copy(update={"recipe": default})
+                for tenant in self.http.tenants]})
+        for where, recipe in self.recipes():
+            for name, part in recipe.model_parts().items():
+                if part.deployment not in self.metric_models:
+                    known = ", ".join(sorted(self.metric_models)) or "none configured"
+                    raise ValueError(f"{where}.parts.{name}.deployment: no metric model {part.deployment!r} in "
+                                     f"metric_models ({known})")
 
     def _token_budget_fits(self) -> None:
         # A prompt and answer longer than the context would be refused or cut short by the engine, which
@@ -496,6 +573,16 @@ class AppConfig(_Strict):
     def gpus_per_replica(self) -> float:
         """GPUs one replica holds: one per tensor- and pipeline-parallel rank."""
         return self.placement.gpus
+
+
+def _problems(error: ValidationError) -> str:
+    """A validation error's problems on one line, each after the field it names (where it names one)."""
+    problems = []
+    for problem in error.errors():
+        message = problem["msg"].removeprefix("Value error, ")
+        where = ".".join(map(str, problem["loc"]))
+        problems.append(f"{where}: {message}" if where else message)
+    return "; ".join(problems)
 
 
 def load_app_config(path: str | Path, app_name: str | None = None) -> AppConfig:

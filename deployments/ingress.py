@@ -39,7 +39,7 @@ from deployments.client import ScorerClient, answered
 from deployments.config import AppConfig
 from deployments.http.auth import caller_of, refuse_open_service, tenant_of
 from deployments.http.errors import HTTPProblem, error_response, install_error_handlers, unanswered
-from deployments.http.guard import RequestGuard, check_group_limits, check_text_limits
+from deployments.http.guard import RequestGuard, check_group_limits, check_text_limits, context_texts
 from deployments.http.models import ErrorResponse, ScoreRequest, ScoreResponse
 from deployments.http.openrlhf import openrlhf_rewards
 from deployments.http.tenant_views import demand_view, tenants_view
@@ -176,7 +176,8 @@ class GRRMIngress:
         ``parse_failed``, it has no score); any other failure is an error body whose ``code`` is the
         member's ``failure`` and whose status is its kind's (``cluster/failures.py``)."""
         member = member.model_copy(update={"tenant": tenant_of(request.state, member.tenant, self.config)})
-        check_text_limits({"source": member.source, "candidate": member.candidate}, self.config)
+        check_text_limits({"source": member.source, "candidate": member.candidate, **context_texts(member)},
+                          self.config)
         if member.group_size > self.config.limits.max_candidates_per_group:
             raise HTTPProblem(
                 "too_large",

@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from ray import serve
@@ -56,6 +56,7 @@ from deployments.metrics import ReplicaMetrics, export_engine_stats
 from deployments.preflight import ensure_replica_can_start
 from deployments.replica_lane import engine_lane, sleep_when_idle
 from deployments.replica_report import recent_group_rows, replica_info, tenant_rows
+from deployments.rewarding import recipe_runner
 from deployments.router import OUTSTANDING_WORK
 
 logger = logging.getLogger("ray.serve")
@@ -76,7 +77,9 @@ def _replica_name() -> str:
 class GRRMReplica:
     """Scores whole groups and assembles member-by-member groups on one engine."""
 
-    async def __init__(self, config: AppConfig, ledger: DeploymentHandle | None = None):
+    async def __init__(self, config: AppConfig, ledger: DeploymentHandle | None = None,
+                       metric_models: Mapping[str, DeploymentHandle] | None = None):
+        """``metric_models``: the handles of the metric model deployments the recipes' model parts name."""
         constructed = time.monotonic()
         self.config = config
         self.name = _replica_name()
@@ -85,7 +88,7 @@ class GRRMReplica:
             # Before the engine starts: no engine process outlives this one, even one of an engine
             # still loading (cluster/engines/process_guard.py).
             self.process_guard = await asyncio.to_thread(process_guard.arm)
-            await self._build(config, ledger)
+            await self._build(config, ledger, metric_models)
             # This replica's cold start (mostly its engine's load), for the autoscaling policy's lead time.
             self.cold_start_s = time.monotonic() - constructed
         except BaseException as error:
@@ -95,7 +98,10 @@ class GRRMReplica:
             await self._release()
             raise
 
-    async def _build(self, config: AppConfig, ledger: DeploymentHandle | None) -> None:
+    async def _build(self, config: AppConfig, ledger: DeploymentHandle | None,
+                     metric_models: Mapping[str, DeploymentHandle] | None) -> None:
+        # Each tenant's recipe (the language gate, rule parts in threads, the metric models): both paths use it.
+        self.rewards = await recipe_runner(config, self.name, metric_models)
         if config.build_tiny_model_if_missing:
             from cluster.tiny_model import ensure_tiny_model
 
@@ -118,6 +124,7 @@ class GRRMReplica:
             max_pending_groups=config.replicas.max_assembling_groups,
             replica=self.name,
             waiting_limit=config.waiting_members_limit,
+            rewards=self.rewards,
             ledger=ServeLedger(ledger, copies=config.ledger.num_replicas) if ledger is not None else None,
         )
         # Members of keyed groups without ids of their own (OpenRLHF's samples), remembered long
@@ -146,16 +153,16 @@ class GRRMReplica:
         self.metrics.record_tenant(group.tenant, result, waited_s)
 
     async def run_group(self, group: GroupRequest) -> GroupResult:
-        """Score one whole group."""
+        """Score one whole group through its tenant's recipe: every candidate's reward and components."""
         key = scoped_group_id(group.tenant, group.group_id or uuid.uuid4().hex)
         refusal = self._admit(group.tenant, key)
         if refusal is not None:
-            return GroupResult(group_id=group.group_id, valid=False, failure="overloaded", error=refusal,
-                               replica=self.name)
+            return self.rewards.refused(group, GroupResult(group_id=group.group_id, valid=False, failure="overloaded",
+                                                           error=refusal, replica=self.name))
         work = float(len(group.candidates))
         self._outstanding_work += work
         try:
-            result = await self.lane.score(group)
+            result = (await self.rewards.run(group, self.lane.score)).group_result(group)
         except EngineDeadError as error:
             await self.loss.ended_by(error)
         finally:
@@ -190,8 +197,10 @@ class GRRMReplica:
             await self.loss.answer_nothing()
         refusal = self._admit(member.tenant, scoped)
         if refusal is not None:
+            default = self.rewards.unscored(member.tenant, member.invalid)
             return MemberResult(group_id=member.group_id, index=member.index, member_id=member.member_id,
-                                valid=False, failure="overloaded", error=refusal, replica=self.name)
+                                valid=False, failure="overloaded", error=refusal, replica=self.name,
+                                reward=default.reward, components=dict(default.components))
         self._outstanding_work += 1.0
         try:
             result = await self.assembler.submit(member.model_copy(update={"group_id": scoped}), route_key)

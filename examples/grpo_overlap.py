@@ -271,6 +271,8 @@ def reward_app(args: argparse.Namespace):
         ),
         replica_deployment_name="GRRMReplica",
         ingress_deployment_name="GRRMIngress",
+        # Each rollout's reward is its score scaled to 0..1 by the service's recipe (docs/recipes.md).
+        tenants={"default": {"recipe": {"parts": {"grrm": {"weight": 1.0, "scale": 0.1}}}}},
     )
 
 
@@ -367,7 +369,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         )
     )
     bridge = BridgeConfig(
-        app_name=APP_NAME, extractor="none", score_scale_factor=0.1, group_size=args.n, deadline_s=300
+        app_name=APP_NAME, extractor="none", group_size=args.n, deadline_s=300
     )
     client = RewardClient(bridge)
     try:

@@ -1,9 +1,11 @@
 """From a dataset row to a group and from a verdict to output columns (pure: no I/O, no Ray).
 
-A row holds a group in five columns whose names the user may change (:class:`ColumnMapping`);
-every other column passes through. The output adds :data:`RESULT_COLUMNS`; an input column that
-already bears one of those names is kept under :func:`kept_name` (``scores`` becomes
-``input_scores``), never overwritten.
+A row holds a group in five columns whose names the user may change (:class:`ColumnMapping`), and
+may hold a reference translation with its language and notes (optional columns: a row without them
+sends none); every other column passes through. The output adds :data:`RESULT_COLUMNS` and one
+column per part of the service's recipe, ``component_<name>`` (each candidate's value before
+weighting, beside ``rewards``); an input column that already bears one of those names is kept under
+:func:`kept_name` (``scores`` becomes ``input_scores``), never overwritten.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from cluster.schema import GroupRequest, GroupResult
+from grrm_client.adapters.pipeline import RowContext
 
-# What `grrm score` adds to every row, in this order.
+# What `grrm score` adds to every row, in this order (then the recipe's parts, COMPONENT_PREFIX + name).
 RESULT_COLUMNS: tuple[str, ...] = (
     "scores",  # one integer per candidate, in candidate order; null unless valid
+    "rewards",  # each candidate's reward by the service's recipe; null without a recipe's answer
     "ranking",  # the model's ranking line (`B > A = C`), when it wrote one
     "valid",
     "failure",  # why not valid: the service's reason, or `bad_row` for a row that is not a group
@@ -29,7 +33,14 @@ RESULT_COLUMNS: tuple[str, ...] = (
     "completion_tokens",
 )
 BAD_ROW = "bad_row"
-_CLASHING = re.compile(r"^(input_)*(" + "|".join(RESULT_COLUMNS) + r")$")
+# One column per recipe part: each candidate's value of it before weighting (null where it has none).
+COMPONENT_PREFIX = "component_"
+_CLASHING = re.compile(r"^(input_)*(" + "|".join(RESULT_COLUMNS) + "|" + COMPONENT_PREFIX + r".+)$")
+
+
+def is_component_column(column: str) -> bool:
+    """Whether ``column`` is a recipe part's result column (``component_<name>``)."""
+    return column.startswith(COMPONENT_PREFIX)
 
 
 def kept_name(column: str) -> str:
@@ -53,6 +64,11 @@ class ColumnMapping:
     # Used for rows without the language column (None: the column is required).
     src_lang_value: str | None = None
     trg_lang_value: str | None = None
+    # Optional: a row without them (or with nulls) sends none.
+    ref_text: str = "ref_text"
+    ref_lang: str = "ref_lang"
+    notes: str = "notes"
+    references: bool = True  # False: the rows' references are not sent (grrm eval's pass without them)
 
     def field_column(self, field: str) -> str:
         """The dataset column behind a GroupRequest field (for error messages)."""
@@ -107,6 +123,7 @@ def to_group(row: Mapping[str, Any], mapping: ColumnMapping) -> tuple[GroupReque
         "candidates": row[mapping.candidates],
         "src_lang": row.get(mapping.src_lang) if row.get(mapping.src_lang) is not None else mapping.src_lang_value,
         "trg_lang": row.get(mapping.trg_lang) if row.get(mapping.trg_lang) is not None else mapping.trg_lang_value,
+        **row_context(row, mapping).fields(),
     }
     try:
         return GroupRequest.model_validate(fields), None
@@ -119,15 +136,26 @@ def to_group(row: Mapping[str, Any], mapping: ColumnMapping) -> tuple[GroupReque
         return None, "; ".join(problems)
 
 
+def row_context(row: Mapping[str, Any], mapping: ColumnMapping) -> RowContext:
+    """A row's reference and notes (none where its columns are missing or null; no reference when
+    ``mapping.references`` is off). A half pair stays one: the request refuses it, naming the field."""
+    refs = (row.get(mapping.ref_text), row.get(mapping.ref_lang)) if mapping.references else (None, None)
+    return RowContext.of(*refs, row.get(mapping.notes))
+
+
 def result_fields(result: GroupResult | None, failure: str | None = None, error: str | None = None) -> dict[str, Any]:
-    """The result columns of one row: the service's verdict, or a failure without one."""
+    """The result columns of one row: the service's verdict, or a failure without one; then one column
+    per part of the recipe's answer (``component_<name>``: each candidate's value, null where it has none)."""
     if result is None:
         return {
-            "scores": None, "ranking": None, "valid": False, "failure": failure, "error": error,
+            "scores": None, "rewards": None, "ranking": None, "valid": False, "failure": failure, "error": error,
             "attempts": 0, "prompt_tokens": 0, "completion_tokens": 0,
         }
+    parts = result.components or []
+    names = sorted({name for candidate in parts for name in candidate})
     return {
         "scores": list(result.scores) if result.valid and result.scores is not None else None,
+        "rewards": list(result.rewards) if result.rewards is not None else None,
         "ranking": result.ranking,
         "valid": bool(result.valid),
         "failure": result.failure,
@@ -135,6 +163,7 @@ def result_fields(result: GroupResult | None, failure: str | None = None, error:
         "attempts": result.attempts,
         "prompt_tokens": result.usage.prompt_tokens,
         "completion_tokens": result.usage.completion_tokens,
+        **{COMPONENT_PREFIX + name: [candidate.get(name) for candidate in parts] for name in names},
     }
 
 

@@ -23,6 +23,8 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from grrm_cli.columns import is_component_column
+
 Format = Literal["parquet", "jsonl"]
 FORMATS: tuple[str, ...] = ("parquet", "jsonl")
 SUFFIXES: dict[str, Format] = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
@@ -31,6 +33,7 @@ EXTENSIONS: dict[Format, str] = {"parquet": ".parquet", "jsonl": ".jsonl"}
 # Arrow types of the result columns (explicit: a batch of invalid rows must not infer `null`).
 RESULT_TYPES: dict[str, pa.DataType] = {
     "scores": pa.list_(pa.int64()),
+    "rewards": pa.list_(pa.float64()),
     "ranking": pa.string(),
     "valid": pa.bool_(),
     "failure": pa.string(),
@@ -39,6 +42,13 @@ RESULT_TYPES: dict[str, pa.DataType] = {
     "prompt_tokens": pa.int64(),
     "completion_tokens": pa.int64(),
 }
+# The type of a recipe part's column (grrm_cli/columns.py: component_<name>), written after RESULT_TYPES'.
+COMPONENT_TYPE = pa.list_(pa.float64())
+
+
+def component_columns(names: Sequence[str]) -> list[str]:
+    """The recipe parts' result columns among ``names``, in the order they are written (by name)."""
+    return sorted({name for name in names if is_component_column(name)})
 
 
 class DatasetError(ValueError):
@@ -205,13 +215,17 @@ class PartWriter:
 
     def table(self, rows: Sequence[dict[str, Any]]) -> pa.Table:
         """The rows as one Arrow table (raises DatasetError for a column parquet cannot hold)."""
+        parts = component_columns([name for row in rows for name in row])
         if self.schema is not None:
-            return pa.Table.from_pylist(list(rows), schema=self.schema)
-        names = list(dict.fromkeys(name for row in rows for name in row if name not in RESULT_TYPES))
+            # The recipe's parts are known from the answers only: their columns join the input's schema.
+            schema = pa.schema([*self.schema, *(pa.field(name, COMPONENT_TYPE) for name in parts)])
+            return pa.Table.from_pylist(list(rows), schema=schema)
+        names = list(dict.fromkeys(name for row in rows for name in row
+                                   if name not in RESULT_TYPES and not is_component_column(name)))
         arrays, fields = [], []
-        for name in [*names, *RESULT_TYPES]:
+        for name in [*names, *RESULT_TYPES, *parts]:
             values = [row.get(name) for row in rows]
-            wanted = RESULT_TYPES.get(name) or self.fixed_types.get(name)
+            wanted = RESULT_TYPES.get(name) or self.fixed_types.get(name) or (COMPONENT_TYPE if name in parts else None)
             if name in self.text_columns:
                 values = [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in values]
                 wanted = pa.string()
@@ -264,10 +278,11 @@ def _fits(value: Any, wanted: pa.DataType) -> bool:
 
 
 def unify(schemas: Sequence[pa.Schema]) -> pa.Schema:
-    """One schema for parts written separately (ints widen to floats, nulls to any type); result columns last."""
+    """One schema for parts written separately (ints widen to floats, nulls to any type); result columns last,
+    the recipe's parts after them (a part first seen in a later file is null before it)."""
     merged = pa.unify_schemas(list(schemas), promote_options="permissive")
-    inputs = [f for f in merged if f.name not in RESULT_TYPES]
-    results = [merged.field(name) for name in RESULT_TYPES if name in merged.names]
+    inputs = [f for f in merged if f.name not in RESULT_TYPES and not is_component_column(f.name)]
+    results = [merged.field(name) for name in [*RESULT_TYPES, *component_columns(merged.names)] if name in merged.names]
     return pa.schema(inputs + results)
 
 

@@ -15,7 +15,10 @@ With ``--preset`` (:mod:`grrm_cli.presets`) the columns are those of a published
 test set is reported apart, with GRRM's published number and, where GRRM publishes one, the
 unweighted average over the sets (its interval from the sets' bootstrap means averaged draw by
 draw). With ``--url``/``--app``/``--config`` the dataset is first scored by ``grrm score`` itself
-(resumable, bad rows flagged), ``--runs`` times, into ``-o DIR/run-K/``.
+(resumable, bad rows flagged), ``--runs`` times, into ``-o DIR/run-K/``; when rows of the dataset carry
+a reference translation, each run is scored again without them (``grrm score --without-references``,
+into ``DIR/run-K-without-references/``) and the report adds, over exactly the rows that have one, the
+ranking accuracy with and without the references (``references``).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import json
 import sys
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import zip_longest
 from pathlib import Path
 from typing import Any
@@ -36,7 +39,8 @@ import pyarrow as pa
 
 from cluster import gqm
 from grrm_cli import score
-from grrm_cli.columns import BAD_ROW, kept_name
+from grrm_cli.columns import BAD_ROW, ColumnMapping, kept_name
+from grrm_client.adapters.pipeline import RowContext
 from grrm_cli.dataset import EXTENSIONS, DatasetError, Format, InputRow, detect_format, parquet_schema, read_rows
 from grrm_cli.presets import PRESETS, Preset, locate_sets
 from grrm_cli.resume import WorkDir
@@ -91,6 +95,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     names.add_argument("--trg-lang-column", metavar="NAME", help="default: trg_lang")
     names.add_argument("--source-column", metavar="NAME", help="when scoring: the source text (default: source)")
     names.add_argument("--candidates-column", metavar="NAME", help="when scoring: the candidates (default: candidates)")
+    names.add_argument("--ref-text-column", metavar="NAME",
+                       help="when scoring: a reference translation, optional (default: ref_text); rows with one are "
+                            "also scored without it, and both accuracies reported")
+    names.add_argument("--ref-lang-column", metavar="NAME", help="when scoring: the reference's language (default: "
+                                                                 "ref_lang)")
+    names.add_argument("--notes-column", metavar="NAME", help="when scoring: notes for the model (default: notes)")
 
     scoring = parser.add_argument_group("score first, as grrm score does (at most one)")
     target = scoring.add_mutually_exclusive_group()
@@ -127,10 +137,13 @@ class Columns:
     predicted: str = "scores"
     src_lang: str = "src_lang"
     trg_lang: str = "trg_lang"
+    # Set: only the rows whose reference translation (this column) is not empty are evaluated.
+    ref_text: str | None = None
 
     def wanted(self) -> list[str]:
         """The columns to read (``failure`` too: grrm score's bad rows are skipped, not scored 0)."""
-        return list(dict.fromkeys([self.predicted, self.reference, self.src_lang, self.trg_lang, "failure"]))
+        return list(dict.fromkeys([self.predicted, self.reference, self.src_lang, self.trg_lang, "failure",
+                                   *([self.ref_text] if self.ref_text else [])]))
 
 
 @dataclass(frozen=True)
@@ -142,6 +155,11 @@ class Scoring:
     runs: int
     concurrency: int
     input_columns: dict[str, str | None]  # grrm score's column option -> name (None: its default)
+
+    @property
+    def ref_text(self) -> str:
+        """The input's column of reference translations (grrm score's default unless named)."""
+        return self.input_columns.get("--ref-text-column") or ColumnMapping().ref_text
 
 
 @dataclass(frozen=True)
@@ -173,7 +191,9 @@ def job_from_args(args: argparse.Namespace) -> EvalJob:
     scoring = None
     if target is None:
         for option, value in (("--output", args.output), ("--source-column", args.source_column),
-                              ("--candidates-column", args.candidates_column)):
+                              ("--candidates-column", args.candidates_column),
+                              ("--ref-text-column", args.ref_text_column), ("--ref-lang-column", args.ref_lang_column),
+                              ("--notes-column", args.notes_column)):
             if value is not None:
                 raise UsageError(f"{option}: only when scoring (--url, --app or --config)")
         if args.runs != 1:
@@ -193,6 +213,9 @@ def job_from_args(args: argparse.Namespace) -> EvalJob:
                 "--candidates-column": args.candidates_column or (preset.group.candidates if preset else None),
                 "--src-lang-column": src_lang,
                 "--trg-lang-column": trg_lang,
+                "--ref-text-column": args.ref_text_column,
+                "--ref-lang-column": args.ref_lang_column,
+                "--notes-column": args.notes_column,
             },
         )
         # The columns as grrm score writes them back (an input column named like a result column is renamed).
@@ -262,6 +285,8 @@ class Evaluation:
     def add_group(self, runs: list[dict[str, Any]]) -> None:
         """Score one group's prediction in every run against its reference (or count why it is left out)."""
         columns = self.columns
+        if columns.ref_text is not None and RowContext.of(runs[0].get(columns.ref_text)).ref_text is None:
+            return  # the comparison with and without references reads the rows that have one only
         if any(values.get("failure") == BAD_ROW for values in runs):
             self.skipped["bad_row"] += 1
             return
@@ -375,8 +400,21 @@ def _unscored_hint(columns: Columns) -> str:
 # -- scoring first ---------------------------------------------------------------------------------
 
 
-def score_runs(job: EvalJob) -> tuple[Path, ...]:
-    """Score the dataset ``--runs`` times with ``grrm score`` into ``DIR/run-K/``; the run folders (a
+WITHOUT_REFERENCES = "-without-references"  # the folder suffix of a run scored without the rows' references
+
+
+@dataclass(frozen=True)
+class ScoredRuns:
+    """What :func:`score_runs` wrote: the runs, and the same runs scored without the rows' references
+    (empty when no row has one)."""
+
+    runs: tuple[Path, ...]
+    without_references: tuple[Path, ...] = ()
+
+
+def score_runs(job: EvalJob) -> ScoredRuns:
+    """Score the dataset ``--runs`` times with ``grrm score`` into ``DIR/run-K/`` (and, where rows carry a
+    reference translation, again without them into ``DIR/run-K-without-references/``); the run folders (a
     preset's sets under their published file names, where the preset finds them) or, without a preset,
     the scored files. A finished output is reused and a partial one continued, so a rerun of the
     command picks up where it stopped."""
@@ -387,34 +425,57 @@ def score_runs(job: EvalJob) -> tuple[Path, ...]:
         files = {file: Path(ranking_set.path).stem for ranking_set, file in locate_sets(job.preset, source).items()}
     else:
         files = {source: source.stem}
+    referenced = any(has_references(file, detect_format(file, job.fmt), scoring.ref_text) for file in files)
+    passes = [("", [])] + ([(WITHOUT_REFERENCES, ["--without-references"])] if referenced else [])
+    scored: dict[str, list[Path]] = {suffix: [] for suffix, _ in passes}
+    for run in range(1, scoring.runs + 1):
+        for suffix, options in passes:
+            folder = scoring.output / f"run-{run}{suffix}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for file, stem in files.items():
+                output = folder / (stem + (file.suffix or EXTENSIONS[detect_format(file, job.fmt)]))
+                scored[suffix].append(output)
+                _score_file(job, file, output, f"run {run}{' without references' if suffix else ''}", options)
+    if job.preset is not None:
+        folders = {suffix: tuple(scoring.output / f"run-{run}{suffix}" for run in range(1, scoring.runs + 1))
+                   for suffix in scored}
+        return ScoredRuns(folders[""], folders.get(WITHOUT_REFERENCES, ()))
+    return ScoredRuns(tuple(scored[""]), tuple(scored.get(WITHOUT_REFERENCES, ())))
+
+
+def _score_file(job: EvalJob, file: Path, output: Path, run: str, options: list[str]) -> None:
+    """``grrm score FILE -o OUTPUT`` as the job scores (``options`` added), unless OUTPUT is finished."""
+    scoring = job.scoring
+    assert scoring is not None
+    if output.exists() and not WorkDir(output).exists():
+        print(f"grrm eval: {run}: {output} is scored already", file=sys.stderr)
+        return
+    print(f"grrm eval: {run} of {scoring.runs}: scoring {file} into {output}", file=sys.stderr)
+    argv = ["score", str(file), "-o", str(output), *scoring.target, "--concurrency", str(scoring.concurrency),
+            *options]
+    argv += [item for option, name in scoring.input_columns.items() if name for item in (option, name)]
+    if job.fmt:
+        argv += ["--input-format", job.fmt]
     # Parsed by grrm score's own parser and run by its own handler, so that scoring here is grrm score
     # (its checks, retries, resumable output, bad rows) and cannot drift from it.
     parser = argparse.ArgumentParser(prog="grrm")
     score.add_parser(parser.add_subparsers())
-    scored = []
-    for run in range(1, scoring.runs + 1):
-        folder = scoring.output / f"run-{run}"
-        folder.mkdir(parents=True, exist_ok=True)
-        for file, stem in files.items():
-            output = folder / (stem + (file.suffix or EXTENSIONS[detect_format(file, job.fmt)]))
-            scored.append(output)
-            if output.exists() and not WorkDir(output).exists():
-                print(f"grrm eval: run {run}: {output} is scored already", file=sys.stderr)
-                continue
-            print(f"grrm eval: run {run} of {scoring.runs}: scoring {file} into {output}", file=sys.stderr)
-            argv = ["score", str(file), "-o", str(output), *scoring.target, "--concurrency", str(scoring.concurrency)]
-            argv += [item for option, name in scoring.input_columns.items() if name for item in (option, name)]
-            if job.fmt:
-                argv += ["--input-format", job.fmt]
-            command = parser.parse_args(argv)
-            with contextlib.redirect_stdout(sys.stderr):  # stdout carries the evaluation (--json)
-                status = command.handler(command)
-            if status != 0:
-                raise ScoringFailed(status, f"scoring {file} (run {run}) ended with status {status}; rerun the same "
-                                            f"command to continue (finished outputs stay in {scoring.output})")
-    if job.preset is not None:
-        return tuple(scoring.output / f"run-{run}" for run in range(1, scoring.runs + 1))
-    return tuple(scored)
+    command = parser.parse_args(argv)
+    with contextlib.redirect_stdout(sys.stderr):  # stdout carries the evaluation (--json)
+        status = command.handler(command)
+    if status != 0:
+        raise ScoringFailed(status, f"scoring {file} ({run}) ended with status {status}; rerun the same "
+                                    f"command to continue (finished outputs stay in {scoring.output})")
+
+
+def has_references(path: Path, fmt: Format, column: str) -> bool:
+    """Whether any row of a dataset holds a reference translation in ``column``."""
+    if fmt == "parquet":
+        schema = parquet_schema(path)
+        if schema is None or column not in schema.names:
+            return False
+    return any(RowContext.of(row.values.get(column)).ref_text is not None
+               for row in _rows(path, fmt, [column]))
 
 
 class ScoringFailed(RuntimeError):
@@ -428,12 +489,28 @@ class ScoringFailed(RuntimeError):
 # -- reports ---------------------------------------------------------------------------------------
 
 
-def report(job: EvalJob, runs: tuple[Path, ...]) -> dict[str, Any]:
-    """Evaluate the runs: one dataset without a preset, else each of the preset's test sets found."""
+def reference_comparison(runs: list[Path], without: list[Path], columns: Columns, fmt: str | None,
+                         rng: np.random.Generator, resamples: int) -> dict[str, Any]:
+    """The ranking accuracy of the rows that have a reference translation (``columns.ref_text``), scored
+    with it (``runs``) and without it (``without``, the same rows), each with its bootstrap interval."""
+    scored = {name: evaluate(paths, columns, fmt).overall
+              for name, paths in (("with_references", runs), ("without_references", without))}
+    return {"groups": scored["with_references"].groups,
+            **{name: {"accuracy": tally.mean(), "accuracy_ci95": list(tally.interval(rng, resamples))}
+               for name, tally in scored.items()}}
+
+
+def report(job: EvalJob, runs: tuple[Path, ...], without: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """Evaluate the runs: one dataset without a preset, else each of the preset's test sets found;
+    ``without``: the same runs scored without the rows' references (the ``references`` comparison)."""
     rng = np.random.default_rng(job.seed)
     ci_method = f"{CI_METHOD} ({job.resamples} resamples, seed {job.seed})"
+    referenced = replace(job.columns, ref_text=kept_name(job.scoring.ref_text)) if job.scoring and without else None
     if job.preset is None:
         data, _ = evaluate(list(runs), job.columns, job.fmt).report(rng, job.resamples)
+        if referenced is not None:
+            data["references"] = reference_comparison(list(runs), list(without), referenced, job.fmt, rng,
+                                                      job.resamples)
         return {**data, "runs": len(runs), "ci_method": ci_method}
     preset = job.preset
     located = [locate_sets(preset, run) for run in runs]
@@ -443,9 +520,13 @@ def report(job: EvalJob, runs: tuple[Path, ...]) -> dict[str, Any]:
                                f"({', '.join(s.name for s in located[0])}); every run must hold the same")
     sets: dict[str, Any] = {}
     draws = []
+    located_without = [locate_sets(preset, run) for run in without]
     for ranking_set in located[0]:
         files = [found[ranking_set] for found in located]
         data, means = evaluate(files, job.columns, job.fmt).report(rng, job.resamples)
+        if referenced is not None and has_references(files[0], detect_format(files[0], job.fmt), referenced.ref_text):
+            data["references"] = reference_comparison(files, [found[ranking_set] for found in located_without],
+                                                      referenced, job.fmt, rng, job.resamples)
         sets[ranking_set.name] = {"label": ranking_set.label, "files": [str(f) for f in files],
                                   "published_accuracy": ranking_set.published, **data}
         draws.append(means)
@@ -495,6 +576,13 @@ def table(result: dict[str, Any], columns: Columns) -> str:
         line = f"{name.ljust(width)}  {groups:>7}  {data['accuracy']:>8.4f}  [{low:.4f}, {high:.4f}]"
         lines.append(line + (f"  {paper:>10.4f}" if paper is not None else ""))
     blocks = result["sets"].values() if published else [result]
+    for name, data in (result["sets"].items() if published else [("", result)]):
+        if "references" in data:
+            compared = data["references"]
+            lines += ["", f"{name + ': ' if name else ''}the {compared['groups']} groups with a reference translation"]
+            for key, label in (("with_references", "with it"), ("without_references", "without it")):
+                low, high = compared[key]["accuracy_ci95"]
+                lines.append(f"  {label:<11} {compared[key]['accuracy']:.4f}  [{low:.4f}, {high:.4f}]")
     invalid = sum(data["invalid_predictions"] for data in blocks)
     skipped: Counter = Counter()
     for data in blocks:
@@ -513,8 +601,8 @@ def main(args: argparse.Namespace) -> int:
     """Run ``grrm eval``; exit 2 when it cannot evaluate as asked, grrm score's status when scoring stopped."""
     try:
         job = job_from_args(args)
-        runs = score_runs(job) if job.scoring else job.paths
-        result = report(job, runs)
+        scored = score_runs(job) if job.scoring else ScoredRuns(job.paths)
+        result = report(job, scored.runs, scored.without_references)
     except (UsageError, DatasetError, OSError) as error:  # OSError: -o cannot be made, a file cannot be read
         print(f"grrm eval: error: {error}", file=sys.stderr)
         return 2

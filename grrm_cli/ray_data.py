@@ -5,7 +5,8 @@ by calling the application's Serve handle (the same :class:`~grrm_cli.scorers.Se
 as ``--app``, so retries and backoff are grrm_client's), and Ray Data writes the output folder
 (``write_parquet`` / ``write_json``). Reading, scoring and writing run on every node of the
 cluster. Columns, bad rows and renamed input columns are as without ``--ray``
-(:mod:`grrm_cli.columns`).
+(:mod:`grrm_cli.columns`), but for the recipe's part columns: each output file has those its batch's
+answers carried.
 
 Not resumable: Ray Data retries failed tasks itself, and a failed run is run again from the start
 (``--overwrite``). Ray Data's readers need one type per column (a JSON Lines row whose value has
@@ -22,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 
 from grrm_cli import columns as cols
-from grrm_cli.dataset import RESULT_TYPES
+from grrm_cli.dataset import COMPONENT_TYPE, RESULT_TYPES, component_columns
 from grrm_cli.progress import Summary
 from grrm_cli.scorers import ScoringStopped, ServiceScoring, SetupError, connect_ray
 from grrm_client.config import ClientConfig
@@ -48,8 +49,11 @@ class ScoreBatches:
 
         fields = await asyncio.gather(*(score(values) for values in table.to_pylist()))
         output = table.rename_columns([cols.kept_name(name) for name in table.column_names])
-        for name, arrow_type in RESULT_TYPES.items():
-            output = output.append_column(pa.field(name, arrow_type), pa.array([f[name] for f in fields], type=arrow_type))
+        columns = {**RESULT_TYPES, **dict.fromkeys(component_columns([name for f in fields for name in f]),
+                                                   COMPONENT_TYPE)}
+        for name, arrow_type in columns.items():
+            output = output.append_column(pa.field(name, arrow_type),
+                                          pa.array([f.get(name) for f in fields], type=arrow_type))
         return output
 
 

@@ -60,9 +60,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="score every group of a parquet or JSON Lines dataset",
         description=(
             "Score every group (a source and its candidate translations) of a dataset and write the\n"
-            "dataset back with the columns scores, ranking, valid, failure, error, attempts,\n"
-            "prompt_tokens and completion_tokens added. A row that holds no valid group is written\n"
-            "with valid false, failure bad_row and the reason in error."
+            "dataset back with the columns scores, rewards, ranking, valid, failure, error, attempts,\n"
+            "prompt_tokens and completion_tokens added, then one column per part of the service's reward\n"
+            "recipe, component_<name> (each candidate's value before weighting). A row's reference\n"
+            "translation and notes, where it has them, go with its group. A row that holds no valid group\n"
+            "is written with valid false, failure bad_row and the reason in error."
         ),
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -149,6 +151,14 @@ def add_column_options(parser: argparse.ArgumentParser) -> None:
     names.add_argument("--group-id-column", default=defaults.group_id, metavar="NAME", help="optional (default: %(default)s)")
     names.add_argument("--src-lang", metavar="LANG", help="source language of rows without a source language column")
     names.add_argument("--trg-lang", metavar="LANG", help="target language of rows without a target language column")
+    names.add_argument("--ref-text-column", default=defaults.ref_text, metavar="NAME",
+                       help="a reference translation, optional (default: %(default)s; with --ref-lang-column)")
+    names.add_argument("--ref-lang-column", default=defaults.ref_lang, metavar="NAME",
+                       help="the reference's language, optional (default: %(default)s)")
+    names.add_argument("--notes-column", default=defaults.notes, metavar="NAME",
+                       help="notes for the model (terminology, style), optional (default: %(default)s)")
+    names.add_argument("--without-references", action="store_true",
+                       help="send no row's reference (notes still go): to compare with scoring with them")
 
 
 def column_mapping(args: argparse.Namespace) -> cols.ColumnMapping:
@@ -161,6 +171,10 @@ def column_mapping(args: argparse.Namespace) -> cols.ColumnMapping:
         group_id=args.group_id_column,
         src_lang_value=args.src_lang,
         trg_lang_value=args.trg_lang,
+        ref_text=args.ref_text_column,
+        ref_lang=args.ref_lang_column,
+        notes=args.notes_column,
+        references=not args.without_references,
     )
 
 

@@ -3,7 +3,9 @@
 The service is reached through :class:`grrm_client.RewardClient`
 (bounded attempts with exponential backoff on 503 / back pressure / a lost replica, Retry-After
 honoured, a deadline per group, the bearer token from the environment). In-process scoring runs
-the config file's engine under :class:`~cluster.scorer.GroupScorer`, as a replica would, without Ray.
+the config file's engine under :class:`~cluster.scorer.GroupScorer` and the tenant's reward recipe
+(``cluster/recipe_runner.py``), as a replica would, without Ray (and so without the recipe's model
+parts, which are deployments of their own).
 
 Every scorer answers a group with its result columns (:func:`grrm_cli.columns.result_fields`),
 a flagged failure included, or raises :class:`ScoringStopped` when there is no answer to write
@@ -103,15 +105,19 @@ class InProcessScoring:
         self.config_path = config_path
         self.engine: Any = None
         self.scorer: Any = None
+        self.rewards: Any = None  # the config's recipes (cluster/recipe_runner.py)
 
     async def start(self) -> str:
         from cluster.engines import make_engine
         from cluster.scorer import GroupScorer
         from deployments.app import resolve_model_path
         from deployments.config import load_app_config
+        from deployments.rewarding import recipe_runner
 
         try:
             config = resolve_model_path(load_app_config(self.config_path))
+            # No metric model deployments here: a recipe with a model part is refused, naming it.
+            self.rewards = await recipe_runner(config, "in-process", metric_models={})
         except (OSError, ValueError) as error:
             raise SetupError(f"--config {self.config_path}: {error}") from None
         # The replicas' environment (e.g. vLLM's CPU switches) applies here too, where not set.
@@ -136,7 +142,7 @@ class InProcessScoring:
 
     async def score(self, group: GroupRequest) -> dict[str, Any]:
         try:
-            result = await self.scorer.score_group(group)
+            result = (await self.rewards.run(group, self.scorer.score_group)).group_result(group)
         except Exception as error:  # noqa: BLE001 - the scorer flags engine trouble; what escapes is fatal
             raise ScoringStopped(f"the engine failed: {type(error).__name__}: {error}") from error
         return result_fields(result)

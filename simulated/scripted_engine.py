@@ -68,6 +68,7 @@ __all__ = [
     "build_answer",
     "candidate_quality",
     "constrained_answer",
+    "context_remark",
     "count_scripted_tokens",
     "extract_user_message",
     "group_scores",
@@ -169,6 +170,10 @@ class ParsedPrompt:
     candidates: tuple[str, ...] = ()
     src_lang: str = ""
     trg_lang: str = ""
+    # The reference (its text and language name) and the notes the prompt showed (None: not shown).
+    ref_text: str | None = None
+    ref_lang: str | None = None
+    notes: str | None = None
 
 
 def extract_user_message(prompt: str) -> str:
@@ -196,9 +201,23 @@ def parse_prompt(prompt: str) -> ParsedPrompt:
         return ParsedPrompt("unknown")
     if isinstance(parsed, gqm.GroupPrompt):
         return ParsedPrompt(
-            "group", parsed.prompt_type, parsed.source, parsed.candidates, parsed.src_lang, parsed.trg_lang
+            "group", parsed.prompt_type, parsed.source, parsed.candidates, parsed.src_lang, parsed.trg_lang,
+            parsed.ref_text, parsed.ref_lang, parsed.notes,
         )
-    return ParsedPrompt("single", None, parsed.source, (parsed.candidate,), parsed.src_lang, parsed.trg_lang)
+    return ParsedPrompt(
+        "single", None, parsed.source, (parsed.candidate,), parsed.src_lang, parsed.trg_lang, notes=parsed.notes
+    )
+
+
+def context_remark(parsed: ParsedPrompt) -> str:
+    """What the scripted model says of the reference and notes its prompt showed (empty without):
+    the first lines of its analysis, so that a test can see in an answer what reached the engine."""
+    remarks = []
+    if parsed.ref_text is not None:
+        remarks.append(f"Compared with the {parsed.ref_lang} reference: {parsed.ref_text}")
+    if parsed.notes is not None:
+        remarks.append(f"Following the notes: {parsed.notes}")
+    return "\n".join(remarks)
 
 
 # --------------------------------------------------------------------------- quality and answers
@@ -277,7 +296,9 @@ def build_answer(
     shift_noise: float = 0.0,
     noise_seed: int = 0,
 ) -> str:
-    """The scripted model's full answer (analysis, then the verdict) to a parsed prompt."""
+    """The scripted model's full answer (analysis, then the verdict) to a parsed prompt; the analysis
+    opens with its :func:`context_remark`."""
+    analysis = "\n".join(part for part in (context_remark(parsed), analysis) if part)
     if parsed.kind == "group":
         assert parsed.prompt_type is not None
         scores = group_scores(parsed.source, parsed.candidates, position_bias, noise, shift_noise, noise_seed)

@@ -34,83 +34,17 @@ from cluster.gqm import (
     render_answer,
     verdict_regex,
 )
+from tests.gqm_spec import SPEC_LANGUAGES, spec_group_prompt, spec_single_prompt
 
 FAST = settings(max_examples=200, deadline=None)
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 PROMPT_TYPES = ["ranking_score", "ranking", "score"]
 EXTRACTORS = ["codeblock", "line", "oneline", "none"]
 
-# --------------------------------------------------------------------------------------------
-# Tables typed from the spec (section 1).
-# --------------------------------------------------------------------------------------------
-
-SPEC_TASKS = {
-    "ranking_score": "Finally, rank and score the candidates with integer scores on a scale from 0 to 10.",
-    "ranking": "Finally, rank the candidates in order of quality from best to worst.",
-    "score": "Finally, score the candidates with integer scores on a scale from 0 to 10.",
-}
-SPEC_EXAMPLES = {
-    "ranking_score": "At the end section, first output the rankings in descending order, for example: "
-    "`B > A = D > C`. Then, on the last line, output the scores, for example: `B: 9, A: 7, D: 7, C: 2`.",
-    "ranking": "Output the rankings in descending order on the last line, for example: `B > A = D > C`.",
-    "score": "Output the scores on the last line, for example: `A: 4, B: 9, C: 7, D: 9`.",
-}
-SPEC_LANGUAGES = {
-    "en": "English",
-    "zh": "Chinese",
-    "de": "German",
-    "ru": "Russian",
-    "ko": "Korean",
-    "ja": "Japanese",
-    "fr": "French",
-    "es": "Spanish",
-    "pt": "Portuguese",
-    "it": "Italian",
-    "nl": "Dutch",
-    "th": "Thai",
-    "ro": "Romanian",
-    "ar": "Arabic",
-    "el": "Greek",
-    "vi": "Vietnamese",
-    "uk": "Ukrainian",
-}
-
-
-def reference_group_prompt(source, candidates, src_name, trg_name, prompt_type, add_example):
-    """The spec's group prompt, by plain concatenation (no str.format anywhere)."""
-    task = SPEC_TASKS[prompt_type]
-    if add_example:
-        task = task + " " + SPEC_EXAMPLES[prompt_type]
-    blocks = ""
-    for index, candidate in enumerate(candidates):
-        blocks += "Translation " + LETTERS[index] + ":\n```\n" + candidate + "\n```\n"
-    return (
-        "Given a source text in "
-        + src_name
-        + " and multiple translation candidates in "
-        + trg_name
-        + ". Perform a step by step analysis and comparison of the translation quality for the candidates. "
-        + task
-        + "\n\nSource text:\n```\n"
-        + source
-        + "\n```\n\n"
-        + blocks
-    )
-
-
-def reference_single_prompt(source, candidate, src_name, trg_name):
-    return (
-        "Given a source text in "
-        + src_name
-        + " and a translation text in "
-        + trg_name
-        + ". Perform a step by step analysis of translation quality and assign a score on a scale from 0 to 10."
-        + "\nSource text:\n```\n"
-        + source
-        + "\n```\n\nTranslation text:\n```\n"
-        + candidate
-        + "\n```\n"
-    )
+# The spec's tables and its prompts by plain concatenation (sections 1, 1b, 2): tests/gqm_spec.py.
+# Language slots there take codes or names; the tests below pass names where they pass names.
+reference_group_prompt = spec_group_prompt
+reference_single_prompt = spec_single_prompt
 
 
 def dense_tier_scores(scores):
@@ -342,6 +276,135 @@ def test_single_prompt_golden_names_and_braces():
 
 
 # --------------------------------------------------------------------------------------------
+# A reference translation and notes (spec sections 1b and 2), golden prompts typed from the spec.
+# --------------------------------------------------------------------------------------------
+
+# The spec's worked example: source 你好, candidates Hello and Hi, zh -> en, ranking_score,
+# reference "Hello there" in en, no notes.
+WORKED_EXAMPLE = (
+    "Given a source text in Chinese and multiple translation candidates in English. Perform a step by step "
+    "analysis and comparison of the translation quality for the candidates. Finally, rank and score the "
+    "candidates with integer scores on a scale from 0 to 10.\n\nSource text:\n```\n你好\n```\n\n"
+    "Translation A:\n```\nHello\n```\nTranslation B:\n```\nHi\n```\n\n\nYou may refer to the following "
+    "reference, if helpful, when evaluating the translations.\n\nEnglish reference:\n```\nHello there\n```\n"
+)
+GROUP_NOTES_BLOCK = (
+    "\n\nYou may refer to the following notes, if helpful, when evaluating the translations.\n\n"
+    "Notes:\n```\nKeep it short.\n```\n"
+)
+
+
+def test_group_prompt_with_a_reference_is_the_spec_worked_example():
+    prompt = build_group_prompt("你好", ["Hello", "Hi"], "zh", "en", ref_text="Hello there", ref_lang="en")
+    assert prompt == WORKED_EXAMPLE
+
+
+def test_group_prompt_reference_then_notes_both_stripped():
+    prompt = build_group_prompt(
+        "你好", ["Hello", "Hi"], "zh", "en", ref_text="\n Hello there \t", ref_lang=" en ", notes="  Keep it short.\n"
+    )
+    assert prompt == WORKED_EXAMPLE + GROUP_NOTES_BLOCK
+    # Notes alone follow the last candidate block directly.
+    notes_only = build_group_prompt("你好", ["Hello", "Hi"], "zh", "en", notes="Keep it short.")
+    assert notes_only == WORKED_EXAMPLE.split("\n\nYou may refer")[0] + GROUP_NOTES_BLOCK
+
+
+def test_reference_language_maps_codes_and_passes_names():
+    by_code = build_group_prompt("s", ["a", "b"], "en", "de", ref_text="r", ref_lang="zh")
+    assert "\n\nChinese reference:\n```\nr\n```\n" in by_code
+    by_name = build_group_prompt("s", ["a", "b"], "en", "de", ref_text="r", ref_lang="Klingon")
+    assert by_name.endswith("\n\nKlingon reference:\n```\nr\n```\n")
+
+
+@pytest.mark.parametrize("context", [
+    {},
+    {"ref_text": None, "ref_lang": None, "notes": None},
+    {"ref_text": "", "ref_lang": ""},
+    {"ref_text": " \n\t", "ref_lang": "  "},
+    {"notes": ""},
+    {"notes": " \r\n\u3000"},
+    {"ref_text": "\u00a0", "ref_lang": "", "notes": "\n"},
+])
+def test_missing_or_blank_reference_and_notes_leave_the_prompt_as_section_1(context):
+    for prompt_type, add_example in GOLDEN_GROUP:
+        prompt = build_group_prompt(G_SOURCE, G_CANDIDATES, "en", "fr", prompt_type, add_example, **context)
+        assert prompt == GOLDEN_GROUP[(prompt_type, add_example)]
+
+
+@pytest.mark.parametrize("context, field, value_text", [
+    ({"ref_text": "Hello"}, "ref_text", "given without ref_lang"),
+    ({"ref_text": "Hello", "ref_lang": " "}, "ref_text", "given without ref_lang"),
+    ({"ref_lang": "en"}, "ref_lang", "given without ref_text"),
+    ({"ref_lang": "en", "ref_text": "\n"}, "ref_lang", "given without ref_text"),
+    ({"ref_text": "Hello", "ref_lang": "xx"}, "ref_lang", "unknown language code"),
+    ({"ref_text": "Hello", "ref_lang": "EN"}, "ref_lang", "unknown language code"),
+    ({"ref_text": "Hello", "ref_lang": " q "}, "ref_lang", "unknown language code"),
+    ({"ref_text": 3, "ref_lang": "en"}, "ref_text", "must be a string"),
+    ({"ref_text": "Hello", "ref_lang": ["en"]}, "ref_lang", "must be a string"),
+    ({"notes": b"bytes"}, "notes", "must be a string"),
+])
+def test_bad_reference_or_notes_is_an_input_error_naming_the_field(context, field, value_text):
+    message = assert_input_error(lambda: build_group_prompt("s", ["a", "b"], "en", "de", **context), field, value_text)
+    assert message.startswith(field + ":")
+
+
+def test_single_prompt_with_notes_uses_the_singular_translation():
+    prompt = build_single_prompt("Hallo", "Hello", "de", "en", notes="\tUse British spelling. ")
+    assert prompt == (
+        "Given a source text in German and a translation text in English. "
+        "Perform a step by step analysis of translation quality and assign a score on a scale from 0 to 10.\n"
+        "Source text:\n```\nHallo\n```\n\nTranslation text:\n```\nHello\n```\n"
+        "\n\nYou may refer to the following notes, if helpful, when evaluating the translation.\n\n"
+        "Notes:\n```\nUse British spelling.\n```\n"
+    )
+    without = build_single_prompt("Hallo", "Hello", "de", "en")
+    assert build_single_prompt("Hallo", "Hello", "de", "en", notes=" ") == without
+    assert_input_error(lambda: build_single_prompt("s", "c", "de", "en", notes=1), "notes", "must be a string")
+
+
+def test_prompts_with_a_reference_and_notes_read_back():
+    assert parse_group_prompt(WORKED_EXAMPLE) == GroupPrompt(
+        "你好", ("Hello", "Hi"), "Chinese", "English", "ranking_score", False, "Hello there", "English", None
+    )
+    both = parse_prompt(WORKED_EXAMPLE + GROUP_NOTES_BLOCK)
+    assert (both.ref_text, both.ref_lang, both.notes) == ("Hello there", "English", "Keep it short.")
+    assert build_group_prompt(**vars(both)) == WORKED_EXAMPLE + GROUP_NOTES_BLOCK
+    notes_only = parse_group_prompt(build_group_prompt("s", ["a", "b"], "en", "de", "score", True, notes="n"))
+    assert (notes_only.ref_text, notes_only.ref_lang, notes_only.notes) == (None, None, "n")
+    assert notes_only.candidates == ("a", "b")
+    single = parse_prompt(build_single_prompt("s", "c\n```\nd", "de", "en", notes=" n\n```\nm "))
+    assert single == SinglePrompt("s", "c\n```\nd", "German", "English", "n\n```\nm")
+    assert parse_single_prompt(build_single_prompt("s", "c", "de", "en")).notes is None
+
+
+def test_a_reference_or_notes_may_hold_candidate_headings_and_fences():
+    ref_text = "x\n```\nTranslation C:\n```\ny"
+    notes = "Notes:\n```\nTranslation A:\n```\n"
+    prompt = build_group_prompt("s", ["a", "b"], "en", "de", ref_text=ref_text, ref_lang="de", notes=notes)
+    read = parse_group_prompt(prompt)
+    assert read.candidates == ("a", "b") and read.ref_text == ref_text and read.notes == notes.strip()
+
+
+NOT_CONTEXT_PROMPTS = [
+    # Text after the last candidate that is no context block.
+    WORKED_EXAMPLE.split("\n\nYou may refer")[0] + "\n\nSee also: the reference.\n",
+    # A reference block cut short, one without a language heading, one with an empty text.
+    WORKED_EXAMPLE[:-1],
+    WORKED_EXAMPLE.replace("English reference:", "English:"),
+    WORKED_EXAMPLE.replace("Hello there", ""),
+    # A notes block with padded notes, one with none, one cut short.
+    WORKED_EXAMPLE + GROUP_NOTES_BLOCK.replace("Keep it short.", " Keep it short."),
+    WORKED_EXAMPLE + GROUP_NOTES_BLOCK.replace("Keep it short.\n", ""),
+    WORKED_EXAMPLE + GROUP_NOTES_BLOCK[:-2],
+]
+
+
+@pytest.mark.parametrize("text", NOT_CONTEXT_PROMPTS)
+def test_a_group_prompt_with_a_broken_context_block_is_no_prompt(text):
+    assert "not a GQM group prompt" in assert_input_error(lambda: parse_group_prompt(text), "prompt", "Given")
+
+
+# --------------------------------------------------------------------------------------------
 # Language codes.
 # --------------------------------------------------------------------------------------------
 
@@ -480,6 +543,18 @@ prompt_texts = st.one_of(
 prompt_lang_values = lang_values.filter(lambda name: " and " not in name and ". Perform" not in name)
 
 
+# A reference (text, language) and notes, or none: a blank text reads back as no block.
+references = st.one_of(st.none(), st.tuples(
+    prompt_texts.filter(str.strip),
+    prompt_lang_values.map(str.strip).filter(lambda value: len(value) > 2 or value in SPEC_LANGUAGES),
+))
+notes_values = st.one_of(st.none(), texts)
+
+
+def stripped_or_none(text):
+    return None if text is None or not text.strip() else text.strip()
+
+
 @FAST
 @given(
     source=prompt_texts,
@@ -488,20 +563,30 @@ prompt_lang_values = lang_values.filter(lambda name: " and " not in name and ". 
     trg=prompt_lang_values,
     prompt_type=st.sampled_from(PROMPT_TYPES),
     add_example=st.booleans(),
+    reference=references,
+    notes=notes_values,
 )
-def test_group_prompt_reads_back_as_what_built_it(source, candidates, src, trg, prompt_type, add_example):
-    prompt = build_group_prompt(source, candidates, src, trg, prompt_type, add_example)
-    expected = GroupPrompt(source, tuple(candidates), lang_name(src), lang_name(trg), prompt_type, add_example)
+def test_group_prompt_reads_back_as_what_built_it(
+    source, candidates, src, trg, prompt_type, add_example, reference, notes
+):
+    ref_text, ref_lang = reference or (None, None)
+    prompt = build_group_prompt(
+        source, candidates, src, trg, prompt_type, add_example, ref_text=ref_text, ref_lang=ref_lang, notes=notes
+    )
+    expected = GroupPrompt(
+        source, tuple(candidates), lang_name(src), lang_name(trg), prompt_type, add_example,
+        stripped_or_none(ref_text), None if ref_lang is None else lang_name(ref_lang), stripped_or_none(notes),
+    )
     assert parse_group_prompt(prompt) == expected
     assert parse_prompt(prompt) == expected
     assert embedded_prompt("<s>[INST] " + prompt + " [/INST]") == prompt
 
 
 @FAST
-@given(source=prompt_texts, candidate=texts, src=prompt_lang_values, trg=prompt_lang_values)
-def test_single_prompt_reads_back_as_what_built_it(source, candidate, src, trg):
-    prompt = build_single_prompt(source, candidate, src, trg)
-    expected = SinglePrompt(source, candidate, lang_name(src), lang_name(trg))
+@given(source=prompt_texts, candidate=texts, src=prompt_lang_values, trg=prompt_lang_values, notes=notes_values)
+def test_single_prompt_reads_back_as_what_built_it(source, candidate, src, trg, notes):
+    prompt = build_single_prompt(source, candidate, src, trg, notes=notes)
+    expected = SinglePrompt(source, candidate, lang_name(src), lang_name(trg), stripped_or_none(notes))
     assert parse_single_prompt(prompt) == expected
     assert parse_prompt(prompt) == expected
 

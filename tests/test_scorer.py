@@ -199,3 +199,107 @@ async def test_a_generation_past_its_deadline_on_a_hung_engine_is_engine_death()
     scorer.engine.stall()
     with pytest.raises(EngineDeadError, match="hung"):
         await asyncio.wait_for(scorer.score_group(group("a", "b")), timeout=5)
+
+
+# ----------------------------------------------------------------------------- references and notes
+
+REFERENCE = {"ref_text": "  Die Katze saß auf der Matte.\n", "ref_lang": "de", "notes": "\nmat: Matte (not Teppich) "}
+
+
+def group_with(*candidates: str, post_edit: bool = False, **context) -> GroupRequest:
+    return group(*candidates).model_copy(update={"post_edit": post_edit, **context})
+
+
+def user_message(prompt: str) -> str:
+    return prompt.removeprefix("<|im_start|>user\n").removesuffix("<|im_end|>\n<|im_start|>assistant\n")
+
+
+async def test_the_reference_and_notes_follow_the_candidates_in_the_prompt():
+    scorer = await scorer_with()
+    request = group_with("eins [q=1]", "zwei [q=2]", **REFERENCE)
+    result = await scorer.score_group(request)
+    assert result.valid and result.scores == [1, 2]
+    message = user_message(scorer.engine.prompts_seen[-1])
+    assert message == gqm.build_group_prompt(request.source, request.candidates, "en", "de", **REFERENCE)
+    assert message.endswith(
+        "Translation B:\n```\nzwei [q=2]\n```\n"
+        "\n\nYou may refer to the following reference, if helpful, when evaluating the translations.\n\n"
+        "German reference:\n```\nDie Katze saß auf der Matte.\n```\n"
+        "\n\nYou may refer to the following notes, if helpful, when evaluating the translations.\n\n"
+        "Notes:\n```\nmat: Matte (not Teppich)\n```\n"
+    )
+    # The scripted model's analysis says what it was shown (the client test reads it in answers).
+    assert result.answer.startswith(
+        "Compared with the German reference: Die Katze saß auf der Matte.\nFollowing the notes: mat: Matte (not Teppich)\n"
+    )
+    plain = await scorer.score_group(group("eins [q=1]", "zwei [q=2]"))
+    assert "reference" not in plain.answer and "notes" not in plain.answer
+
+
+@pytest.mark.parametrize("config", [
+    ScoringConfig(permutations=3),
+    ScoringConfig(max_group_size=3, split_subgroup_size=3),
+    ScoringConfig(max_group_size=3, permutations=2),
+], ids=["permutations", "split", "split+permutations"])
+async def test_every_prompt_of_a_plan_carries_the_reference_and_notes(config):
+    scorer = await scorer_with(config)
+    request = group_with("a [q=1]", "b [q=4]", "c [q=9]", "d [q=6]", "e [q=2]", **REFERENCE)
+    result = await scorer.score_group(request)
+    assert result.valid and result.scores == [1, 4, 9, 6, 2]
+    prompts = [gqm.parse_group_prompt(user_message(prompt)) for prompt in scorer.engine.prompts_seen]
+    assert len(prompts) > 1
+    assert {(p.ref_text, p.ref_lang, p.notes) for p in prompts} == {
+        ("Die Katze saß auf der Matte.", "German", "mat: Matte (not Teppich)")
+    }
+
+
+async def test_very_long_notes_count_against_the_prompt_budget():
+    config = ScoringConfig(max_prompt_tokens=200)
+    short = await scorer_with(config)
+    assert (await short.score_group(group_with("a [q=1]", "b [q=2]", notes="Keep it formal."))).valid
+    scorer = await scorer_with(config)
+    result = await scorer.score_group(group_with("a [q=1]", "b [q=2]", notes="Use the formal Sie. " * 100))
+    assert not result.valid and result.failure == "prompt_too_long"
+    assert "max_prompt_tokens 200" in result.error
+    assert scorer.engine.generations_served == 0
+
+
+# ----------------------------------------------------------------------------- post-edit groups
+
+async def test_a_post_edit_group_is_not_deduplicated_and_keeps_its_post_edit_last():
+    scorer = await scorer_with()
+    # Two MT texts, one of them twice, and a post-edit identical to the first MT text.
+    texts = ("gut [q=8]", "schlecht [q=2]", "gut [q=8]", "gut [q=8]")
+    result = await scorer.score_group(group_with(*texts, post_edit=True))
+    assert result.valid and result.scores == [8, 2, 8, 8]
+    assert gqm.parse_group_prompt(user_message(scorer.engine.prompts_seen[-1])).candidates == texts
+    # The same texts as an ordinary group: the model sees each distinct text once.
+    await scorer.score_group(group_with(*texts))
+    assert gqm.parse_group_prompt(user_message(scorer.engine.prompts_seen[-1])).candidates == texts[:2]
+
+
+async def test_a_post_edit_group_of_one_text_repeated_is_still_scored():
+    scorer = await scorer_with()
+    result = await scorer.score_group(group_with("same [q=5]", "same [q=5]", post_edit=True))
+    assert result.valid and result.scores == [5, 5]
+
+
+@pytest.mark.parametrize("config", [ScoringConfig(permutations=2), ScoringConfig(max_group_size=3)],
+                         ids=["permutations", "split"])
+async def test_a_post_edit_group_in_an_ensemble_keeps_every_candidate_and_the_post_edit_last(config):
+    # Merged scores come back per candidate in request order, so the post-edit stays the last
+    # candidate: ensembles need no refusal for post-edit groups.
+    scorer = await scorer_with(config)
+    texts = ("mt1 [q=3]", "mt2 [q=6]", "mt1 [q=3]", "pe [q=9]")
+    result = await scorer.score_group(group_with(*texts, post_edit=True))
+    assert result.valid and result.scores == [3, 6, 3, 9]
+    shown = [gqm.parse_group_prompt(user_message(prompt)).candidates for prompt in scorer.engine.prompts_seen]
+    assert len(shown) > 1
+    assert sum(prompt.count("mt1 [q=3]") for prompt in shown) >= 2  # both copies were shown
+
+
+async def test_a_post_edit_group_over_max_group_size_without_splitting_is_refused_naming_why():
+    scorer = await scorer_with(ScoringConfig(max_group_size=3, split_large_groups=False))
+    result = await scorer.score_group(group_with("a", "a", "a", "b", post_edit=True))
+    assert result.failure == "rejected" and "post-edit" in result.error and "max_group_size 3" in result.error
+    assert scorer.engine.generations_served == 0

@@ -9,7 +9,7 @@ from urllib.parse import parse_qs
 
 from fastapi.responses import JSONResponse
 
-from cluster.schema import GroupRequest
+from cluster.schema import GroupRequest, MemberRequest
 from deployments.config import AppConfig
 from deployments.http.auth import CALLER, authenticate, bearer_credential
 from deployments.http.errors import HTTPProblem, error_response
@@ -147,8 +147,13 @@ def check_group_limits(groups: list[GroupRequest], config: AppConfig) -> None:
                 f"groups[{index}].candidates: {len(group.candidates)} candidates exceed "
                 f"limits.max_candidates_per_group ({limits.max_candidates_per_group})",
             )
-        check_text_limits({"source": group.source}, config, f"groups[{index}].")
+        check_text_limits({"source": group.source, **context_texts(group)}, config, f"groups[{index}].")
         check_text_limits({f"candidates[{i}]": c for i, c in enumerate(group.candidates)}, config, f"groups[{index}].")
+
+
+def context_texts(request: GroupRequest | MemberRequest) -> dict[str, str]:
+    """A request's reference and notes, where given: texts the prompt carries, bounded like the source."""
+    return {field: text for field in ("ref_text", "notes") if (text := getattr(request, field)) is not None}
 
 
 def check_text_limits(texts: dict[str, str], config: AppConfig, prefix: str = "") -> None:

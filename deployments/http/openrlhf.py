@@ -38,7 +38,9 @@ async def openrlhf_rewards(body: OpenRLHFRequest, n: int, client: ScorerClient, 
     except PayloadError as problem:
         raise HTTPProblem(problem.kind, str(problem)) from None
     answers = await asyncio.gather(*(_score(member, client, settings.answer_within_s) for member, _ in members))
-    response, outcomes = rewards_response([completion for _, completion in members], answers, settings)
+    # Every part of the tenant's recipe is on every sample's extra_logs (OpenRLHF batches them by key).
+    response, outcomes = rewards_response([completion for _, completion in members], answers, settings,
+                                          parts=list(config.tenant(tenant).recipe.parts))
     for outcome in outcomes:
         if _FAILURES.first(outcome):  # OpenRLHF's per-sample logs take numbers only: counted in grrm_failed
             logger.warning("openrlhf: default reward %s for %s (logged once; counted in grrm_failed)",

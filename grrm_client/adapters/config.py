@@ -1,5 +1,6 @@
-"""What every trainer adapter of the client reads: where a row keeps its source and languages, how a
-completion's translation is extracted, and the reward arithmetic's settings (``cluster/rewards.py``).
+"""What every trainer adapter of the client reads: where a row keeps its source, languages, reference
+and notes, how a completion's translation is extracted, and the default reward of a rollout that got no
+answer (the reward itself is the service's recipe's: ``grrm_client/adapters/pipeline.py``).
 
 Every adapter's settings extend it: TRL's (:mod:`grrm_client.adapters.trl`), slime's
 (:mod:`grrm_client.adapters.slime`) and verl's (:class:`grrm_client.adapters.verl.config.BridgeConfig`,
@@ -27,10 +28,16 @@ class AdapterConfig(ClientConfig):
     trg_lang_key: str = Field("trg_lang", description="Where a row keeps its target language.")
     src_lang: str | None = Field(None, description="Source language of rows that carry none (None: required).")
     trg_lang: str | None = Field(None, description="Target language of rows that carry none (None: required).")
-    default_reward: float = Field(0.0, description="Reward of a rollout without a translation or of a group "
-                                                   "with fewer than 2 distinct ones; never scaled or penalised.")
-    score_scale_factor: float = Field(1.0, description="Reward = GRRM score x this factor (minus verl's overlong "
-                                                       "penalty, where it is on).")
+    ref_text_key: str = Field("ref_text", description="Where a row may keep a reference translation (sent with "
+                                                      "ref_lang; a row without one sends none).")
+    ref_lang_key: str = Field("ref_lang", description="Where a row may keep its reference's language.")
+    notes_key: str = Field("notes", description="Where a row may keep notes for the model (terminology, style).")
+    default_reward: float = Field(0.0, description="Reward of a rollout that got no answer (the service "
+                                                   "unreachable, the deadline passed), flagged; an answer's reward "
+                                                   "is its recipe's.")
+    score_scale_factor: float = Field(1.0, description="Reward = GRRM score x this factor, only for answers of a "
+                                                       "service without a recipe (the recipe's grrm part scales "
+                                                       "otherwise).")
     # The service refuses texts over its limits.max_text_chars; counting such translations as invalid keeps
     # the rest of the group from waiting.
     max_text_chars: int = Field(20_000, ge=1, description="Longer translations, in characters, are not sent; they "
@@ -39,5 +46,7 @@ class AdapterConfig(ClientConfig):
                                description="Namespace of this run's group ids (None: a new one per run).")
 
     def reward_settings(self) -> RewardSettings:
-        """The pure arithmetic's settings (no overlong penalty: trainers add their own)."""
+        """The settings of the rewards the adapter gives itself: the default where no answer came (and the
+        arithmetic of ``cluster/rewards.py`` for a service without a recipe; no overlong penalty, which is
+        the recipe's ``overlong`` part)."""
         return RewardSettings(default_reward=self.default_reward, score_scale_factor=self.score_scale_factor)

@@ -6,14 +6,20 @@ concurrently for the ``n_samples_per_prompt`` samples of a prompt, as
 special tokens), within 180 s, and reads ``rewards``, ``scores`` and ``extra_logs`` from the answer.
 The payload has no group id and no ``n``: the group size comes from the URL's query (``?n=8``); the
 source text and languages from the label, a JSON object (or a JSON string of one) with ``source``,
-``src_lang`` and ``trg_lang`` (the languages may default to ``openrlhf.src_lang`` / ``trg_lang``).
+``src_lang`` and ``trg_lang`` (the languages may default to ``openrlhf.src_lang`` / ``trg_lang``), and
+optionally a reference (``ref_text`` with ``ref_lang``) and ``notes`` (``openrlhf.*_key`` name other
+keys). The payload carries no token counts: the recipe's ``overlong`` part penalises no OpenRLHF
+sample (OpenRLHF's own DAPO buffer, ``overlong_buffer_len``, applies one in the trainer).
 
 The response is the query after its prompt, less a trailing end-of-turn token, read with
 ``openrlhf.extractor``. The samples of one prompt share a key (prompt, label and ``n``), the group id
 of their members; each member has an id of its own (the service forms groups of ``n`` in arrival
 order, ``cluster/open_groups.py``). OpenRLHF takes numbers only (its samples generator makes a tensor
-of every ``extra_logs`` value): a reward that could not be obtained is ``openrlhf.default_reward``
-flagged in ``extra_logs`` (``grrm_failed`` 1).
+of every ``extra_logs`` value, and every sample of a batch must carry the same keys): a reward that
+got no answer is ``openrlhf.default_reward`` flagged in ``extra_logs`` (``grrm_failed`` 1); otherwise
+it is the service recipe's (``docs/recipes.md``), and each part the route names (its tenant's recipe)
+is the sample's ``grrm/component/<name>/mean`` (0 where its answer lacks it: OpenRLHF averages each
+key over the batch).
 
 The service answers it at ``POST /openrlhf/get_reward`` (``deployments/http/openrlhf.py`` sends the
 members and bounds the wait); this module is the mapping, through :mod:`grrm_client.adapters.pipeline`.
@@ -33,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, m
 from cluster.gqm import Extractor
 from cluster.rewards import Completion, RewardOutcome, RewardSettings, read_completion
 from cluster.schema import MemberRequest, MemberResult
-from grrm_client.adapters.pipeline import member_request, member_reward
+from grrm_client.adapters.pipeline import COMPONENT_PREFIX, RowContext, components_of, member_request, member_reward
 
 __all__ = ["END_OF_TURN", "OpenRLHFRequest", "OpenRLHFResponse", "OpenRLHFSettings", "PayloadError", "Sample",
            "read_payload", "read_sample", "response_of", "rewards_response"]
@@ -51,10 +57,14 @@ class OpenRLHFSettings(BaseModel):
                                                           "(the query after its prompt).")
     src_lang: str | None = Field(None, description="Source language when a sample's label names none.")
     trg_lang: str | None = Field(None, description="Target language when a sample's label names none.")
-    default_reward: float = Field(0.0, description="Reward of a sample without a translation, of a group with "
-                                                   "fewer than 2 distinct ones, and (flagged) of one whose "
-                                                   "reward could not be obtained.")
-    score_scale_factor: float = Field(1.0, description="Reward = GRRM score x this factor.")
+    ref_text_key: str = Field("ref_text", description="The label's key of a reference translation (optional; "
+                                                      "with ref_lang).")
+    ref_lang_key: str = Field("ref_lang", description="The label's key of the reference's language (optional).")
+    notes_key: str = Field("notes", description="The label's key of notes for the model (optional).")
+    default_reward: float = Field(0.0, description="Reward (flagged) of a sample that got no answer in time; an "
+                                                   "answer's reward is the tenant recipe's.")
+    score_scale_factor: float = Field(1.0, description="Reward = GRRM score x this factor, only for answers "
+                                                       "without a recipe's reward.")
     # OpenRLHF gives up on a request after 180 s and sends it again as a new sample, which would
     # join a new group: answer (with the flagged default if need be) before that.
     answer_within_s: float = Field(170.0, gt=0, description="Every sample is answered within this many "
@@ -112,6 +122,7 @@ class Sample:
     src_lang: str
     trg_lang: str
     response: str
+    context: RowContext = RowContext()  # the label's reference and notes
 
 
 def response_of(query: str, prompt: str, field: str) -> str:
@@ -140,9 +151,13 @@ def read_sample(query: str, prompt: str, label: Any, n: int, settings: OpenRLHFS
         if not isinstance(value, str) or not value.strip():
             raise ValueError(f"labels[{position}].{name}: required (a non-empty string)")
         values[name] = value
-    digest = hashlib.blake2b("\0".join((str(n), prompt, values["source"], values["src_lang"], values["trg_lang"]))
+    context = RowContext.of(*(label.get(key) for key in (settings.ref_text_key, settings.ref_lang_key,
+                                                          settings.notes_key)))
+    digest = hashlib.blake2b("\0".join((str(n), prompt, values["source"], values["src_lang"], values["trg_lang"],
+                                        *(value or "" for value in (context.ref_text, context.ref_lang, context.notes))))
                              .encode(), digest_size=12).hexdigest()
-    return Sample(key=f"openrlhf:{digest}", response=response_of(query, prompt, f"query[{position}]"), **values)
+    return Sample(key=f"openrlhf:{digest}", response=response_of(query, prompt, f"query[{position}]"),
+                  context=context, **values)
 
 
 def read_payload(body: OpenRLHFRequest, n: int, settings: OpenRLHFSettings, max_text_chars: int,
@@ -170,20 +185,24 @@ def _member(sample: Sample, completion: Completion, n: int, position: int, tenan
     """The member request of one sample (an id of its own), or a ValueError naming the field."""
     try:
         return member_request(completion, group_id=sample.key, group_size=n, source=sample.source,
-                              src_lang=sample.src_lang, trg_lang=sample.trg_lang, tenant=tenant, sent_at=time.time())
+                              src_lang=sample.src_lang, trg_lang=sample.trg_lang, tenant=tenant, sent_at=time.time(),
+                              context=sample.context)
     except ValidationError as error:
         first = error.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or "labels"
-        raise ValueError(f"labels[{position}].{field}: {first['msg']}") from None
+        # A problem of the whole request (a half reference pair) names its field in the message.
+        field = "".join(f".{part}" for part in first["loc"])
+        raise ValueError(f"labels[{position}]{field}: {first['msg']}") from None
 
 
 def rewards_response(
     completions: Sequence[Completion],
     answers: Sequence[tuple[MemberResult | None, str | None]],
     settings: OpenRLHFSettings,
+    parts: Sequence[str] = (),
 ) -> tuple[OpenRLHFResponse, list[RewardOutcome]]:
     """OpenRLHF's response from each sample's answer (the service's result, or why none came), and the
-    outcomes behind it (for the caller's once-per-reason log)."""
+    outcomes behind it (for the caller's once-per-reason log). ``parts``: the recipe's part names, each
+    logged for every sample (OpenRLHF needs the same keys on every sample of a batch)."""
     reward_settings = settings.reward_settings()
     outcomes = [member_reward(completion, result, failure, reward_settings)
                 for completion, (result, failure) in zip(completions, answers, strict=True)]
@@ -192,5 +211,7 @@ def rewards_response(
         "grrm_valid": [float(outcome.valid) for outcome in outcomes],
         "grrm_default": [float(not outcome.valid and not outcome.failed) for outcome in outcomes],
         "grrm_failed": [float(outcome.failed) for outcome in outcomes],
+        **{f"{COMPONENT_PREFIX}/{name}/mean": [float(components_of(outcome).get(name, 0.0)) for outcome in outcomes]
+           for name in parts},
     })
     return response, outcomes

@@ -10,14 +10,20 @@ it wants one float per sample. A ``Sample`` carries ``group_index`` (shared by t
 
 The adapter's settings come from the environment of slime's rollout process, as
 ``GRRM_<FIELD>`` for every field of :class:`SlimeRewardConfig` (``GRRM_URL`` or ``GRRM_APP_NAME``
-says where the service is; ``GRRM_EXTRACTOR``, ``GRRM_DEFAULT_REWARD``, ...). A sample's source text
-and languages come from its ``metadata`` (keys ``source``, ``src_lang``, ``trg_lang`` by default),
-else from its ``label`` when that is a JSON object with those keys. The group is one whole-group
-request under ``{run_id}:{group_index}:{call}`` (``call`` counts this process's calls, so a group
-asked for again is scored again, never read from an earlier verdict).
+says where the service is; ``GRRM_EXTRACTOR``, ``GRRM_DEFAULT_REWARD``, ...). A sample's source text,
+languages, reference and notes come from its ``metadata`` (keys ``source``, ``src_lang``, ``trg_lang``,
+``ref_text``, ``ref_lang``, ``notes`` by default; the last three optional), else from its ``label``
+when that is a JSON object with those keys; its ``response_length`` goes with it for the recipe's
+``overlong`` part. The group is one whole-group request under ``{run_id}:{group_index}:{call}``
+(``call`` counts this process's calls, so a group asked for again is scored again, never read from
+an earlier verdict); its samples go as members when one holds no translation.
 
-slime takes floats only: a reward that could not be obtained is ``default_reward``, flagged in the
-sample's ``metadata["grrm_failure"]`` (the reason) and logged once per reason; never a hang past
+The reward is the one the service's recipe composed (``docs/recipes.md``); its parts go into the
+sample's ``metadata["grrm_components"]``. slime logs them per rollout step as
+``grrm/component/<name>/mean`` with ``--custom-rollout-log-function-path
+grrm_client.adapters.slime.log_rollout`` (:func:`rollout_metrics` for a log function of your own).
+slime takes floats only: a reward that got no answer is ``default_reward``, flagged in the sample's
+``metadata["grrm_failure"]`` (the reason) and logged once per reason; never a hang past
 ``GRRM_DEADLINE_S``.
 """
 
@@ -34,10 +40,12 @@ from pydantic import model_validator
 
 from cluster.rewards import read_completion
 from grrm_client.adapters import AdapterConfig
-from grrm_client.adapters.pipeline import FailureLog, reward_group
+from grrm_client.adapters.pipeline import FailureLog, RowContext, component_means, components_of, reward_group
+from grrm_client.adapters.verl.metrics import RewardCounters
 from grrm_client.reward_client import RewardClient
 
-__all__ = ["SlimeRewardConfig", "group_rm", "reset", "sample_languages"]
+__all__ = ["SlimeRewardConfig", "group_rm", "log_rollout", "reset", "rollout_metrics", "sample_context",
+           "sample_languages"]
 
 logger = logging.getLogger(__name__)
 
@@ -88,8 +96,8 @@ def _adapter() -> tuple[SlimeRewardConfig, RewardClient]:
     return _state["config"], _state["client"]
 
 
-def sample_languages(sample: Any, config: AdapterConfig) -> tuple[str, str, str]:
-    """(source, src_lang, trg_lang) of a slime sample: from its metadata, else its JSON label."""
+def _places(sample: Any) -> list[Mapping[str, Any]]:
+    """Where a slime sample keeps its row's fields: its metadata, then its label (a mapping or JSON text)."""
     places: list[Mapping[str, Any]] = []
     if isinstance(getattr(sample, "metadata", None), Mapping):
         places.append(sample.metadata)
@@ -101,6 +109,12 @@ def sample_languages(sample: Any, config: AdapterConfig) -> tuple[str, str, str]
             places.append(json.loads(label))
         except ValueError:
             pass
+    return [place for place in places if isinstance(place, Mapping)]
+
+
+def sample_languages(sample: Any, config: AdapterConfig) -> tuple[str, str, str]:
+    """(source, src_lang, trg_lang) of a slime sample: from its metadata, else its JSON label."""
+    places = _places(sample)
 
     def find(key: str, default: str | None) -> str:
         for place in places:
@@ -115,16 +129,27 @@ def sample_languages(sample: Any, config: AdapterConfig) -> tuple[str, str, str]
             find(config.trg_lang_key, config.trg_lang))
 
 
+def sample_context(sample: Any, config: AdapterConfig) -> RowContext:
+    """A slime sample's reference and notes (none where its metadata and label have none)."""
+    places = _places(sample)
+
+    def find(key: str) -> Any:
+        return next((place[key] for place in places if place.get(key) is not None), None)
+
+    return RowContext.of(find(config.ref_text_key), find(config.ref_lang_key), find(config.notes_key))
+
+
 async def group_rm(args: Any, samples: Sequence[Any]) -> list[float]:
     """slime's group reward model: one GRRM comparison of a prompt's samples, one float each."""
     config, client = _adapter()
     if not samples:
         return []
-    source, src_lang, trg_lang = sample_languages(samples[0], config)
+    where = (*sample_languages(samples[0], config), sample_context(samples[0], config))
     for sample in samples[1:]:
-        if sample_languages(sample, config) != (source, src_lang, trg_lang):
+        if (*sample_languages(sample, config), sample_context(sample, config)) != where:
             raise ValueError(f"{config.source_key}: the samples of group {samples[0].group_index} disagree on "
-                             "their source or languages")
+                             "their source, languages, reference or notes")
+    source, src_lang, trg_lang, context = where
     _state["calls"] += 1
     scored = await reward_group(
         client,
@@ -132,16 +157,63 @@ async def group_rm(args: Any, samples: Sequence[Any]) -> list[float]:
         source=source,
         src_lang=src_lang,
         trg_lang=trg_lang,
-        completions=[read_completion(str(sample.response or ""), config.extractor, config.max_text_chars)
+        completions=[read_completion(str(sample.response or ""), config.extractor, config.max_text_chars,
+                                     int(getattr(sample, "response_length", 0) or 0))
                      for sample in samples],
         settings=config.reward_settings(),
+        context=context,
     )
     for sample, outcome in zip(samples, scored.outcomes, strict=True):
         if isinstance(getattr(sample, "metadata", None), dict):
             sample.metadata["grrm_failure"] = outcome.failure or ""
+            sample.metadata["grrm_failed"] = outcome.failed
+            sample.metadata["grrm_valid"] = outcome.valid
+            sample.metadata["grrm_components"] = dict(components_of(outcome))
         if _state["failures"].first(outcome):
-            call = scored.call
-            detail = (call.error if call.result is None else call.result.error) if call is not None else ""
             logger.warning("grrm: default reward %s for %s: %s (logged once per reason; flagged in "
-                           "metadata['grrm_failure'])", config.default_reward, outcome.failure, detail or "-")
+                           "metadata['grrm_failure'])", outcome.reward, outcome.failure, scored.error or "-")
     return [outcome.reward for outcome in scored.outcomes]
+
+
+_OUTCOME_COUNTS = ("grrm/rewards", "grrm/valid", "grrm/failed", "grrm/valid_rate", "grrm/failed_rate")
+
+
+def rollout_metrics(samples: Sequence[Any]) -> dict[str, float]:
+    """A rollout step's ``grrm/...`` metrics from its samples (those :func:`group_rm` rewarded): the counts
+    by outcome (``grrm/valid``, ``grrm/failed``, ``grrm/default/<reason>``, ...) and each recipe part
+    (``grrm/component/<name>/mean``), named as verl's and TRL's are; {} when no sample is ours."""
+    ours = [sample.metadata for sample in samples
+            if isinstance(getattr(sample, "metadata", None), Mapping) and "grrm_components" in sample.metadata]
+    if not ours:
+        return {}
+    counters = RewardCounters()
+    for metadata in ours:
+        counters.total += 1
+        counters.valid += bool(metadata.get("grrm_valid"))
+        counters.failed += bool(metadata.get("grrm_failed"))
+        if metadata.get("grrm_failure"):
+            counters.defaults[str(metadata["grrm_failure"])] += 1
+    # slime's samples carry no transport attempts or worker counts: only the counts by outcome.
+    counts = {name: value for name, value in counters.as_metrics().items()
+              if name.startswith("grrm/default/") or name in _OUTCOME_COUNTS}
+    return {**counts, **component_means(metadata["grrm_components"] for metadata in ours)}
+
+
+def log_rollout(rollout_id: int, args: Any, samples: Sequence[Any], rollout_extra_metrics: Any,
+                rollout_time: float) -> bool:
+    """slime's custom rollout log function (``--custom-rollout-log-function-path
+    grrm_client.adapters.slime.log_rollout``): adds :func:`rollout_metrics` to the step's metrics and
+    returns False, so that slime logs the step as it always does, these included."""
+    metrics = rollout_metrics(samples)
+    if not metrics:
+        return False
+    if isinstance(rollout_extra_metrics, dict):
+        rollout_extra_metrics.update(metrics)  # slime logs {**rollout_extra_metrics, ...} next
+        return False
+    # slime passed no dict to add to: log them at the step slime logs its own under.
+    from slime.utils import logging_utils
+    from slime.utils.metric_utils import compute_rollout_step
+
+    logging_utils.log(args, {**metrics, "rollout/step": compute_rollout_step(args, rollout_id)},
+                      step_key="rollout/step")
+    return False

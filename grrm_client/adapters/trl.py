@@ -8,7 +8,7 @@ A TRL user's whole change is the import and one argument::
         model=...,
         reward_funcs=GRRMReward(url="http://grrm-head:8000", num_generations=8),
         args=GRPOConfig(num_generations=8, ...),
-        train_dataset=dataset,  # columns: prompt, source, src_lang, trg_lang
+        train_dataset=dataset,  # columns: prompt, source, src_lang, trg_lang (ref_text, ref_lang, notes)
     )
 
 TRL (1.16, ``GRPOTrainer._calculate_rewards``) calls a reward function with keyword arguments:
@@ -31,12 +31,16 @@ Each step's call also announces the step's groups to the service's autoscaling, 
 second step on the next step ahead of it (``grrm_client/demand.py``; ``announce_demand=False`` turns
 it off).
 
-Every reward that could not be obtained (the service unreachable past the deadline, a group whose
-verdict could not be parsed, ...) is ``None``, never a made-up number; a rollout without a
-translation or a group with nothing to compare gets ``default_reward`` (the spec's semantics).
-Counters go to TRL's logs through ``log_metric``: ``grrm/valid``, ``grrm/default``, ``grrm/failed``
-and ``grrm/failed/<reason>``, ``grrm/retries`` and ``grrm/rejoins``. Wrong settings or a dataset
-without the source column raise a ``ValueError`` naming them (at construction, or at the first call).
+A row's reference and notes (the dataset's ``ref_text``, ``ref_lang`` and ``notes`` columns, or the
+``*_key`` settings' names; a row without them sends none) go with its group, and each completion's
+length in tokens (``completion_ids``) for the recipe's ``overlong`` part. The reward is the one the
+service's recipe composed (``docs/recipes.md``); a reward that got no answer (the service unreachable
+past the deadline, a request it refused) is ``None``, never a made-up number. Counters go to TRL's
+logs through ``log_metric``: ``grrm/valid``, ``grrm/default``, ``grrm/failed`` and
+``grrm/failed/<reason>``, ``grrm/retries``, ``grrm/rejoins``, and each recipe part as
+``grrm/component/<name>/mean`` (the part's mean over the step's completions, one lacking it counting
+0: TRL averages the values a step logs). Wrong settings or a dataset without the source column raise
+a ``ValueError`` naming them (at construction, or at the first call).
 """
 
 from __future__ import annotations
@@ -55,7 +59,15 @@ from pydantic import Field, model_validator
 from cluster.rewards import RewardOutcome, read_completion
 from grrm_client.adapters import AdapterConfig
 from grrm_client.demand import DemandAnnouncer, DemandSettings
-from grrm_client.adapters.pipeline import FailureLog, reward_group, reward_member
+from grrm_client.adapters.pipeline import (
+    COMPONENT_PREFIX,
+    FailureLog,
+    RowContext,
+    components_of,
+    from_recipe,
+    reward_group,
+    reward_member,
+)
 from grrm_client.reward_client import RewardClient
 
 __all__ = ["GRRMReward", "TRLRewardConfig", "completion_text", "slice_groups"]
@@ -144,6 +156,9 @@ class GRRMReward:
         sources = self._column(columns, self.config.source_key, None, count)
         src_langs = self._column(columns, self.config.src_lang_key, self.config.src_lang, count)
         trg_langs = self._column(columns, self.config.trg_lang_key, self.config.trg_lang, count)
+        contexts = [RowContext.of(*values) for values in zip(
+            *(self._optional_column(columns, key, count)
+              for key in (self.config.ref_text_key, self.config.ref_lang_key, self.config.notes_key)), strict=True)]
         lengths = [len(ids) for ids in completion_ids] if completion_ids is not None else [0] * count
         read = [read_completion(completion_text(c), self.config.extractor, self.config.max_text_chars, length)
                 for c, length in zip(completions, lengths, strict=True)]
@@ -167,12 +182,12 @@ class GRRMReward:
         async def one(group: int, members: list[tuple[int, int]]) -> None:
             first = members[0][0]
             where = dict(group_id=f"{run_id}:{call}:{group}", source=sources[first], src_lang=src_langs[first],
-                         trg_lang=trg_langs[first])
+                         trg_lang=trg_langs[first], context=contexts[first])
             for local, _ in members:
-                if (sources[local], src_langs[local], trg_langs[local]) != (
-                        where["source"], where["src_lang"], where["trg_lang"]):
+                if (sources[local], src_langs[local], trg_langs[local], contexts[local]) != (
+                        where["source"], where["src_lang"], where["trg_lang"], where["context"]):
                     raise ValueError(f"{self.config.source_key}: the completions of group {group} disagree on their "
-                                     "source or languages (is num_generations TRL's?)")
+                                     "source, languages, reference or notes (is num_generations TRL's?)")
             if len(members) == size:
                 scored = await reward_group(client, completions=[read[local] for local, _ in members],
                                             settings=self.settings, **where)
@@ -191,7 +206,8 @@ class GRRMReward:
             demand.requested(time.time(), counts=False)  # the phase lasts until its rewards are in
         done = [outcome for outcome in outcomes if outcome is not None]
         self._log(done, log_metric, log_extra)
-        return [None if outcome.failed else outcome.reward for outcome in done]
+        # The service's reward stands (its recipe's default included); None only where no answer came.
+        return [outcome.reward if from_recipe(outcome) or not outcome.failed else None for outcome in done]
 
     def _column(self, columns: dict[str, Any], key: str, default: str | None, count: int) -> list[str]:
         values = columns.get(key)
@@ -204,6 +220,16 @@ class GRRMReward:
         if len(values) != count:
             raise ValueError(f"{key}: {len(values)} values for {count} completions")
         return [str(value) for value in values]
+
+    @staticmethod
+    def _optional_column(columns: dict[str, Any], key: str, count: int) -> list[Any]:
+        """A column rows may lack (a reference, notes): its values, or None for every completion."""
+        values = columns.get(key)
+        if values is None:
+            return [None] * count
+        if len(values) != count:
+            raise ValueError(f"{key}: {len(values)} values for {count} completions")
+        return list(values)
 
     def _process(self) -> tuple[int, int]:
         """(this process's rank, the run's processes)."""
@@ -258,8 +284,9 @@ class GRRMReward:
              log_extra: Callable[[str, list[Any]], None] | None) -> None:
         for outcome in outcomes:
             if self._failures.first(outcome):  # every one is counted in grrm/failed/<reason>
-                logger.warning("grrm: no reward (None) for %s; logged once, counted in grrm/failed/%s",
-                               outcome.failure, outcome.failure)
+                given = f"the recipe's default {outcome.reward}" if from_recipe(outcome) else "no reward (None)"
+                logger.warning("grrm: %s for %s; logged once, counted in grrm/failed/%s",
+                               given, outcome.failure, outcome.failure)
         if log_extra is not None:
             log_extra("grrm_failure", [outcome.failure or "" for outcome in outcomes])
         if log_metric is None:
@@ -270,6 +297,11 @@ class GRRMReward:
         log_metric("grrm/failed", float(sum(failed.values())))
         for reason, times in failed.items():
             log_metric(f"grrm/failed/{reason}", float(times))
+        # One value per completion: TRL averages a step's values of a name over every process.
+        parts = [components_of(outcome) for outcome in outcomes]
+        for name in sorted({name for row in parts for name in row}):
+            for row in parts:
+                log_metric(f"{COMPONENT_PREFIX}/{name}/mean", float(row.get(name, 0.0)))
         client = self._client
         if client is not None:
             log_metric("grrm/retries", float(client.retries - self._reported_retries))

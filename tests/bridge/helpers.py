@@ -6,8 +6,9 @@
   ``__num_turns__``, ``tool_extra_fields``, ``prompt_len``, ``response_len``).
 * :func:`padded_batch` builds the trainer's batch after generation (left-padded prompts,
   right-padded responses, attention and response masks, ``uid`` and ``priority``).
-* :class:`LocalTransport` is the reward cluster without Ray: the real ``GroupAssembler`` and
-  ``GroupScorer`` on the scripted engine, behind the bridge's transport interface.
+* :class:`LocalTransport` is the reward cluster without Ray: the real ``GroupAssembler``,
+  ``GroupScorer`` and recipe runner (``cluster/recipe_runner.py``: a tenant's reward composed as a
+  replica composes it) on the scripted engine, behind the bridge's transport interface.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from verl import DataProto
 from cluster.assembly import GroupAssembler
 from cluster.config import ScoringConfig
 from cluster.engines import EngineConfig, ScriptedEngineOptions, make_engine
+from cluster.recipe import RecipeSettings
+from cluster.recipe_runner import RecipeRunner
 from cluster.schema import DemandAccepted, DemandAnnouncement, GroupRequest, GroupResult, MemberRequest, MemberResult
 from cluster.scorer import GroupScorer
 
@@ -197,14 +200,23 @@ def verl_config(n: int, model_path: str = "", reward_kwargs: dict | None = None,
     )
 
 
+def recipe(default_reward: float = -0.5, scale: float = 0.1, **parts: dict[str, Any]) -> RecipeSettings:
+    """A service's recipe: a GQM score times ``scale``, ``default_reward``, and ``parts`` beside (the
+    rewards are the recipe's, whatever the adapter's own settings say)."""
+    return RecipeSettings.model_validate({"default_reward": default_reward,
+                                          "parts": {"grrm": {"scale": scale}, **parts}})
+
+
 @dataclass
 class LocalTransport:
-    """The reward cluster in this process: GroupAssembler + GroupScorer + scripted engine.
+    """The reward cluster in this process: GroupAssembler + GroupScorer + scripted engine, every group
+    through ``recipe`` (the default recipe: each reward its score) as a replica runs it.
 
     ``drop_first_answers``: lose the answer of the first k calls after the service handled
     them (a retry then reaches a replica that has already seen the member).
     """
 
+    recipe: RecipeSettings = field(default_factory=RecipeSettings)
     scripted: ScriptedEngineOptions = field(default_factory=ScriptedEngineOptions)
     scoring: ScoringConfig = field(default_factory=lambda: ScoringConfig(retries=1))
     assembly_timeout_s: float = 10.0
@@ -214,6 +226,7 @@ class LocalTransport:
     def __post_init__(self) -> None:
         self.engine = make_engine(EngineConfig(kind="scripted", scripted=self.scripted))
         self.scorer = GroupScorer(self.engine, self.scoring, replica="local-replica")
+        self.rewards = RecipeRunner(lambda tenant: self.recipe, replica="local-replica")
         self.assembler: GroupAssembler | None = None
         self.group_requests: list[GroupRequest] = []
         self.announcements: list[DemandAnnouncement] = []
@@ -222,7 +235,8 @@ class LocalTransport:
         if self.assembler is None:
             await self.engine.start()
             self.assembler = GroupAssembler(
-                self.scorer.score_group, assembly_timeout_s=self.assembly_timeout_s, replica="local-replica"
+                self.scorer.score_group, assembly_timeout_s=self.assembly_timeout_s, replica="local-replica",
+                rewards=self.rewards,
             )
         return self.assembler
 
@@ -241,7 +255,7 @@ class LocalTransport:
         await self._ready()
         self.calls += 1
         self.group_requests.append(group)
-        return await self.scorer.score_group(group)
+        return (await self.rewards.run(group, self.scorer.score_group)).group_result(group)
 
     async def announce(self, announcement: DemandAnnouncement, timeout_s: float) -> DemandAccepted:
         self.announcements.append(announcement)

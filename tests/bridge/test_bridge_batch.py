@@ -13,9 +13,9 @@ import torch
 from grrm_client.adapters.verl.batch import compute_batch_rewards, group_rows, mask_failed_rows, place_rewards
 from grrm_client import RewardClient
 from grrm_client.adapters.verl.config import BridgeConfig
-from grrm_client.adapters.verl.extra_info import EXTRA_INFO_KEYS
+from grrm_client.adapters.verl.extra_info import EXTRA_INFO_KEYS, row_components
 
-from .helpers import LocalTransport, agent_loop_row, codeblock, padded_batch, quality_text, row_fields
+from .helpers import LocalTransport, agent_loop_row, codeblock, padded_batch, quality_text, recipe, row_fields
 
 
 def grpo_batch(tokenizer, groups=3, n=4, seed=0):
@@ -73,8 +73,8 @@ async def test_whole_batch_rewards(tokenizer):
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
     data, expected_q, _, _ = grpo_batch(tokenizer)
-    transport = LocalTransport()
-    config = BridgeConfig(score_scale_factor=0.1, default_reward=-0.5)
+    transport = LocalTransport(recipe=recipe(default_reward=-0.5, scale=0.1))
+    config = BridgeConfig()
     result = await compute_batch_rewards(data, config, tokenizer, RewardClient(config, transport))
     expected = [-0.5 if q is None else 0.1 * q for q in expected_q]
     assert result.rewards == pytest.approx(expected)
@@ -88,10 +88,15 @@ async def test_whole_batch_rewards(tokenizer):
     assert result.extra_info["failure"] == ["" if q is not None else "invalid_extraction" for q in expected_q]
     assert set(result.non_tensor_extra_info()) == set(EXTRA_INFO_KEYS)
     assert result.metrics["grrm/valid"] == 11 and result.metrics["grrm/default/invalid_extraction"] == 1
-    # One whole-group request per uid, distinct valid texts only.
-    assert sorted(r.group_id for r in transport.group_requests) == ["uid-0", "uid-1", "uid-2"]
-    sizes = {r.group_id: len(r.candidates) for r in transport.group_requests}
-    assert sizes == {"uid-0": 3, "uid-1": 3, "uid-2": 4}
+    # The recipe's one part, per row, and its mean over the batch (the invalid rollout has none: 0).
+    assert [row_components({"components": text}) for text in result.extra_info["components"]] == [
+        {} if q is None else {"grrm": pytest.approx(0.1 * q)} for q in expected_q]
+    assert result.metrics["grrm/component/grrm/mean"] == pytest.approx(sum(0.1 * (q or 0) for q in expected_q) / 12)
+    # One whole-group request per uid whose rollouts all hold a translation, every one in its order (the
+    # service shows the duplicate once); uid-0's invalid rollout sends that group as members.
+    assert sorted(r.group_id for r in transport.group_requests) == ["uid-1", "uid-2"]
+    assert {r.group_id: len(r.candidates) for r in transport.group_requests} == {"uid-1": 4, "uid-2": 4}
+    assert all(r.response_tokens is not None and min(r.response_tokens) > 0 for r in transport.group_requests)
     # verl's GRPO advantage: zero mean per uid, ordered like the rewards.
     advantages, _ = compute_grpo_outcome_advantage(
         result.reward_tensor, data.batch["response_mask"], data.non_tensor_batch["uid"]
@@ -109,14 +114,14 @@ async def test_batch_and_per_rollout_paths_agree(tokenizer):
     from .test_bridge_manager import load_manager
 
     data, _, responses, fields = grpo_batch(tokenizer, groups=4, seed=5)
-    config = BridgeConfig(score_scale_factor=0.1, group_size=4)
-    batch = await compute_batch_rewards(data, config, tokenizer, RewardClient(config, LocalTransport()))
-    manager = load_manager(tokenizer, n=4, reward_kwargs={"score_scale_factor": 0.1}, transport=LocalTransport())
+    config = BridgeConfig(group_size=4)
+    batch = await compute_batch_rewards(data, config, tokenizer, RewardClient(config, LocalTransport(recipe=recipe())))
+    manager = load_manager(tokenizer, n=4, transport=LocalTransport(recipe=recipe()))
     answers = await asyncio.gather(
         *(manager.run_single(agent_loop_row(tokenizer, response, row)) for response, row in zip(responses, fields))
     )
     assert [a["reward_score"] for a in answers] == pytest.approx(batch.rewards)
-    for key in ("valid", "raw_score", "failure", "failed"):
+    for key in ("valid", "raw_score", "failure", "failed", "components"):
         assert [a["reward_extra_info"][key] for a in answers] == batch.extra_info[key]
 
 
@@ -124,10 +129,10 @@ async def test_failed_groups_are_flagged_and_maskable(tokenizer):
     from cluster.engines import ScriptedEngineOptions
 
     data, expected_q, _, _ = grpo_batch(tokenizer, groups=2)
-    transport = LocalTransport(scripted=ScriptedEngineOptions(error_rate=1.0))
-    config = BridgeConfig(default_reward=0.25, score_scale_factor=0.1, mask_failed=True)
+    transport = LocalTransport(scripted=ScriptedEngineOptions(error_rate=1.0), recipe=recipe(default_reward=0.25))
+    config = BridgeConfig(mask_failed=True)
     result = await compute_batch_rewards(data, config, tokenizer, RewardClient(config, transport))
-    assert result.rewards == [0.25] * len(data)
+    assert result.rewards == [0.25] * len(data)  # the recipe's default, for failures and the invalid rollout
     masked = result.extra_info["masked"]
     assert masked == [q is not None for q in expected_q]  # the invalid rollout is a default, not a failure
     assert set(result.extra_info["failure"]) == {"engine_error", "invalid_extraction"}

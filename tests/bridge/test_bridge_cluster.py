@@ -24,6 +24,7 @@ from deployments.config import AppConfig, ReplicaSettings
 from grrm_client.adapters.verl.batch import compute_batch_rewards
 from grrm_client import RewardClient
 from grrm_client.adapters.verl.config import BridgeConfig
+from grrm_client.adapters.verl.extra_info import row_components
 from grrm_handles.send import to_replica
 
 from .helpers import agent_loop_row, codeblock, padded_batch, quality_text, row_fields, verl_config
@@ -38,6 +39,8 @@ def scripted_app(**replicas) -> AppConfig:
     return AppConfig(
         engine=EngineConfig(kind="scripted", scripted=ScriptedEngineOptions(per_prompt_s=0.05)),
         replicas=ReplicaSettings(**settings),
+        # The service's recipe scales the score: the bridge sets nothing of the reward.
+        tenants={"default": {"recipe": {"parts": {"grrm": {"scale": 0.1}}}}},
         # Longer than verl's workers take to send the barrier test's 1050 waiting members: at 20 s, on a
         # loaded CI machine (~31 calls/s), the first ones timed out before the last arrived and no more
         # than 618 ever waited at once.
@@ -87,7 +90,7 @@ def test_verl_reward_workers_stream_members_in_random_order(app_url, tiny_model_
 
     n, groups = 4, 6
     config = verl_config(
-        n=n, model_path=str(tiny_model_dir), reward_kwargs={"app_name": APP, "score_scale_factor": 0.1}
+        n=n, model_path=str(tiny_model_dir), reward_kwargs={"app_name": APP}
     )
     workers = [ray.remote(RewardLoopWorker).options(num_cpus=0).remote(config, None) for _ in range(3)]
     from transformers import AutoTokenizer
@@ -119,6 +122,7 @@ def test_verl_reward_workers_stream_members_in_random_order(app_url, tiny_model_
             assert answers[i]["reward_score"] == 0.0 and info["failure"] == "invalid_extraction"
         else:
             assert answers[i]["reward_score"] == pytest.approx(0.1 * q) and info["valid"] and info["raw_score"] == q
+            assert row_components(info) == {"grrm": pytest.approx(0.1 * q)}  # the recipe's part, before weighting
     for g in range(groups):
         replicas = {answers[g * n + j]["reward_extra_info"]["replica"] for j in range(n) if expected[g * n + j] is not None}
         assert len(replicas) == 1, f"group {g} was scored on {replicas}"
@@ -151,9 +155,10 @@ async def test_whole_batch_through_a_handle(app_url, tokenizer):
     responses = [codeblock(quality_text(g, j, (g + 3 * j) % 11)) for g in range(3) for j in range(3)]
     fields = [row_fields(f"batch-{g}", 3 * g + j) for g in range(3) for j in range(3)]
     data = padded_batch(tokenizer, responses, fields)
-    config = BridgeConfig(app_name=APP, score_scale_factor=1.0)
+    config = BridgeConfig(app_name=APP)
     result = await compute_batch_rewards(data, config, tokenizer)
-    assert result.rewards == [float((g + 3 * j) % 11) for g in range(3) for j in range(3)]
+    assert result.rewards == pytest.approx([0.1 * ((g + 3 * j) % 11) for g in range(3) for j in range(3)])
+    assert result.metrics["grrm/component/grrm/mean"] == pytest.approx(sum(result.rewards) / 9)
     assert all(result.extra_info["valid"]) and all(result.extra_info["replica"])
 
 

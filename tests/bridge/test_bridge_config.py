@@ -27,9 +27,7 @@ def test_defaults_and_kwargs():
         ({"max_attempts": 0}, "max_attempts"),
         ({"deadline_s": 0}, "deadline_s"),
         ({"typo_key": 1}, "typo_key"),
-        ({"overlong": {"enable": True}}, "max_resp_len"),
-        ({"overlong": {"enable": True, "max_resp_len": 100}}, "buffer_len"),
-        ({"overlong": {"enable": True, "max_resp_len": 100, "buffer_len": 200}}, "buffer_len"),
+        ({"overlong": {"enable": True, "max_resp_len": 100, "buffer_len": 20}}, r"reward_kwargs\.overlong: .*recipe"),
         ({"backoff_s": 5, "max_backoff_s": 1}, "max_backoff_s"),
     ],
 )
@@ -39,31 +37,32 @@ def test_bad_values_are_named(kwargs, names):
 
 
 def test_from_verl_config_reads_reward_kwargs_and_trainer_defaults():
-    config = BridgeConfig.from_verl_config(
-        verl_config(n=8, reward_kwargs={"app_name": "grrm2", "extractor": "line", "overlong": {"enable": True, "buffer_len": 64}})
-    )
+    config = BridgeConfig.from_verl_config(verl_config(n=8, reward_kwargs={"app_name": "grrm2", "extractor": "line"}))
     assert config.app_name == "grrm2" and config.extractor == "line"
     assert config.group_size == 8  # actor_rollout_ref.rollout.n
-    assert config.overlong.enable and config.overlong.max_resp_len == 256  # rollout.response_length
-    settings = config.reward_settings()
-    assert settings.penalty(256) == pytest.approx(1.0) and settings.penalty(192) == 0.0
+    # A row's reference and notes sit beside its source in the dataset's extra_info.
+    assert (config.ref_text_key, config.ref_lang_key, config.notes_key) == (
+        "extra_info.ref_text", "extra_info.ref_lang", "extra_info.notes")
 
 
-def test_from_verl_config_accepts_dapo_overlong_keys():
-    config = BridgeConfig.from_verl_config(
-        verl_config(
-            n=4,
-            reward_kwargs={
-                "overlong_buffer_cfg": {"enable": True, "len": 32, "penalty_factor": 0.5, "log": True},
-                "max_resp_len": 128,
-                "group_size": 6,
-            },
-        )
-    )
-    assert config.overlong.model_dump() == {"enable": True, "max_resp_len": 128, "buffer_len": 32, "penalty_factor": 0.5}
+@pytest.mark.parametrize("kwargs", [
+    {"overlong": {"enable": True, "buffer_len": 64}},
+    {"overlong_buffer_cfg": {"enable": True, "len": 32, "penalty_factor": 0.5, "log": True}, "max_resp_len": 128},
+])
+def test_the_bridges_own_overlong_penalty_is_refused_naming_the_recipes_part(kwargs):
+    """The service's recipe applies DAPO's overlong penalty (its overlong part): a bridge that applied one
+    too would penalise every long rollout twice."""
+    key = next(iter(kwargs))
+    with pytest.raises(ValidationError, match=rf"reward_kwargs\.{key}: the overlong penalty is the service's now.*"
+                                              r"recipe\.parts\.overlong"):
+        BridgeConfig.from_verl_config(verl_config(n=4, reward_kwargs=kwargs))
+
+
+def test_a_disabled_dapo_overlong_buffer_penalises_nothing_and_is_accepted():
+    config = BridgeConfig.from_verl_config(verl_config(n=4, reward_kwargs={
+        "overlong_buffer_cfg": {"enable": False, "len": 32}, "max_resp_len": 128, "group_size": 6}))
     assert config.group_size == 6  # an explicit setting wins over rollout.n
-    with pytest.raises(ValueError, match="overlong_buffer_cfg.size"):
-        BridgeConfig.from_verl_config(verl_config(n=4, reward_kwargs={"overlong_buffer_cfg": {"size": 3}}))
+    assert "overlong" not in BridgeConfig.model_fields
 
 
 def test_from_verl_config_rejects_unknown_keys_and_takes_overrides():
@@ -96,8 +95,7 @@ def test_from_verls_own_trainer_config_with_hydra_style_additions():
         config.reward.reward_manager.source = "importlib"
         config.reward.reward_manager.name = "GRRMRewardManager"
         config.reward.reward_manager.module.path = "pkg://trainer_bridge.reward_manager"
-        config.reward.reward_kwargs = {"app_name": "grrm", "extractor": "codeblock", "score_scale_factor": 0.1,
-                                       "overlong": {"enable": True, "buffer_len": 128}, "mask_failed": True}
+        config.reward.reward_kwargs = {"app_name": "grrm", "extractor": "codeblock", "mask_failed": True,
+                                       "notes_key": "extra_info.glossary"}
     bridge = BridgeConfig.from_verl_config(config)
-    assert bridge.group_size == 8 and bridge.score_scale_factor == 0.1 and bridge.mask_failed
-    assert bridge.overlong.max_resp_len == config.actor_rollout_ref.rollout.response_length
+    assert bridge.group_size == 8 and bridge.mask_failed and bridge.notes_key == "extra_info.glossary"

@@ -38,8 +38,8 @@ def test_documented_command_composes_and_configures_the_bridge():
     assert bridge.transport == "handle" and bridge.app_name == "grrm" and bridge.extractor == "codeblock"
     assert bridge.group_size == config.actor_rollout_ref.rollout.n == 8
     assert bridge.index_key is None  # the position comes from what the trainer provides
-    assert bridge.overlong.enable and bridge.overlong.max_resp_len == config.data.max_response_length
-    assert bridge.score_scale_factor == 0.1
+    # The reward, DAPO's overlong penalty included, is the service's recipe: the command sets none of it.
+    assert not {"overlong", "overlong_buffer_cfg", "score_scale_factor"} & set(config.reward.reward_kwargs)
     assert validation_group_warning(config, bridge) is None  # val_kwargs.n = rollout.n
     config.actor_rollout_ref.rollout.val_kwargs.n = 1
     assert "val_kwargs.n=1" in validation_group_warning(config, bridge)

@@ -17,7 +17,8 @@ import torch
 
 from cluster.engines import ScriptedEngineOptions
 from grrm_client import RewardClient
-from grrm_client.adapters.verl.extra_info import EXTRA_INFO_KEYS
+from grrm_client.adapters.verl.extra_info import EXTRA_INFO_KEYS, row_components
+from grrm_client.adapters.verl.metrics import step_metrics
 
 from .helpers import (
     LocalTransport,
@@ -25,6 +26,7 @@ from .helpers import (
     codeblock,
     fully_async_row_fields,
     quality_text,
+    recipe,
     row_fields,
     session_row_fields,
     shuffled,
@@ -80,8 +82,8 @@ async def run_rollouts(manager, tokenizer, rollouts, seed=0):
 
 
 async def test_members_of_a_group_arriving_in_any_order_are_scored_as_one_group(tokenizer):
-    transport = LocalTransport()
-    manager = load_manager(tokenizer, n=4, reward_kwargs={"score_scale_factor": 0.1, "default_reward": -0.25}, transport=transport)
+    transport = LocalTransport(recipe=recipe(default_reward=-0.25, scale=0.1))
+    manager = load_manager(tokenizer, n=4, transport=transport)
     qualities = {"u1": [3, 8, 8, 5], "u2": [1, 10, 6, 6]}
     rollouts = []
     for g, uid in enumerate(qualities):
@@ -113,29 +115,53 @@ async def test_members_of_a_group_arriving_in_any_order_are_scored_as_one_group(
     assert metrics["grrm/rewards"] == 8 and metrics["grrm/valid"] == 7 and metrics["grrm/default/invalid_extraction"] == 1
 
 
-async def test_overlong_penalty_uses_the_rollout_token_length(tokenizer):
-    transport = LocalTransport()
-    kwargs = {"overlong": {"enable": True, "max_resp_len": 60, "buffer_len": 20}, "extractor": "codeblock"}
-    manager = load_manager(tokenizer, n=2, reward_kwargs=kwargs, transport=transport)
+async def test_the_recipes_overlong_part_reads_the_rollouts_token_length(tokenizer):
+    """DAPO's overlong penalty is the service recipe's part: the bridge sends each rollout's response
+    length, takes the reward as composed and reports the part's value (before weighting) per row."""
+    transport = LocalTransport(recipe=recipe(default_reward=0.0, scale=1.0,
+                                             overlong={"max_response_tokens": 60, "buffer_tokens": 20, "penalty": 1.0}))
+    manager = load_manager(tokenizer, n=2, reward_kwargs={"extractor": "codeblock"}, transport=transport)
     short = codeblock(quality_text(0, 0, 6), thinking="Ok.")
     long = codeblock(quality_text(0, 1, 9), thinking="Let me think step by step about every single word here. " * 5)
     answers = await run_rollouts(manager, tokenizer, [("o", 0, short), ("o", 1, long)])
     lengths = [len(tokenizer.encode(r, add_special_tokens=False)) + 1 for r in (short, long)]  # + the eos token
     assert lengths[0] <= 40 < 60 < lengths[1]
-    assert answers[0]["reward_score"] == 6.0 and answers[0]["reward_extra_info"]["overlong_penalty"] == 0.0
-    assert answers[1]["reward_score"] == pytest.approx(9.0 - 1.0)
-    assert answers[1]["reward_extra_info"]["overlong_penalty"] == 1.0
+    assert answers[0]["reward_score"] == 6.0 and answers[1]["reward_score"] == pytest.approx(9.0 - 1.0)
+    parts = [row_components(answer["reward_extra_info"]) for answer in answers]
+    assert parts == [{"grrm": 6.0, "overlong": 0.0}, {"grrm": 9.0, "overlong": -1.0}]
+    assert manager.metrics()["grrm/rewards"] == 2
+    assert step_metrics([a["reward_extra_info"] for a in answers])["grrm/component/overlong/mean"] == -0.5
+
+
+async def test_a_rows_reference_and_notes_reach_the_prompt_and_a_half_pair_is_the_rows_flagged_failure(tokenizer):
+    transport = LocalTransport()
+    manager = load_manager(tokenizer, n=2, transport=transport)
+    context = {"ref_text": "Die Katze sass auf der Matte.", "ref_lang": "de", "notes": "Matte: keep the word."}
+    rows = [(f"r{j}", codeblock(quality_text(0, j, 4 + j)), row_fields("ref", j, **context)) for j in range(2)]
+    answers = await asyncio.gather(*(manager.run_single(agent_loop_row(tokenizer, response, fields))
+                                     for _, response, fields in rows))
+    assert [a["reward_score"] for a in answers] == [4.0, 5.0]
+    (prompt,) = transport.engine.prompts_seen
+    assert context["ref_text"] in prompt and context["notes"] in prompt
+    # A reference without its language: the service would refuse it (422); the row gets the flagged
+    # default and nothing is sent, so nobody waits for it.
+    calls = transport.calls
+    half = row_fields("half", 0, ref_text="Die Katze sass.")
+    answer = await manager.run_single(agent_loop_row(tokenizer, codeblock("x"), half))
+    info = answer["reward_extra_info"]
+    assert (answer["reward_score"], info["failure"], info["failed"]) == (0.0, "rejected", True)
+    assert transport.calls == calls
 
 
 async def test_unparseable_verdicts_give_the_default_flagged_and_masked(tokenizer):
-    transport = LocalTransport(scripted=ScriptedEngineOptions(malformed_rate=1.0))
-    kwargs = {"score_scale_factor": 10.0, "default_reward": -1.0, "mask_failed": True}
-    manager = load_manager(tokenizer, n=3, reward_kwargs=kwargs, transport=transport)
+    transport = LocalTransport(scripted=ScriptedEngineOptions(malformed_rate=1.0),
+                               recipe=recipe(default_reward=-1.0, scale=10.0))
+    manager = load_manager(tokenizer, n=3, reward_kwargs={"mask_failed": True}, transport=transport)
     rollouts = [("f", j, codeblock(quality_text(0, j, 4 + j))) for j in range(3)]
     answers = await run_rollouts(manager, tokenizer, rollouts)
     for answer in answers:
         info = answer["reward_extra_info"]
-        assert answer["reward_score"] == -1.0  # the default, not default * scale
+        assert answer["reward_score"] == -1.0  # the recipe's default, not default * scale
         assert info["failure"] == "parse_failed" and info["failed"] and info["masked"] and not info["valid"]
         assert info["attempts"] == 2  # the service's first attempt and its one retry
     assert manager.metrics()["grrm/masked"] == 3
@@ -186,8 +212,8 @@ async def test_group_of_one_and_bad_rows_never_raise(tokenizer, caplog):
 
 async def test_rows_of_the_default_v1_trainer_are_grouped_by_session_id(tokenizer):
     """verl's default trainer: no priority, the n sessions of a prompt share its uid."""
-    transport = LocalTransport()
-    manager = load_manager(tokenizer, n=3, reward_kwargs={"score_scale_factor": 0.5}, transport=transport)
+    transport = LocalTransport(recipe=recipe(scale=0.5))
+    manager = load_manager(tokenizer, n=3, transport=transport)
     qualities = {"p0": [2, 9, 5], "p1": [7, 1, 4]}
     rows = [
         (uid, session, agent_loop_row(tokenizer, codeblock(quality_text(g, session, q)), session_row_fields(uid, session)))

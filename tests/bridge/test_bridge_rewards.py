@@ -144,7 +144,7 @@ def test_member_outcome():
     ("reason", "failed"),
     [
         (None, False), ("invalid_extraction", False), ("invalid_text", False), ("too_few_distinct", False),
-        ("prompt_too_long", False), ("parse_failed", True), ("engine_error", True), ("timeout", True),
+        ("prompt_too_long", False), ("wrong_language", False), ("parse_failed", True), ("engine_error", True), ("timeout", True),
         ("rejected", True), ("deadline", True), ("unavailable", True), ("transport_error", True),
     ],
 )

@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cluster.rewards import RewardSettings, default_outcome, scored_outcome
-from grrm_client.adapters.verl.extra_info import EXTRA_INFO_KEYS, extra_info
+from cluster.rewards import RewardSettings, default_outcome
+from grrm_client.adapters.pipeline import ServiceReward
+from grrm_client.adapters.verl.extra_info import EXTRA_INFO_KEYS, extra_info, row_components
 from grrm_client.adapters.verl.metrics import step_metrics
 from grrm_client.adapters.verl.verl_metrics import install_step_metrics
 
@@ -17,12 +18,32 @@ from .helpers import codeblock, padded_batch, quality_text, row_fields
 SETTINGS = RewardSettings(default_reward=-1.0)
 
 
+def scored(score: int, **parts: float) -> ServiceReward:
+    """A member's answer as the service's recipe composed it (reward = the parts' weighted sum)."""
+    return ServiceReward(reward=sum(parts.values()), valid=True, raw_score=score, components=parts)
+
+
 def infos() -> list[dict]:
-    valid = extra_info(scored_outcome(7, 10, SETTINGS), extracted=True, attempts=1, request_attempts=1, replica="r1")
-    retried = extra_info(scored_outcome(3, 10, SETTINGS), extracted=True, attempts=1, request_attempts=3, replica="r1")
-    down = extra_info(default_outcome("unavailable", SETTINGS), extracted=True, request_attempts=4)
-    invalid = extra_info(default_outcome("invalid_extraction", SETTINGS), extracted=False, request_attempts=1)
+    valid = extra_info(scored(7, grrm=0.07, overlong=0.0), extracted=True, attempts=1, request_attempts=1,
+                       replica="r1")
+    retried = extra_info(scored(3, grrm=0.03, overlong=-0.02), extracted=True, attempts=1, request_attempts=3,
+                         replica="r1")
+    down = extra_info(default_outcome("unavailable", SETTINGS), extracted=True, request_attempts=4)  # no answer
+    invalid = extra_info(ServiceReward(reward=-1.04, valid=False, failure="invalid_extraction",
+                                       components={"format": -1.0}), extracted=False, request_attempts=1)
     return [valid, retried, down, invalid]
+
+
+def test_each_rows_recipe_parts_travel_as_text_and_the_step_logs_each_parts_mean():
+    rows = infos()
+    assert all(isinstance(info["components"], str) for info in rows)  # verl averages every non-text value
+    assert [row_components(info) for info in rows] == [{"grrm": 0.07, "overlong": 0.0},
+                                                       {"grrm": 0.03, "overlong": -0.02}, {}, {"format": -1.0}]
+    metrics = step_metrics(rows)
+    # Over the step's 4 rollouts, a rollout whose answer lacks the part counting 0.
+    assert {name: value for name, value in metrics.items() if name.startswith("grrm/component/")} == pytest.approx({
+        "grrm/component/grrm/mean": 0.025, "grrm/component/overlong/mean": -0.005,
+        "grrm/component/format/mean": -0.25})
 
 
 def test_step_metrics_count_rewards_defaults_and_retries():
@@ -57,6 +78,7 @@ def test_legacy_trainer_step_metrics_include_the_bridge_counters(tokenizer):
     metrics = ray_trainer.compute_data_metrics(batch=batch, use_critic=False)
     assert {k: v for k, v in metrics.items() if not k.startswith("grrm/")} == pytest.approx(plain)
     assert metrics["grrm/rewards"] == size and metrics["grrm/valid"] == 2 and metrics["grrm/retries"] == 5
+    assert metrics["grrm/component/grrm/mean"] == pytest.approx(0.025)
 
 
 def test_the_verl_plugin_wraps_every_trainer_as_it_is_imported():

@@ -48,9 +48,16 @@ def test_a_bad_row_names_the_dataset_column_and_the_problem(values, expected):
 def test_result_columns_of_a_verdict_a_failure_and_a_bad_row():
     verdict = GroupResult(scores=[3, 9], ranking="B > A", valid=True, attempts=2, usage=Usage(prompt_tokens=5, completion_tokens=7))
     assert cols.result_fields(verdict) == {
-        "scores": [3, 9], "ranking": "B > A", "valid": True, "failure": None, "error": None,
+        "scores": [3, 9], "rewards": None, "ranking": "B > A", "valid": True, "failure": None, "error": None,
         "attempts": 2, "prompt_tokens": 5, "completion_tokens": 7,
-    }
+    }  # a service without a recipe: no rewards, no parts
+    # With a recipe: the rewards, and one column per part, each candidate's value (null where it has none).
+    composed = verdict.model_copy(update={"rewards": [0.03, 0.05], "components": [
+        {"grrm": 0.03, "bleu": 0.4}, {"grrm": 0.09, "overlong": -0.04}]})
+    fields = cols.result_fields(composed)
+    assert fields["rewards"] == [0.03, 0.05]
+    assert {name: value for name, value in fields.items() if cols.is_component_column(name)} == {
+        "component_bleu": [0.4, None], "component_grrm": [0.03, 0.09], "component_overlong": [None, -0.04]}
     flagged = cols.result_fields(GroupResult(valid=False, failure="parse_failed", error="no verdict", attempts=2))
     assert flagged["scores"] is None and flagged["failure"] == "parse_failed" and flagged["attempts"] == 2
     bad = cols.bad_row_fields("candidates: Input should be a valid list")
@@ -62,11 +69,55 @@ def test_input_columns_that_clash_with_result_columns_are_kept_under_a_new_name(
     assert cols.kept_name("scores") == "input_scores"
     assert cols.kept_name("input_scores") == "input_input_scores"  # never lands on another kept name
     assert cols.kept_name("reference_scores") == "reference_scores" and cols.kept_name("source") == "source"
+    assert cols.kept_name("component_bleu") == "input_component_bleu" and cols.kept_name("rewards") == "input_rewards"
     row = {"source": "Hi", "scores": [1, 2], "input_scores": [3, 4], "valid": "yes"}
     out = cols.output_row(row, cols.bad_row_fields("x"))
     assert out["input_scores"] == [1, 2] and out["input_input_scores"] == [3, 4] and out["input_valid"] == "yes"
     assert out["scores"] is None and out["valid"] is False
     assert cols.renamed_columns(list(row)) == {"scores": "input_scores", "input_scores": "input_input_scores", "valid": "input_valid"}
+
+
+def test_a_rows_reference_and_notes_go_with_its_group_and_a_half_pair_is_a_bad_row_naming_it():
+    context = {"ref_text": "Hallo!", "ref_lang": "de", "notes": "informal"}
+    group, problem = cols.to_group({**GROUP, **context}, cols.ColumnMapping())
+    assert problem is None and (group.ref_text, group.ref_lang, group.notes) == ("Hallo!", "de", "informal")
+    # Other column names; nulls (a JSON null, a parquet null) are no reference at all.
+    renamed = cols.ColumnMapping(ref_text="reference", ref_lang="reference_lang", notes="glossary")
+    group, _ = cols.to_group({**GROUP, "reference": "Hallo!", "reference_lang": "de", "glossary": None}, renamed)
+    assert (group.ref_text, group.ref_lang, group.notes) == ("Hallo!", "de", None)
+    group, _ = cols.to_group({**GROUP, "ref_text": None, "ref_lang": None}, cols.ColumnMapping())
+    assert group.ref_text is None
+    # Scored without references (grrm eval's second pass): the notes still go.
+    group, _ = cols.to_group({**GROUP, **context}, cols.ColumnMapping(references=False))
+    assert (group.ref_text, group.ref_lang, group.notes) == (None, None, "informal")
+    group, problem = cols.to_group({**GROUP, "ref_text": "Hallo!"}, cols.ColumnMapping())
+    assert group is None and "ref_text: given without ref_lang" in problem
+
+
+def test_the_recipes_part_columns_follow_the_result_columns_in_every_part_and_the_merged_output(tmp_path):
+    from grrm_cli.dataset import merge_parts
+
+    verdict = GroupResult(scores=[3, 9], valid=True, rewards=[0.3, 0.9], components=[{"grrm": 0.3}, {"grrm": 0.9}])
+    first = cols.output_row(GROUP, cols.result_fields(verdict))
+    bad = cols.output_row(GROUP, cols.bad_row_fields("x"))
+    later = cols.output_row(GROUP, cols.result_fields(verdict.model_copy(update={
+        "components": [{"grrm": 0.3, "bleu": 0.5}, {"grrm": 0.9, "bleu": 0.25}]})))
+    writer = PartWriter("parquet")
+    writer.write(tmp_path / "p1.parquet", [first, bad])
+    writer.write(tmp_path / "p2.parquet", [later])
+    merge_parts([tmp_path / "p1.parquet", tmp_path / "p2.parquet"], tmp_path / "out.parquet", "parquet",
+                pa.schema([]))
+    table = pq.read_table(tmp_path / "out.parquet")
+    assert table.column_names == [*GROUP, *RESULT_TYPES, "component_bleu", "component_grrm"]
+    assert table.column("component_grrm").to_pylist() == [[0.3, 0.9], None, [0.3, 0.9]]
+    assert table.column("component_bleu").to_pylist() == [None, None, [0.5, 0.25]]
+    assert table.column("rewards").to_pylist() == [[0.3, 0.9], None, [0.3, 0.9]]
+    # A parquet input's own schema: the part columns join it.
+    typed = PartWriter("parquet", schema=pa.schema([*(pa.field(n, pa.string()) for n in ("source", "src_lang",
+                                                                                        "trg_lang")),
+                                                   pa.field("candidates", pa.list_(pa.string())),
+                                                   *(pa.field(n, t) for n, t in RESULT_TYPES.items())]))
+    assert typed.table([first]).column_names[-1] == "component_grrm"
 
 
 def test_a_dataset_without_the_group_columns_is_one_clear_error():

@@ -233,6 +233,37 @@ def test_the_preset_columns_are_overridden_by_the_column_flags(tmp_path, capsys)
     assert report["sets"]["tower_zhen_ranking_testset"]["accuracy"] == pytest.approx(TOWERBLOCKS_EXPECTED["all"])
 
 
+def test_rows_with_a_reference_are_scored_with_and_without_it_and_both_accuracies_reported(tmp_path, capsys):
+    reference = {"ref_text": "Die Katze schläft auf dem warmen Dach.", "ref_lang": "de"}
+    rows = [{**group("en", "de", [8, 3, 5], [9, 1, 4]), **reference},  # 3 of 3
+            {**group("en", "de", [2, 6], [1, 2]), **reference},  # 1 of 1
+            {**group("en", "de", [7, 1], [1, 5]), "ref_text": None, "ref_lang": None}]  # no reference: 0 of 1
+    source = write(tmp_path / "groups.jsonl", rows)
+    runs = tmp_path / "runs"
+    argv = ["--reference-column", "scores", "--source-column", "src_text", "--candidates-column", "mt_texts",
+            "--config", str(scripted_config(tmp_path)), "-o", str(runs), str(source)]
+    report = eval_json(capsys, *argv)
+    assert report["groups"] == 3 and report["accuracy"] == pytest.approx(2 / 3)  # every row, with its reference
+    compared = report["references"]
+    assert compared["groups"] == 2  # the rows that have a reference, and only those
+    # The scripted engine's scores ignore the reference: the two accuracies agree, over the same rows.
+    assert compared["with_references"]["accuracy"] == compared["without_references"]["accuracy"] == 1.0
+    with_refs = [json.loads(line) for line in (runs / "run-1" / "groups.jsonl").read_text().splitlines()]
+    without = [json.loads(line) for line in
+               (runs / "run-1-without-references" / "groups.jsonl").read_text().splitlines()]
+    # The reference reached the prompt in the first pass only (its tokens), the rows' own data in both.
+    assert [a["prompt_tokens"] > b["prompt_tokens"] for a, b in zip(with_refs, without)] == [True, True, False]
+    assert [row["ref_text"] for row in without] == [reference["ref_text"]] * 2 + [None]
+    # The recipe's reward and its one part, per candidate (the scripted app's default recipe).
+    assert with_refs[0]["rewards"] == with_refs[0]["component_grrm"] == [8.0, 3.0, 5.0]
+    assert main(["eval", *argv]) == 0
+    assert "the 2 groups with a reference translation" in capsys.readouterr().out
+    # A dataset without references is scored once.
+    plain = write(tmp_path / "plain.jsonl", [group("en", "de", [8, 3], [9, 1])])
+    report = eval_json(capsys, *argv[:-3], "-o", str(tmp_path / "plain-runs"), str(plain))
+    assert "references" not in report and not (tmp_path / "plain-runs" / "run-1-without-references").exists()
+
+
 @pytest.mark.parametrize(("argv", "problem"), [
     (["--preset", "towerblocks-mt-ranking", "{repo}/test.parquet"], "no column 'input_scores'"),
     (["--preset", "towerblocks-mt-ranking", "{repo}/test.parquet"], "score it first"),

@@ -222,6 +222,14 @@ BAD_REQUESTS = [
     ("/v1/score", group_with(source=3.5), 422, "source"),
     ("/v1/score", group_with(group_id=7), 422, "group_id"),
     ("/v1/score", group_with(src_lang=True), 422, "src_lang"),
+    # A reference and notes are texts of the prompt: bounded like the source, checked as a pair.
+    ("/v1/score", group_with(ref_text="x" * 4001, ref_lang="de"), 413, "groups[0].ref_text"),
+    ("/v1/score", group_with(notes="x" * 4001), 413, "groups[0].notes"),
+    ("/v1/score", group_with(ref_lang="de"), 422, "ref_lang: given without ref_text"),
+    ("/v1/score", group_with(notes="nul\x00"), 422, "control character"),
+    ("/v1/score/member", member_with(notes="x" * 4001), 413, "notes"),
+    ("/v1/score/member", member_with(ref_text="r"), 422, "ref_text: given without ref_lang"),
+    ("/v1/score/member", member_with(response_tokens=-1), 422, "response_tokens"),
 ]
 
 

@@ -61,6 +61,37 @@ def test_a_sample_is_read_from_its_label_and_keyed_by_prompt_label_and_n():
     assert (defaults.src_lang, defaults.trg_lang) == ("en", "fr")
 
 
+def test_a_labels_reference_and_notes_go_with_its_member_and_key_and_the_recipes_parts_are_logged_per_sample():
+    from cluster.rewards import read_completion
+    from cluster.schema import MemberResult
+    from grrm_client.adapters.openrlhf import OpenRLHFRequest, read_payload, rewards_response
+
+    context = {"ref_text": "Die Katze schläft.", "ref_lang": "de", "notes": "Katze, not Kater."}
+    with_context = read_sample("Pq Hallo", "Pq", label("Hello", **context), 4, OpenRLHFSettings(), 0)
+    assert (with_context.context.ref_text, with_context.context.notes) == (context["ref_text"], context["notes"])
+    assert with_context.key != read_sample("Pq Hallo", "Pq", label("Hello"), 4, OpenRLHFSettings(), 0).key
+    glossary = OpenRLHFSettings(notes_key="glossary")
+    assert read_sample("Pq Hallo", "Pq", label("Hello", glossary="Katze"), 4, glossary, 0).context.notes == "Katze"
+    body = OpenRLHFRequest(**payload("Hello", "```\nHallo\n```", **context))
+    ((member, completion),) = read_payload(body, 4, OpenRLHFSettings(), 1000)
+    assert (member.ref_text, member.ref_lang, member.notes, member.response_tokens) == (
+        context["ref_text"], "de", context["notes"], None)  # OpenRLHF's payload carries no token counts
+    # A reference without its language: a 422 naming the label and the missing half, before anything is sent.
+    with pytest.raises(ValueError, match=r"labels\[0\]: .*ref_text: given without ref_lang"):
+        read_payload(OpenRLHFRequest(**payload("Hello", "x", ref_text="Hallo")), 4, OpenRLHFSettings(), 1000)
+    # The answers: the recipe's reward as it is; each part the route names on every sample (0 where absent),
+    # since OpenRLHF batches every sample's extra_logs under the same keys.
+    answers = [(MemberResult(group_id="k", index=0, score=8, valid=True, reward=0.04,
+                             components={"grrm": 0.08, "overlong": -0.04}), None), (None, "deadline")]
+    completions = [completion, read_completion("```\nServus\n```", "codeblock", 1000)]
+    response, _ = rewards_response(completions, answers, OpenRLHFSettings(default_reward=-1.0),
+                                   parts=["grrm", "overlong"])
+    assert response.rewards == [0.04, -1.0]
+    assert response.extra_logs == {"grrm_valid": [1.0, 0.0], "grrm_default": [0.0, 0.0], "grrm_failed": [0.0, 1.0],
+                                   "grrm/component/grrm/mean": [0.08, 0.0],
+                                   "grrm/component/overlong/mean": [-0.04, 0.0]}
+
+
 async def post_like_openrlhf(url: str, bodies: list[dict]) -> list[tuple[int, dict]]:
     """Each body posted on its own, all at once, as OpenRLHF's executors do for the samples of a batch."""
     timeout = aiohttp.ClientTimeout(total=180)
@@ -98,7 +129,9 @@ def test_openrlhfs_concurrent_single_sample_posts_are_scored_as_groups(local_app
     for status, body in answers:
         assert status == 200, body
         assert len(body["rewards"]) == 1 and body["scores"] == body["rewards"] and 0 <= body["rewards"][0] <= 10
-        assert body["extra_logs"] == {"grrm_valid": [1.0], "grrm_default": [0.0], "grrm_failed": [0.0]}, body
+        # local.yaml's recipe: the reward is the score, and its one part (grrm) is logged beside it.
+        assert body["extra_logs"] == {"grrm_valid": [1.0], "grrm_default": [0.0], "grrm_failed": [0.0],
+                                      "grrm/component/grrm/mean": body["rewards"]}, body
     groups = open_groups_scored(handle, LOCAL_APP, since)
     keys = {read_sample(p["query"][0], p["prompts"][0], p["labels"][0], 4, app_config.openrlhf, 0).key
             for p in (first_round[0], first_round[4])}
@@ -117,6 +150,7 @@ def scripted_openrlhf(serve_instance):
         replicas=ReplicaSettings(num_replicas=2, num_cpus=0.5, gpus_per_rank=0),
         http=HTTPSettings(auth_token_env="GRRM_OPENRLHF_TEST_TOKEN", env_vars={"GRRM_OPENRLHF_TEST_TOKEN": "s3cret"}),
         openrlhf=OpenRLHFSettings(extractor="codeblock", default_reward=-1.0, answer_within_s=20),
+        tenants={"default": {"recipe": {"default_reward": -1.0}}},  # a sample that got an answer: the recipe's
         assembly_timeout_s=2,
     )
     serve.run(build_app(app_config), name=app, route_prefix=f"/{app}")
@@ -157,12 +191,15 @@ def test_a_reward_that_cannot_be_obtained_is_the_flagged_default_within_the_time
     assert time.monotonic() - started < 20
     for status, body in lonely:
         assert status == 200 and body["rewards"] == [-1.0], body
-        assert body["extra_logs"] == {"grrm_valid": [0.0], "grrm_default": [0.0], "grrm_failed": [1.0]}, body
+        assert body["extra_logs"] == {"grrm_valid": [0.0], "grrm_default": [0.0], "grrm_failed": [1.0],
+                                      "grrm/component/grrm/mean": [0.0]}, body
     # A response without a translation is the spec's default, not a failure; the rest is still scored.
     mixed = asyncio.run(post_like_openrlhf(url, [payload("The cat sleeps.", "no code block here")] + [
         payload("The cat sleeps.", f"```\nDie Katze {k} [q={k + 5}].\n```") for k in range(3)]))
     assert [body["rewards"][0] for _, body in mixed] == [-1.0, 5, 6, 7]
-    assert mixed[0][1]["extra_logs"] == {"grrm_valid": [0.0], "grrm_default": [1.0], "grrm_failed": [0.0]}
+    assert mixed[0][1]["extra_logs"] == {"grrm_valid": [0.0], "grrm_default": [1.0], "grrm_failed": [0.0],
+                                         "grrm/component/grrm/mean": [0.0]}
+    assert [body["extra_logs"]["grrm/component/grrm/mean"] for _, body in mixed[1:]] == [[5.0], [6.0], [7.0]]
     # OpenRLHF makes a tensor of each extra_logs value (samples_generator.py): numbers only.
     assert all(isinstance(value, float) for _, body in lonely + mixed for values in body["extra_logs"].values()
                for value in values)

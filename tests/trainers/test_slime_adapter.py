@@ -1,7 +1,9 @@
 """The slime adapter (``grrm_client/adapters/slime.py``), following slime's source (``slime/rollout/rm_hub``:
 ``--custom-rm-path`` with ``--group-rm`` awaits ``func(args, samples)`` once per group of
 ``n_samples_per_prompt`` and wants one float per sample). ``Sample`` below is a stand-in with slime's
-field names (``group_index``, ``index``, ``prompt``, ``response``, ``label``, ``metadata``).
+field names (``group_index``, ``index``, ``prompt``, ``response``, ``label``, ``metadata``,
+``response_length``); slime's custom rollout log function is called as ``slime/ray/rollout.py``'s
+``_log_rollout_data`` calls it.
 
 Settings, reading and group ids in milliseconds (the in-process service of the bridge tests); then
 against the live ``local.yaml`` app over HTTP, and a service that goes away mid-run."""
@@ -23,8 +25,15 @@ from deployments.app import build_app
 from deployments.config import AppConfig, ReplicaSettings
 from grrm_client.adapters import slime
 from grrm_client.reward_client import RewardClient
-from grrm_client.adapters.slime import SlimeRewardConfig, group_rm, sample_languages
-from tests.bridge.helpers import LocalTransport
+from grrm_client.adapters.slime import (
+    SlimeRewardConfig,
+    group_rm,
+    log_rollout,
+    rollout_metrics,
+    sample_context,
+    sample_languages,
+)
+from tests.bridge.helpers import LocalTransport, recipe
 
 
 @dataclass
@@ -37,6 +46,7 @@ class Sample:
     response: str
     label: Any = None
     metadata: dict = field(default_factory=dict)
+    response_length: int = 0
 
 
 def group(group_index: int, responses: list[str], *, in_label: bool = False) -> list[Sample]:
@@ -103,6 +113,38 @@ def test_each_call_is_one_group_request_under_its_group_index(environment):
     mixed = group(8, ["", "Die Katze [q=2].", "Die Katze [q=6]."])
     assert asyncio.run(group_rm(None, mixed)) == [0.0, 2, 6]
     assert mixed[0].metadata["grrm_failure"] == "invalid_text"
+    assert len(service.group_requests) == 2  # the mixed group went as its members
+
+
+def test_the_recipes_parts_are_logged_with_slimes_rollout_metrics(environment):
+    environment(GRRM_URL="http://unused", GRRM_EXTRACTOR="none", GRRM_RUN_ID="run-s")
+    config, _ = slime._adapter()
+    service = LocalTransport(recipe=recipe(default_reward=-1.0, scale=0.1,
+                                           overlong={"max_response_tokens": 100, "buffer_tokens": 50, "penalty": 0.5}))
+    slime._state["client"] = RewardClient(config, transport=service)
+    samples = group(3, [f"Die Katze {k} [q={q}]." for k, q in enumerate([4, 8])], in_label=True)
+    context = {"ref_text": "Die Katze schläft.", "ref_lang": "de", "notes": "Katze, not Kater."}
+    for sample, length in zip(samples, (20, 100)):
+        sample.label = json.dumps({**json.loads(sample.label), **context})
+        sample.response_length = length
+    assert sample_context(samples[0], config) == slime.RowContext.of(**context)
+    assert asyncio.run(group_rm(None, samples)) == pytest.approx([0.4, 0.8 - 0.5])
+    (sent,) = service.group_requests
+    assert (sent.ref_text, sent.notes, sent.response_tokens) == (context["ref_text"], context["notes"], [20, 100])
+    assert [sample.metadata["grrm_components"] for sample in samples] == [
+        {"grrm": pytest.approx(0.4), "overlong": 0.0}, {"grrm": pytest.approx(0.8), "overlong": -0.5}]
+    # A third sample whose reward got no answer: no parts, counted as a failure.
+    lost = Sample(group_index=4, index=9, prompt="p", response="r",
+                  metadata={"grrm_components": {}, "grrm_failure": "deadline", "grrm_failed": True, "grrm_valid": False})
+    metrics = rollout_metrics([*samples, lost, Sample(group_index=5, index=10, prompt="p", response="not ours")])
+    assert metrics == pytest.approx({
+        "grrm/rewards": 3, "grrm/valid": 2, "grrm/failed": 1, "grrm/valid_rate": 2 / 3, "grrm/failed_rate": 1 / 3,
+        "grrm/default/deadline": 1, "grrm/component/grrm/mean": 1.2 / 3, "grrm/component/overlong/mean": -0.5 / 3})
+    # slime's _log_rollout_data: the function returns False (slime logs the step as ever) after adding ours
+    # to the metrics slime logs next.
+    extra = {"rollout/some_metric": 1.0}
+    assert log_rollout(7, None, samples, extra, 12.5) is False
+    assert extra["grrm/component/overlong/mean"] == -0.25 and extra["rollout/some_metric"] == 1.0
 
 
 @pytest.mark.slow
@@ -114,6 +156,9 @@ def test_a_group_of_samples_is_scored_by_the_live_service(local_app, environment
     rewards = asyncio.run(group_rm(None, samples))
     assert len(rewards) == 4 and all(isinstance(reward, float) and 0 <= reward <= 10 for reward in rewards)
     assert all(sample.metadata["grrm_failure"] == "" for sample in samples)
+    # local.yaml's recipe: the reward is the grrm part at weight 1, and slime's step logs the part.
+    assert [sample.metadata["grrm_components"] for sample in samples] == [{"grrm": reward} for reward in rewards]
+    assert rollout_metrics(samples)["grrm/component/grrm/mean"] == pytest.approx(sum(rewards) / 4)
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from cluster.engines import ScriptedEngineOptions
 from grrm_client.reward_client import RewardClient
 from grrm_client.adapters.trl import GRRMReward, completion_text, slice_groups
-from tests.bridge.helpers import LocalTransport
+from tests.bridge.helpers import LocalTransport, recipe
 
 GROUP = 4
 
@@ -74,18 +74,40 @@ def test_settings_are_checked_at_construction_naming_the_field():
     assert GRRMReward(url="http://host:8000/grrm/", num_generations=4).config.http_url == "http://host:8000/grrm"
 
 
-def test_whole_groups_of_one_process_are_scored_as_groups_with_the_spec_defaults():
-    service = LocalTransport()
-    reward = adapter(service, default_reward=-1.0, score_scale_factor=0.5)
+def test_whole_groups_of_one_process_are_scored_as_groups_with_the_recipes_rewards():
+    service = LocalTransport(recipe=recipe(default_reward=-1.0, scale=0.5))
+    reward = adapter(service, default_reward=-7.0, score_scale_factor=3.0)  # not the recipe's: never applied
     metrics = []
     # Group 0: four distinct texts; group 1: two identical valid texts and two blanks (no translation).
     completions = texts(0, [2, 8, 5, 9]) + [texts(1, [7])[0], texts(1, [7])[0], " ", ""]
     rewards = call(reward, completions, metrics=metrics)
-    assert rewards[:4] == [1.0, 4.0, 2.5, 4.5]  # score x 0.5
-    assert rewards[4:] == [-1.0] * 4  # too few distinct texts, and the blanks: the default
-    assert len(service.group_requests) == 1 and service.calls == 1  # group 1 had nothing to compare
+    assert rewards[:4] == [1.0, 4.0, 2.5, 4.5]  # the recipe's score x 0.5
+    assert rewards[4:] == [-1.0] * 4  # too few distinct texts, and the blanks: the recipe's default
+    # Group 0 whole; group 1, with completions that hold no translation, as its 4 members.
+    assert len(service.group_requests) == 1 and service.calls == 1 + 4
     logged = dict(metrics)
     assert logged["grrm/valid"] == 4 and logged["grrm/default"] == 4 and logged["grrm/failed"] == 0
+    # The recipe's part, once per completion: TRL averages them into the step's mean (0 where absent).
+    assert [value for name, value in metrics if name == "grrm/component/grrm/mean"] == [1.0, 4.0, 2.5, 4.5, 0, 0, 0, 0]
+
+
+def test_a_rows_reference_notes_and_token_counts_go_with_its_group():
+    service = LocalTransport()
+    reward = adapter(service)
+    context = {"ref_text": ["Die Katze schläft."] * 4, "ref_lang": ["de"] * 4, "notes": ["Katze, not Kater."] * 4}
+    ids = [[1] * (10 + k) for k in range(4)]
+    assert asyncio.run(reward(prompts=["p"] * 4, completions=texts(0, [1, 2, 3, 4]), completion_ids=ids,
+                              trainer_state=object(), **columns(4), **context)) == [1, 2, 3, 4]
+    (sent,) = service.group_requests
+    assert (sent.ref_text, sent.ref_lang, sent.notes, sent.response_tokens) == (
+        "Die Katze schläft.", "de", "Katze, not Kater.", [10, 11, 12, 13])
+    assert "Katze, not Kater." in service.engine.prompts_seen[-1]
+    # A reference without its language: refused before it is sent (the service's 422), each completion's
+    # reward None and counted, never a crash; pandas' missing values (NaN) are no reference at all.
+    metrics = []
+    rewards = call(reward, texts(1, [1, 2, 3, 4]), metrics=metrics, ref_text=["Die Katze schläft."] * 4)
+    assert rewards == [None] * 4 and dict(metrics)["grrm/failed/rejected"] == 4 and len(service.group_requests) == 1
+    assert call(reward, texts(2, [1, 2, 3, 4]), ref_text=[float("nan")] * 4, ref_lang=[None] * 4) == [1, 2, 3, 4]
 
 
 def test_a_group_split_over_two_processes_meets_on_the_service_under_one_id():
@@ -111,15 +133,22 @@ def test_a_group_split_over_two_processes_meets_on_the_service_under_one_id():
     assert [trace.group_id for trace in service.assembler.recent_groups()] == ["run-x:0:1", "run-x:1:1"]
 
 
-def test_a_reward_that_cannot_be_obtained_is_none_and_counted_by_reason():
-    # Every verdict of this engine is malformed: after the service's retries, the group has no scores.
-    service = LocalTransport(scripted=ScriptedEngineOptions(malformed_rate=1.0))
+def test_a_failed_group_gets_the_recipes_default_and_no_answer_is_none_both_counted_by_reason():
+    # Every verdict of this engine is malformed: after the service's retries, the group has no scores, and
+    # the service's answer carries its recipe's default (flagged): that is the reward.
+    service = LocalTransport(scripted=ScriptedEngineOptions(malformed_rate=1.0), recipe=recipe(default_reward=-1.0))
     reward = adapter(service)
     metrics = []
     rewards = call(reward, texts(0, [1, 2, 3, 4]), metrics=metrics)
-    assert rewards == [None] * 4
+    assert rewards == [-1.0] * 4
     logged = dict(metrics)
     assert logged["grrm/failed"] == 4 and logged["grrm/failed/parse_failed"] == 4 and logged["grrm/valid"] == 0
+    # No answer at all (nothing listens there): None, never a made-up number.
+    unreachable = GRRMReward(url="http://127.0.0.1:9", num_generations=GROUP, extractor="none", deadline_s=0.5,
+                             max_attempts=1, announce_demand=False)
+    metrics = []
+    assert call(unreachable, texts(0, [1, 2, 3, 4]), metrics=metrics) == [None] * 4
+    assert dict(metrics)["grrm/failed"] == 4
 
 
 def test_the_async_trainer_calls_once_per_group_without_trainer_state_and_the_adapter_pickles():

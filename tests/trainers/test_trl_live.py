@@ -55,7 +55,8 @@ def test_a_grpo_trainer_trains_two_steps_on_grrm_rewards(local_app, tmp_path):
     steps = [line["log"] for line in lines if "log" in line and "rewards/grrm/mean" in line["log"]]
     done = next(line["done"] for line in lines if "done" in line)
     print(json.dumps([{key: step[key] for key in ("step", "rewards/grrm/mean", "rewards/grrm/std", "grrm/valid",
-                                                    "grrm/default", "grrm/failed")} for step in steps]))
+                                                    "grrm/default", "grrm/failed", "grrm/component/grrm/mean")}
+                      for step in steps]))
     assert done["global_step"] == 2 and [step["step"] for step in steps] == [1, 2]
     for step in steps:
         # 2 prompts x 4 completions per step, every reward from the service (a blank completion would
@@ -63,6 +64,9 @@ def test_a_grpo_trainer_trains_two_steps_on_grrm_rewards(local_app, tmp_path):
         assert step["grrm/valid"] + step["grrm/default"] == 8 and step["grrm/valid"] >= 4, step
         assert step["grrm/failed"] == 0 and step["grrm/retries"] == 0, step
         assert 0 <= step["rewards/grrm/mean"] <= 10, step
+        # local.yaml's recipe: the reward is its one part, grrm at weight 1 (a default has none and is 0),
+        # so the part's mean over the step is the reward's.
+        assert step["grrm/component/grrm/mean"] == pytest.approx(step["rewards/grrm/mean"], abs=1e-4), step
 
 
 def test_a_group_split_over_two_trainer_processes_is_joined_on_the_service(local_app, tmp_path):

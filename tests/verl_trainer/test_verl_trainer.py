@@ -77,6 +77,14 @@ def check_rewards_came_from_the_cluster(
         assert metrics["grrm/valid"] + (blank_rollouts(metrics) if blanks_allowed else 0) == ROLLOUTS, metrics
         assert metrics["grrm/failed"] == 0 and metrics["grrm/retries"] is not None
         assert metrics["grrm/exposed_reward_s"] >= 0 and metrics["grrm/limit_s"] > 0
+        # The recipe's part in verl's step metrics (local.yaml's: the reward is grrm at weight 1; a blank
+        # rollout's default, -1, has no parts and counts 0): the step's mean score plus the blanks' share.
+        part = metrics["grrm/component/grrm/mean"]
+        assert 0 <= part <= 10, metrics
+        if "critic/score/mean" in metrics:
+            blank_share = (blank_rollouts(metrics) if blanks_allowed else 0) / ROLLOUTS
+            assert part == pytest.approx(metrics["critic/score/mean"] - HARNESS_DEFAULT_REWARD * blank_share,
+                                         abs=1e-4), metrics
     # ... and every reward verl trained on is a GRRM score (0..10), never the default (-1).
     trained_groups = set()
     defaults = 0

@@ -3,14 +3,14 @@
 Modules, one job each:
 
 * :mod:`~grrm_client.adapters.verl.config` -- :class:`BridgeConfig` (from kwargs or verl's config): an
-  :class:`~grrm_client.adapters.config.AdapterConfig` plus verl's row keys, reward-loop sizing and
-  the overlong penalty;
+  :class:`~grrm_client.adapters.config.AdapterConfig` plus verl's row keys and reward-loop sizing
+  (the overlong penalty is the service recipe's ``overlong`` part);
 * :mod:`~grrm_client.adapters.verl.rollout` -- reading a verl row (group, index, source, completion);
 * :mod:`~grrm_client.adapters.verl.reward_manager` -- ``GRRMRewardManager``, verl's per-rollout manager
   (over :mod:`grrm_client.adapters.pipeline`; verl configs name it ``pkg://trainer_bridge.reward_manager``);
 * :mod:`~grrm_client.adapters.verl.batch` -- rewards for a complete ``DataProto``;
-* :mod:`~grrm_client.adapters.verl.extra_info` -- each row's ``reward_extra_info`` (the arithmetic is
-  :mod:`cluster.rewards`);
+* :mod:`~grrm_client.adapters.verl.extra_info` -- each row's ``reward_extra_info`` (the reward and its
+  recipe parts are the service's answer's);
 * :mod:`~grrm_client.adapters.verl.timing` -- when a reward went through the bridge and the service;
 * :mod:`~grrm_client.adapters.verl.metrics` -- a step's reward metrics (counts by outcome, exposed reward time);
 * :mod:`~grrm_client.adapters.verl.verl_metrics` and :mod:`~grrm_client.adapters.verl.plugin` -- those
@@ -24,6 +24,6 @@ path import verl / torch when they are imported.
 
 from cluster.rewards import RewardOutcome, RewardSettings
 from grrm_client import CallOutcome, RewardClient
-from grrm_client.adapters.verl.config import BridgeConfig, OverlongSettings
+from grrm_client.adapters.verl.config import BridgeConfig
 
-__all__ = ["BridgeConfig", "CallOutcome", "OverlongSettings", "RewardClient", "RewardOutcome", "RewardSettings"]
+__all__ = ["BridgeConfig", "CallOutcome", "RewardClient", "RewardOutcome", "RewardSettings"]

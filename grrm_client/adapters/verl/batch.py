@@ -2,8 +2,9 @@
 
 For callers that hold a whole ``DataProto`` after generation (verl's older whole-batch reward
 path, evaluation scripts, the sequential mode of ``examples/grpo_overlap.py``). Each group goes
-to the cluster as one whole-group request with its distinct valid translations; all groups are
-in flight concurrently (at most ``max_concurrent_groups``). The result is verl's token-level
+to the cluster as one whole-group request (its members, when a rollout holds no translation: see
+:func:`grrm_client.adapters.pipeline.reward_group`); all groups are in flight concurrently (at most
+``max_concurrent_groups``). The result is verl's token-level
 reward tensor (each row's reward on its last valid response token, like
 ``RewardManagerBase.assemble_rm_scores``) and the same per-row extra info the per-rollout
 manager returns, so both paths give the same rewards for the same rollouts.
@@ -19,7 +20,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from cluster.rewards import Completion
 from grrm_client import CallOutcome, RewardClient
 from grrm_client.adapters.pipeline import reward_group
 from grrm_client.adapters.verl.config import BridgeConfig
@@ -83,34 +83,31 @@ async def score_group(
 ) -> GroupScore:
     """Score one group (rollouts of one uid, in rollout order) as a whole-group request."""
     first = rollouts[0]
-    if any((r.source, r.src_lang, r.trg_lang) != (first.source, first.src_lang, first.trg_lang) for r in rollouts):
-        raise ValueError(f"group {first.uid}: rows of one uid disagree on source or languages")
+    if any((r.source, r.src_lang, r.trg_lang, r.context) != (first.source, first.src_lang, first.trg_lang, first.context)
+           for r in rollouts):
+        raise ValueError(f"group {first.uid}: rows of one uid disagree on source, languages, reference or notes")
     scored = await reward_group(
         client,
         group_id=first.uid,
         source=first.source,
         src_lang=first.src_lang,
         trg_lang=first.trg_lang,
-        completions=[
-            Completion(extracted=r.extracted, candidate=r.candidate, invalid_reason=r.invalid_reason, length=r.length)
-            for r in rollouts
-        ],
+        completions=rollouts,
         settings=settings or config.reward_settings(),
+        context=first.context,
     )
-    call = scored.call
-    result = call.result if call is not None else None
     infos = [
         extra_info(
             outcome,
             extracted=rollout.extracted,
-            attempts=result.attempts if result is not None else 0,
+            attempts=call.result.attempts if call is not None and call.result is not None else 0,
             request_attempts=call.attempts if call is not None else 0,
-            replica=result.replica if result is not None else "",
+            replica=call.result.replica if call is not None and call.result is not None else "",
             mask_failed=config.mask_failed,
         )
-        for outcome, rollout in zip(scored.outcomes, rollouts, strict=True)
+        for outcome, rollout, call in zip(scored.outcomes, rollouts, scored.calls, strict=True)
     ]
-    return GroupScore(outcomes=scored.outcomes, infos=infos, call=call)
+    return GroupScore(outcomes=scored.outcomes, infos=infos, call=scored.call)
 
 
 async def score_rollouts(

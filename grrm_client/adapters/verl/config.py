@@ -8,10 +8,11 @@ reads), so a launch command adds them with Hydra's ``+`` prefix::
 
     +reward.reward_kwargs.app_name=grrm +reward.reward_kwargs.extractor=codeblock
 
-DAPO's spelling of the overlong buffer (``reward_kwargs.overlong_buffer_cfg.{enable,len,
-penalty_factor}`` plus ``reward_kwargs.max_resp_len``) is accepted too. Missing values come from
-the trainer config: the group size from ``actor_rollout_ref.rollout.n``, the overlong
-``max_resp_len`` from ``actor_rollout_ref.rollout.response_length`` (or ``data.max_response_length``).
+Missing values come from the trainer config: the group size from ``actor_rollout_ref.rollout.n``.
+The reward is the service's recipe's (``docs/recipes.md``), DAPO's overlong penalty included (its
+``overlong`` part, read from each rollout's response length): the bridge's own overlong settings
+(``reward_kwargs.overlong``, DAPO's ``overlong_buffer_cfg`` and ``max_resp_len``) are refused when
+they would penalise, naming the key and the recipe's part, so that no rollout is penalised twice.
 A wrong key or value is an error naming it, at start, not a silent default.
 """
 
@@ -20,50 +21,35 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from cluster.rewards import RewardSettings
 from grrm_client.adapters.config import AdapterConfig
 from grrm_client.demand import DemandSettings
 
-# DAPO's names for the overlong buffer (verl.experimental.reward_loop.reward_manager.dapo).
-_DAPO_OVERLONG_KEYS = {"enable": "enable", "len": "buffer_len", "penalty_factor": "penalty_factor"}
+# The bridge's overlong settings before the recipe, and DAPO's: the service's recipe.parts.overlong now.
+_OVERLONG_KEYS = ("overlong", "overlong_buffer_cfg", "max_resp_len")
+_OVERLONG_MOVED = ("the overlong penalty is the service's now: set it in the tenant's recipe (recipe.parts.overlong: "
+                   "max_response_tokens, buffer_tokens, penalty; docs/recipes.md) and remove this key; the bridge "
+                   "sends every rollout's response length")
 
 
-class OverlongSettings(BaseModel):
-    """DAPO's soft overlong buffer (spec section 5): no penalty up to ``max_resp_len - buffer_len``
-    response tokens, rising linearly to ``penalty_factor`` at ``max_resp_len``, flat after."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    enable: bool = Field(False, description="Apply the overlong penalty to scored rollouts.")
-    max_resp_len: int | None = Field(None, ge=1, description="Response length, in tokens, at which the penalty "
-                                                             "reaches penalty_factor (required when enabled).")
-    buffer_len: int = Field(0, ge=0, description="Length of the buffer, in tokens, over which the penalty rises "
-                                                 "(positive when enabled; at most max_resp_len).")
-    penalty_factor: float = Field(1.0, ge=0, description="The largest penalty, subtracted from the scaled score "
-                                                         "at max_resp_len and beyond.")
-
-    @model_validator(mode="after")
-    def _consistent(self) -> OverlongSettings:
-        if not self.enable:
-            return self
-        if self.max_resp_len is None:
-            raise ValueError("overlong.max_resp_len: required when overlong.enable is true")
-        if self.buffer_len <= 0:
-            raise ValueError("overlong.buffer_len: must be positive when overlong.enable is true")
-        if self.buffer_len > self.max_resp_len:
-            raise ValueError(
-                f"overlong.buffer_len ({self.buffer_len}) exceeds overlong.max_resp_len ({self.max_resp_len})"
-            )
-        return self
+def _refuse_overlong(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``kwargs`` without the old overlong keys; a ValueError naming the key of an enabled buffer. A
+    disabled one, and DAPO's ``max_resp_len`` on its own, are dropped: they penalise nothing."""
+    kwargs = dict(kwargs)
+    for key in _OVERLONG_KEYS:
+        value = kwargs.pop(key, None)
+        enabled = bool(value.get("enable")) if isinstance(value, Mapping) else bool(value)
+        if enabled and key != "max_resp_len":
+            raise ValueError(f"reward_kwargs.{key}: {_OVERLONG_MOVED}")
+    return kwargs
 
 
 class BridgeConfig(AdapterConfig, DemandSettings):
     """Everything the trainer side needs: an :class:`AdapterConfig` (how to reach the cluster and retry,
     how to read a rollout, the reward arithmetic) with verl's row keys as defaults, plus what only
-    verl has: its reward-loop workers, the group id and size in its rows, the overlong penalty. The
-    keys are flat, as verl passes them."""
+    verl has: its reward-loop workers, the group id and size in its rows. The keys are flat, as verl
+    passes them."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -84,6 +70,12 @@ class BridgeConfig(AdapterConfig, DemandSettings):
                                                                  "form as source_key).")
     trg_lang_key: str = Field("extra_info.trg_lang", description="Where a row keeps its target language (same "
                                                                  "form as source_key).")
+    ref_text_key: str = Field("extra_info.ref_text", description="Where a row may keep a reference translation "
+                                                                 "(same form as source_key; sent with ref_lang).")
+    ref_lang_key: str = Field("extra_info.ref_lang", description="Where a row may keep its reference's language "
+                                                                 "(same form as source_key).")
+    notes_key: str = Field("extra_info.notes", description="Where a row may keep notes for the model (same form as "
+                                                           "source_key).")
     uid_key: str = Field("uid", description="Row key of the GRPO group id (verl puts a uuid per prompt in "
                                             "non_tensor_batch['uid']).")
     # Two runs (or a resumed run) sharing one service never meet in one group.
@@ -103,24 +95,14 @@ class BridgeConfig(AdapterConfig, DemandSettings):
     group_size_key: str | None = Field(
         "extra_info.group_size", description="Row key with which a row may override the group size (e.g. "
                                              "validation with val_kwargs.n != rollout.n); None: no override.")
-    # -- reward arithmetic (spec section 5): AdapterConfig's, plus DAPO's overlong penalty ------------
-    overlong: OverlongSettings = Field(default_factory=OverlongSettings, description="DAPO's soft overlong buffer "
-                                                                                     "penalty.")
     mask_failed: bool = Field(
         False, description="Flag rows whose reward could not be obtained (service failures) as masked: the trainer "
                            "can drop them from the loss with grrm_client.adapters.verl.batch.mask_failed_rows.")
 
-    def reward_settings(self) -> RewardSettings:
-        """The pure arithmetic's settings."""
-        overlong = self.overlong
-        return RewardSettings(
-            default_reward=self.default_reward,
-            score_scale_factor=self.score_scale_factor,
-            overlong_enable=overlong.enable,
-            max_resp_len=overlong.max_resp_len or 0,
-            buffer_len=overlong.buffer_len,
-            penalty_factor=overlong.penalty_factor,
-        )
+    @model_validator(mode="before")
+    @classmethod
+    def _no_overlong(cls, values: Any) -> Any:
+        return _refuse_overlong(values) if isinstance(values, Mapping) else values
 
     @classmethod
     def from_verl_config(cls, config: Any, **overrides: Any) -> BridgeConfig:
@@ -139,16 +121,6 @@ class BridgeConfig(AdapterConfig, DemandSettings):
         if lookup(tree, "reward") is None:
             return cls.model_validate({**dict(to_plain(config)), **overrides})
         kwargs = dict(to_plain(lookup(tree, "reward.reward_kwargs")) or {})
-        kwargs = _translate_dapo_keys(kwargs)
-        overlong = dict(kwargs.get("overlong") or {})
-        if overlong.get("enable") and overlong.get("max_resp_len") is None:
-            response_length = lookup(tree, "actor_rollout_ref.rollout.response_length")
-            if response_length is None:
-                response_length = lookup(tree, "data.max_response_length")
-            if response_length is not None:
-                overlong["max_resp_len"] = int(response_length)
-        if overlong:
-            kwargs["overlong"] = overlong
         if kwargs.get("group_size") is None:
             rollout_n = lookup(tree, "actor_rollout_ref.rollout.n")
             if rollout_n is not None:
@@ -178,25 +150,6 @@ def validation_group_warning(trainer_config: Any, bridge: BridgeConfig) -> str |
         f"groups {bridge.group_size}: validation rewards will time out and be the default unless the "
         f"validation data sets {bridge.group_size_key or 'a group size key'} (or val_kwargs.n={bridge.group_size})"
     )
-
-
-def _translate_dapo_keys(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Accept DAPO's ``overlong_buffer_cfg`` / ``max_resp_len`` next to the bridge's ``overlong``."""
-    dapo = kwargs.pop("overlong_buffer_cfg", None)
-    max_resp_len = kwargs.pop("max_resp_len", None)
-    if dapo is None and max_resp_len is None:
-        return kwargs
-    overlong = dict(kwargs.get("overlong") or {})
-    for key, value in dict(dapo or {}).items():
-        if key == "log":
-            continue  # DAPO's logging switch: the bridge always reports the penalty
-        if key not in _DAPO_OVERLONG_KEYS:
-            raise ValueError(f"reward_kwargs.overlong_buffer_cfg.{key}: unknown key")
-        overlong.setdefault(_DAPO_OVERLONG_KEYS[key], value)
-    if max_resp_len is not None:
-        overlong.setdefault("max_resp_len", max_resp_len)
-    kwargs["overlong"] = overlong
-    return kwargs
 
 
 def to_plain(value: Any) -> Any:

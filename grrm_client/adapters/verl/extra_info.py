@@ -6,19 +6,22 @@ from every reward (:func:`extra_info`, the same keys and types for every row).
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from typing import Any
 
 from cluster.rewards import RewardOutcome
+from grrm_client.adapters.pipeline import components_of
 from grrm_client.adapters.verl.timing import TIMING_KEYS, RewardTiming
 
-__all__ = ["EXTRA_INFO_KEYS", "extra_info"]
+__all__ = ["EXTRA_INFO_KEYS", "extra_info", "row_components"]
 
 # The keys of every row's reward_extra_info, in this order (verl needs the same keys everywhere).
 EXTRA_INFO_KEYS: tuple[str, ...] = (
     "valid",  # the reward came from a GRRM comparison (False: it is the default reward)
     "extracted",  # a translation was extracted from the rollout
     "raw_score",  # GRRM's integer score (None when there is none)
-    "overlong_penalty",  # subtracted from the scaled score
+    "components",  # the recipe's parts behind the reward, as JSON text ({} for none; see row_components)
     "attempts",  # the service's generation attempts for the group
     "request_attempts",  # our transport attempts for this request
     "replica",  # the replica that scored the group ("" when none did)
@@ -47,7 +50,8 @@ def extra_info(
         "valid": bool(outcome.valid),
         "extracted": bool(extracted),
         "raw_score": outcome.raw_score,
-        "overlong_penalty": float(outcome.penalty),
+        # Text, not a dict: verl's validation metrics average every non-text value, and a row's parts vary.
+        "components": json.dumps(dict(components_of(outcome)), sort_keys=True),
         "attempts": int(attempts),
         "request_attempts": int(request_attempts),
         "replica": str(replica or ""),
@@ -62,3 +66,9 @@ def extra_info(
 
 
 _UNTIMED = RewardTiming(sent_at=0.0)  # rows scored outside the per-rollout path (grrm_client.adapters.verl.batch)
+
+
+def row_components(info: Mapping[str, Any]) -> dict[str, float]:
+    """The recipe parts of one row's ``reward_extra_info`` (empty when it carries none)."""
+    text = info.get("components") or "{}"
+    return {str(name): float(value) for name, value in json.loads(str(text)).items()}

@@ -1,9 +1,10 @@
 """A training step's reward metrics (``grrm/...``), so a default reward is never a silent number.
 
 :func:`step_metrics` computes them from the rows' ``reward_extra_info`` (verl puts it into every
-step; any process can log them): counts of rewards by outcome (:class:`RewardCounters`) and how
-much reward time the step exposed against the physical limit (:func:`exposure_metrics`, with the
-bound of :mod:`grrm_client.adapters.verl.exposure`). The verl trainers' step metrics
+step; any process can log them): counts of rewards by outcome (:class:`RewardCounters`), each part
+of the service's recipe (``grrm/component/<name>/mean``, :func:`grrm_client.adapters.pipeline.component_means`),
+and how much reward time the step exposed against the physical limit (:func:`exposure_metrics`, with
+the bound of :mod:`grrm_client.adapters.verl.exposure`). The verl trainers' step metrics
 (:mod:`grrm_client.adapters.verl.verl_metrics`) and the whole-batch path call it; a reward manager keeps a
 :class:`RewardCounters` over its lifetime. Pure Python.
 """
@@ -16,8 +17,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from grrm_client.adapters.pipeline import component_means
 from grrm_client.adapters.verl.exposure import ScoredGroup, peak_concurrency, schedule_finish_bound
-from grrm_client.adapters.verl.extra_info import EXTRA_INFO_KEYS
+from grrm_client.adapters.verl.extra_info import EXTRA_INFO_KEYS, row_components
 
 __all__ = ["PREFIX", "RewardCounters", "exposure_metrics", "step_metrics"]
 
@@ -26,15 +28,16 @@ PREFIX = "grrm"
 
 def step_metrics(infos: Iterable[Mapping[str, Any] | None], prefix: str = PREFIX) -> dict[str, float]:
     """The bridge's metrics over one step's ``reward_extra_info`` rows; {} when none is the bridge's
-    (rows of other reward managers, and ``None``, are skipped): the counts by outcome and the
-    exposure figures."""
+    (rows of other reward managers, and ``None``, are skipped): the counts by outcome, the recipe's
+    parts and the exposure figures."""
     ours = [info for info in infos if isinstance(info, Mapping) and all(key in info for key in EXTRA_INFO_KEYS)]
     if not ours:
         return {}
     counters = RewardCounters()
     for info in ours:
         counters.record(info)
-    return {**counters.as_metrics(prefix), **exposure_metrics(ours, prefix)}
+    parts = component_means((row_components(info) for info in ours), f"{prefix}/component")
+    return {**counters.as_metrics(prefix), **parts, **exposure_metrics(ours, prefix)}
 
 
 @dataclass

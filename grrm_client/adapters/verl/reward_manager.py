@@ -11,9 +11,15 @@ brings all members of a group to one replica, which scores the group once its la
 arrived and answers every member. Scoring of early groups therefore overlaps the generation of
 later rollouts.
 
+Each member carries the row's reference and notes, when it has them, and the rollout's response
+length in tokens (the recipe's ``overlong`` part). Its reward is the one the service's recipe
+composed (``docs/recipes.md``), with each part in ``reward_extra_info["components"]`` and the step's
+``grrm/component/<name>/mean`` (:mod:`grrm_client.adapters.verl.metrics`); the manager's own
+``default_reward`` is for a rollout that got no answer.
+
 A rollout whose translation cannot be extracted is still sent, marked ``invalid``: it completes
 its group without being shown to the model, so the other members never wait for a rollout that
-has nothing to show. It gets the default reward.
+has nothing to show. The service gives it the recipe's default reward.
 
 Select it in verl with::
 
@@ -145,7 +151,7 @@ class GRRMRewardManager(RewardManagerBase):
         outcome, call = await reward_member(
             self.client, rollout, self.settings, tenant=self.tenant, group_id=group_id, group_size=group_size,
             index=index, source=rollout.source, src_lang=rollout.src_lang, trg_lang=rollout.trg_lang,
-            sent_at=timing.sent_at,
+            sent_at=timing.sent_at, context=rollout.context,
         )
         timing = timing.answered(time.time(), call.result.timing if call.result is not None else None, call.rejoins)
         return self._answer(rollout, outcome, timing, call, group_id=group_id, detail=self._detail(rollout, call))
@@ -190,7 +196,7 @@ class GRRMRewardManager(RewardManagerBase):
         if self._failures.first(outcome):  # every occurrence is counted: grrm/default/<reason> in the step metrics
             logger.warning(
                 "grrm: default reward %s for %s: %s (logged once; further ones are counted in grrm/default/%s)",
-                self.settings.default_reward, outcome.failure, detail, outcome.failure,
+                outcome.reward, outcome.failure, detail, outcome.failure,
             )
         return {"reward_score": outcome.reward, "reward_extra_info": info}
 

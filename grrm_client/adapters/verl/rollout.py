@@ -1,4 +1,4 @@
-"""Reading one verl rollout row: its group, its position, its source, its translation.
+"""Reading one verl rollout row: its group, its position, its source, reference and notes, its translation.
 
 A row is a ``DataProtoItem`` (``data[i]``): ``batch["responses"]`` (right-padded token ids),
 ``batch["attention_mask"]`` (prompt + response), and ``non_tensor_batch`` (``uid``, the dataset's
@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from cluster.rewards import Completion, read_completion
+from grrm_client.adapters.pipeline import NO_CONTEXT, RowContext
 from grrm_client.adapters.verl.config import BridgeConfig, lookup
 
 __all__ = [
@@ -56,13 +57,14 @@ _MISSING = object()
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Rollout(Completion):
     """One row as the bridge reads it: its completion (what the pipeline sends and rewards) and where
-    its group, source and languages are."""
+    its group, source, languages, reference and notes are."""
 
     uid: str
     source: str
     src_lang: str
     trg_lang: str
     response: str  # decoded response (special tokens skipped)
+    context: RowContext = NO_CONTEXT  # the row's reference and notes (ref_text_key, ref_lang_key, notes_key)
 
 
 def row_field(non_tensor: Mapping[str, Any], dotted: str, default: Any = _MISSING) -> Any:
@@ -150,6 +152,8 @@ def read_rollout(item: Any, config: BridgeConfig, tokenizer: Any) -> Rollout:
         src_lang=str(row_field(non_tensor, config.src_lang_key, _or_missing(config.src_lang))),
         trg_lang=str(row_field(non_tensor, config.trg_lang_key, _or_missing(config.trg_lang))),
         response=response,
+        context=RowContext.of(*(row_field(non_tensor, key, None)
+                                for key in (config.ref_text_key, config.ref_lang_key, config.notes_key))),
         length=length,
         extracted=completion.extracted,
         candidate=completion.candidate,

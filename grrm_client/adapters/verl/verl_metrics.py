@@ -8,8 +8,9 @@ and of the two experimental recipes, ``one_step_off_policy`` and ``fully_async_p
 non-tensor columns). :func:`install_step_metrics` wraps the one place each trainer computes a step's metrics
 so that, for steps whose rows carry the bridge's keys (:data:`~grrm_client.adapters.verl.extra_info.EXTRA_INFO_KEYS`),
 the step also logs ``grrm/rewards``, ``grrm/valid``, ``grrm/failed``, ``grrm/retried``,
-``grrm/retries``, ``grrm/default/<reason>`` ... (:func:`grrm_client.adapters.verl.metrics.step_metrics`)
-for exactly that step's rollouts. Steps without them are untouched.
+``grrm/retries``, ``grrm/default/<reason>``, each part of the service's recipe as
+``grrm/component/<name>/mean`` ... (:func:`grrm_client.adapters.verl.metrics.step_metrics`) for
+exactly that step's rollouts. Steps without them are untouched.
 
 The recipes' shared trainer base (``experimental/separation/ray_trainer.py``) imports
 ``compute_data_metrics`` by name, so its own module attribute is wrapped too. fully_async_policy
