@@ -370,10 +370,17 @@ def main(argv: list[str] | None = None) -> int:
         for case, load in (("engine_bound", engine_bound), ("http_bound", http_bound)) if "flood" in cases else ():
             modes = [("fifo", False, None, None), ("fair", True, None, None)]
             if case == "http_bound":  # where the HTTP path, not the engine, is the queue
-                modes += [("fair+flood_limit_8", True, {"flood": 8}, None),
-                          ("fair+flood_client_32", True, None, 32)]
+                limited = ("fair+flood_limit_8", True, {"flood": 8}, None)
+                client_32 = ("fair+flood_client_32", True, None, 32)
+                # Quick: the client-held flood right after the fair one, on its application (the same one).
+                modes += [client_32, limited] if args.quick else [limited, client_32]
+            up = None  # the application running: (fair, limits)
             for mode, fair, limits, flood_concurrency in modes:
-                deploy(serve, load, fair=fair, limits=limits)
+                if not (args.quick and up == (fair, limits)):
+                    if up is not None:
+                        serve.delete(APP)
+                    deploy(serve, load, fair=fair, limits=limits)
+                    up = fair, limits
                 if alone_before_floods and case == "http_bound" and mode in alone:
                     alone[mode].append(warm_then_alone(url, 240 // scale))
                 row = asyncio.run(flood_case(url, load, f"{case}-{mode}", flood_concurrency,
@@ -381,9 +388,9 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"case": case, "mode": mode, "small_groups": load.small_groups,
                              "flood_groups": load.flood_groups, "per_group_s": load.per_group_s,
                              "engine_slots": load.engine_slots, **row})
-                serve.delete(APP)
                 print_table(rows[-1:], ["case", "mode", "small_alone_s", "small_beside_flood_s", "beside_over_alone",
                                         "flood_groups_per_s"])
+            serve.delete(APP)
         if "weights" in cases:
             deploy(serve, weights_load, fair=True, weights=weights)
             for row in asyncio.run(weights_case(url, weights, 60 // scale)):
