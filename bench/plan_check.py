@@ -23,7 +23,7 @@ engine seconds per group, peak replicas and per-replica share of groups beside t
 
 The profile: the scripted engine's seconds per group as configured, and the cold start measured
 here first (``max_replicas - 1`` replicas deployed at once: from each actor's start to its serving), unless ``--profile`` gives a measured one
-(``grrm profile``). The traces: synthetic (``--runs`` runs a given offset apart), or recorded ones
+(``grrm profile``; ``--quick`` times the fixed pool's own start instead, ``max_replicas`` at once). The traces: synthetic (``--runs`` runs a given offset apart), or recorded ones
 (``--trace FILE``, repeatable: runs that shared one pool; e.g. one the verl bridge wrote).
 
     .venv/bin/python -m bench.plan_check                # bench/results/plan_check.json and .png
@@ -303,17 +303,18 @@ def plot(pairs: list[tuple[str, Replay, Measured]], path: Path, title: str) -> N
     figure.savefig(path, dpi=110)
 
 
-def measure_cold_start(serve, load: Workload) -> float:
+def measure_cold_start(serve, load: Workload, app: str = "plan-check-cold-start", replicas: int | None = None,
+                       keep: bool = False) -> float:
     """The profile's cold start, measured apart from the pools it predicts: ``max_replicas - 1`` replicas
     deployed at once (the step a policy takes from one replica to its most); the mean seconds from a
-    replica's first sight (starting: Serve placed its actor) to its serving, sampled as a pool is."""
+    replica's first sight (starting: Serve placed its actor) to its serving, sampled as a pool is.
+    ``replicas``: that many instead; ``keep``: the application stays up (as ``app``)."""
     import threading
 
     from deployments.declared import deploy_declared
 
-    app = "plan-check-cold-start"
     config = app_config("fixed", load)
-    starting = max(1, load.max_replicas - 1)
+    starting = replicas or max(1, load.max_replicas - 1)
     pool = config.model_copy(update={"replicas": config.replicas.model_copy(update={"num_replicas": starting})})
     # Not a larger num_replicas on a running pool: it is the builder's argument, so Serve would replace
     # the running replicas too.
@@ -325,8 +326,13 @@ def measure_cold_start(serve, load: Workload) -> float:
         time.sleep(0.1)
         timeline.append((time.monotonic() - began, *replica_counts(serve, app)))
     deploying.join()
-    serve.delete(app)
+    if not keep:
+        serve.delete(app)
     return starts(timeline) or 0.0
+
+
+def app_name(pool: str) -> str:
+    return f"plan-check-{pool.replace('_', '-')}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -370,11 +376,17 @@ def main(argv: list[str] | None = None) -> int:
 
     pairs, rows = [], []
     with local_serve() as url:
-        if cold_start_s is None:
+        started = None  # a pool already up: quick runs time the fixed pool's own start as the cold start
+        if cold_start_s is None and args.quick and "fixed" in pools:
+            started = "fixed"  # max_replicas at once, one more than the full run's measure; the pool stays up
+            cold_start_s = measure_cold_start(serve, load, app_name(started), load.max_replicas, keep=True)
+            source = "the scripted engine's per_prompt_s, and a cold start measured as the fixed pool started"
+        elif cold_start_s is None:
             cold_start_s = measure_cold_start(serve, load)
         for pool in pools:
-            app = f"plan-check-{pool.replace('_', '-')}"
-            deploy_declared(app_config(pool, load), app, f"/{app}")
+            app = app_name(pool)
+            if pool != started:
+                deploy_declared(app_config(pool, load), app, f"/{app}")
             measured = asyncio.run(drive(url, serve, app, traces))
             serve.delete(app)
             predicted = predict(pool, load, traces, seconds_per_group, cold_start_s)
