@@ -1,6 +1,8 @@
-"""Write BENCHMARKS.md from bench/results/*.json: the latest table of each benchmark, the
-command that produced it, and the machine it ran on. Tables are read from the results, so
-they cannot drift from them.
+"""Write the benchmarks' page, docs/benchmarks.md, from bench/results/*.json: the plots first, each
+with its figures, then the latest table of each benchmark, the command that produced it and the
+machine it ran on. Figures and tables are read from the results, so they cannot drift from them;
+the plots are the PNGs the benchmarks wrote beside their JSON (scripts/mkdocs_bench_plots.py puts
+them on the site). No absolute path of the measuring machine reaches the page (``relative_paths``).
 
     .venv/bin/python -m bench.report
 """
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,11 @@ from bench.common import results_dir
 from bench.fair_share import VERL_COLUMNS as FAIR_SHARE_VERL_COLUMNS
 from bench.hostile_tenants import ANNOUNCEMENT_COLUMNS, REFUSAL_COLUMNS, STALL_COLUMNS
 
-OUT = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "docs" / "benchmarks.md"
+# An absolute path on the machine that measured (a checkout, a temporary directory, a home):
+# the page shows it relative to the project, or by its last part.
+MACHINE_PATH = re.compile(r"(?:/work|/tmp|/root|/home|/Users|/mnt|/var/folders|/private)(?:/[\w.+@-]+)+")
 # bench.autoscaling_sim's table: an elastic pool against a fixed pool per run (4b, and its min_replicas 0 run).
 SIMULATION_COLUMNS = ["demand_headroom", "runs", "fixed_pool_per_run", "replica_seconds_fixed_vs_elastic",
                       "fixed_exposed_s_mean", "elastic_exposed_s_mean", "exposed_elastic_vs_fixed"]
@@ -31,10 +38,147 @@ PLAN_CHECK_COLUMNS = ["pool", "exposed_s_predicted", "exposed_s_repredicted", "e
 
 
 def plot_link(name: str) -> str:
-    """A link to a benchmark's plot: it opens from BENCHMARKS.md at the root and from the site's
-    Benchmarks page, which includes this file (scripts/mkdocs_bench_plots.py serves bench/results/*.png
-    there; a link to a plot that is missing fails the strict docs build)."""
+    """A link to a benchmark's plot on the site's Benchmarks page (scripts/mkdocs_bench_plots.py serves
+    bench/results/*.png there; a link to a plot that is missing fails the strict docs build)."""
     return f"[`bench/results/{name}.png`](bench/results/{name}.png)"
+
+
+def relative_paths(text: str) -> str:
+    """``text`` with every absolute path of the measuring machine made relative to the project (from
+    the first part that is one of its top-level entries: ``/work/main/models/tiny`` -> ``models/tiny``),
+    or cut to its last part when it lies outside any checkout (``/tmp/abc/run.json`` -> ``run.json``)."""
+    # models/: where scripts/ put the local models (not committed, so not always on this disk).
+    top_level = {entry.name for entry in ROOT.iterdir() if not entry.name.startswith(".")} | {"models"}
+
+    def relative(match: re.Match) -> str:
+        parts = match.group(0).strip("/").split("/")
+        inside = next((index for index, part in enumerate(parts) if part in top_level), None)
+        return "/".join(parts[inside:]) if inside is not None else parts[-1]
+
+    return MACHINE_PATH.sub(relative, text)
+
+
+def ratio(value: float) -> str:
+    """A ratio as the page's prose writes it: 2.07x, 18.5x."""
+    return f"{fmt(value)}x"
+
+
+def glance_overlap(overlap: list[dict]) -> str:
+    """The headline: exposure at reward time equal to generation time (n = 8), streamed against the bound."""
+    rows = {row["mode"]: row for row in overlap
+            if row["simulated"] and row["n"] == 8 and row["reward_to_generation"] == 1.0}
+    if not {"streamed", "colocated_sequential"} <= rows.keys():
+        return ""
+    streamed, colocated = rows["streamed"], rows["colocated_sequential"]
+    return ("Streaming complete groups to the reward pool exposes almost only what no schedule can hide: at "
+            f"reward time equal to generation time (n = 8), {fmt(streamed['exposed_reward_s'])} s of reward per "
+            f"step is exposed against a bound of {fmt(streamed['limit_exposed_s'])} s, where scoring after the "
+            f"batch on the policy's GPUs exposes {fmt(colocated['exposed_reward_s'])} s (`bench.overlap`, "
+            "simulated rows; section 1).")
+
+
+def glance_autoscale(autoscaling: dict) -> str:
+    """The project's policy and Serve's default against the fixed pool, on real Serve."""
+    rows = {row["policy"]: row for row in autoscaling["rows"]}
+    if not {"fixed", "engine_work", "serve_default"} <= rows.keys():
+        return ""
+    fixed, ours, serve = rows["fixed"], rows["engine_work"], rows["serve_default"]
+    return ("On real Serve (scripted engine) through the same GRPO steps, the project's policy holds "
+            f"{fmt(ours['replica_seconds'])} replica-seconds against the fixed pool's {fmt(fixed['replica_seconds'])} "
+            f"({ratio(ours['replica_seconds_vs_fixed'])} fewer) at {ratio(ours['exposed_vs_fixed'])} its exposure; "
+            f"Serve's default policy holds {fmt(serve['replica_seconds'])} but exposes "
+            f"{ratio(serve['exposed_vs_fixed'])} as much (`bench.autoscale`; section 4).")
+
+
+def glance_simulation(simulation: dict) -> str:
+    """Four runs on one elastic pool against a fixed pool per run, at the configured headroom and at 2."""
+    runs = max(row["runs"] for row in simulation["rows"])
+    headroom = simulation["inputs"]["demand_headroom"]
+    by_headroom = {row["demand_headroom"]: row for row in simulation["rows"] if row["runs"] == runs}
+    row = by_headroom.get(headroom)
+    if row is None:
+        return ""
+    wider = by_headroom.get(2.0)
+    return (f"Simulated at {simulation['inputs']['gpus']} GPUs: {runs} runs sharing one elastic pool (demand_headroom "
+            f"{fmt(headroom)}) hold {fmt(row['elastic_replica_seconds'])} replica-seconds against "
+            f"{fmt(row['fixed_replica_seconds'])} for a fixed pool of {row['fixed_pool_per_run']} per run "
+            f"({ratio(row['replica_seconds_fixed_vs_elastic'])} fewer) at {ratio(row['exposed_elastic_vs_fixed'])} "
+            f"its mean exposure ({fmt(row['elastic_exposed_s_mean'])} s against {fmt(row['fixed_exposed_s_mean'])} s"
+            + (f"; at headroom 2, {ratio(wider['replica_seconds_fixed_vs_elastic'])} fewer at "
+               f"{ratio(wider['exposed_elastic_vs_fixed'])} the exposure" if wider and headroom != 2.0 else "")
+            + "); replicas rise with each run's generation and fall in its training (`bench.autoscaling_sim`; "
+            "section 4b).")
+
+
+def glance_fair_share(fair_share: list[dict]) -> str:
+    """A small run beside an engine-bound flood, fair share against first come first served; weights;
+    the HTTP-bound flood."""
+    flood = {(row["case"], row["mode"]): row for row in fair_share if row["case"] in ("engine_bound", "http_bound")}
+    shares = [row for row in fair_share if row["case"] == "weights"]
+    if not {("engine_bound", "fair"), ("engine_bound", "fifo")} <= flood.keys():
+        return ""
+    fair, fifo = flood["engine_bound", "fair"], flood["engine_bound", "fifo"]
+    text = (f"Beside a tenant flooding the engine with {fair['flood_groups']} groups, a small run's last reward "
+            f"comes {ratio(fair['beside_over_alone'])} as late as alone under fair share, against "
+            f"{ratio(fifo['beside_over_alone'])} first come, first served")
+    if shares:
+        text += (f"; weighted tenants get {'exactly ' if all(row['share_over_weighted_share'] == 1.0 for row in shares) else ''}"
+                 f"their weights ({', '.join(fmt(row['share']) for row in shares)}) while all are backlogged")
+    text += "."
+    http_fair, http_client = flood.get(("http_bound", "fair")), flood.get(("http_bound", "fair+flood_client_32"))
+    if http_fair and http_client:
+        text += (f" A flood that saturates HTTP rather than the engine is another matter: "
+                 f"{ratio(http_fair['beside_over_alone'])} under fair share alone, "
+                 f"{ratio(http_client['beside_over_alone'])} once the flood's client sends at most 32 groups at once")
+    return text + " (`bench.fair_share`; section 15)."
+
+
+def glance_plan_check(checked: dict) -> str:
+    """grrm plan's prediction against what real Serve then did, per pool."""
+    rows = checked["rows"]
+    two_runs = load("plan_check_2runs")
+    within = "within the targets for every pool" if all(row["ok_predicted"] for row in rows) else \
+        "outside the targets for some pool (`ok_predicted`)"
+    return (f"`grrm plan`'s replay of a GRPO trace predicted what real Serve then did {within}: replica-seconds "
+            "per step " + ", ".join(f"{row['replica_s_error_predicted'] * 100:+.1f}%" for row in rows)
+            + " off the measured for " + ", ".join(f"`{row['pool']}`" for row in rows)
+            + ", mean exposure " + ", ".join(fmt(row["exposed_s_predicted"]) for row in rows) + " s against "
+            + ", ".join(fmt(row["exposed_s_measured"]) for row in rows) + " s measured"
+            + ("; two runs sharing the pool likewise" if two_runs and all(row["ok_predicted"] for row in two_runs["rows"])
+               else "")
+            + " (`bench.plan_check`, scripted engine; section 4f; [sizing a pool](operations/sizing.md)).")
+
+
+# The plots shown first: (results, heading, the plot's alt text, its figures from the results).
+GLANCE = (
+    ("overlap", "Exposed reward against the limit", "Exposed reward time against the bound no schedule can beat",
+     glance_overlap),
+    ("autoscale", "Replicas over time: a fixed pool, Serve's policy and the project's",
+     "Running replicas per policy on real Serve", glance_autoscale),
+    ("autoscaling_sim", None, "Replicas against the work waiting, four runs on one elastic pool", glance_simulation),
+    ("fair_share", "Fair share under a flood", "A small run beside a flood, first come first served against fair share",
+     glance_fair_share),
+    ("plan_check", "Predicted against measured", "grrm plan's predicted replicas over time against real Serve's, per pool",
+     glance_plan_check),
+)
+
+
+def at_a_glance() -> list[str]:
+    """The page's first section: each headline plot, then its figures (a heading of None joins the one before)."""
+    parts = ["## Results at a glance", "",
+             "Each plot is a benchmark's own output (`bench/results/*.png`, written beside its JSON and carried "
+             "onto this site by `scripts/mkdocs_bench_plots.py`); its numbers are in the sections further down.", ""]
+    for name, heading, alt, figures in GLANCE:
+        results = load(name)
+        if not results or not (results_dir() / f"{name}.png").exists():
+            continue
+        if heading:
+            parts += [f"### {heading}", ""]
+        parts += [f"![{alt}](bench/results/{name}.png)", ""]
+        caption = figures(results)
+        if caption:
+            parts += [caption, ""]
+    return parts
 
 
 def autoscale_tables(autoscaling: dict, name: str) -> str:
@@ -207,15 +351,31 @@ def own_sections() -> list[str]:
     return sections
 
 
-def main() -> int:
+def render() -> str:
+    """The whole page, from the results as they are now."""
     sections = [
         "# Benchmarks",
         "",
-        "Each benchmark is one command; it prints a table, writes `bench/results/<name>.json` (and a",
-        "PNG where a curve says more). This file is generated from those results by",
-        "`.venv/bin/python -m bench.report`. Figures are ratios or distributions taken side by side",
-        "in one run; absolute times are context only (a shared 2-core machine, no GPU). Rows marked",
-        "simulated use the scripted engine; the others run the CPU build of vLLM on the tiny model.",
+        "<!-- Generated by `.venv/bin/python -m bench.report` from bench/results/*.json: edit bench/report.py,",
+        "     not this page (tests/test_docs_site.py fails when it falls behind the results). -->",
+        "",
+        *at_a_glance(),
+        "## All benchmarks",
+        "",
+        "`bench/` holds one command per benchmark (overlap, serving overhead, routing, autoscaling, GQM vs",
+        "SQM cost, ensembles, verdict repair, soak, chaos, node chaos, engine cost, tensor parallelism,",
+        "verl's real trainer in each trainer mode, tenants, the production rehearsal, reward recipes). Each",
+        "prints a table and writes `bench/results/<name>.json` (and a PNG where a curve says more); this",
+        "page is generated from those results by `.venv/bin/python -m bench.report`. Figures are ratios or",
+        "distributions taken side by side in one run; absolute times are context only (a shared 2-core",
+        "machine, no GPU). Rows marked simulated use the scripted engine; the others run the CPU build of",
+        "vLLM on the tiny model.",
+        "",
+        "The test suite runs each benchmark with `--quick` (which proves that it runs, not what it",
+        "measures), except `bench.verl_trainer` (real trainings, minutes each: its arithmetic is tested",
+        "alone, the trainer modes it runs by `tests/verl_trainer/`); run its `--quick` by hand after",
+        "changing it. `bench.node_chaos --quick --redis --head-down-s 10` runs as",
+        "`tests/reliability/test_node_faults.py`.",
         "",
     ]
     overlap = load("overlap")
@@ -699,7 +859,11 @@ def main() -> int:
             "in a run of this benchmark, and 20 such uploads took about 1.7 GB before a 401 read only 64 KiB).",
         ))
     sections.extend(own_sections())
-    OUT.write_text("\n".join(sections))
+    return relative_paths("\n".join(sections))
+
+
+def main() -> int:
+    OUT.write_text(render())
     print(f"wrote {OUT}")
     return 0
 

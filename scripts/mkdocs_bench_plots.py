@@ -2,7 +2,7 @@
 
 ``bench/*`` writes its PNGs to ``bench/results/``, outside ``docs/``; this hook adds each as a file
 of the site at ``bench/results/<name>.png``, so a page links a plot as ``bench/results/<name>.png``
-(from ``docs/benchmarks.md``) and the built site carries it. One source for every plot: nothing is
+(from ``docs/benchmarks.md``, which ``bench/report.py`` writes) and the built site carries it. One source for every plot: nothing is
 copied into ``docs/``. A link to a plot that does not exist stays unresolved, which the strict
 build (``mkdocs.yml``: ``strict: true``) turns into a failure.
 """

@@ -9,11 +9,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
+
+from bench import report
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 README_MAX_LINES = 150
+# An absolute path of the machine a figure was measured on (a checkout, a temporary directory, a home).
+MACHINE_PATH = re.compile(r"(?<![\w.~-])(?:/work|/tmp|/root|/home/[\w.-]+|/Users/[\w.-]+|/var/folders)/")
+# The one place a page quotes such a path on purpose: `grrm profile`'s output, as printed, on the
+# project's CPU machine (docs/operations/sizing.md).
+QUOTED_PROFILE_OUTPUT = ("operations/sizing.md", "vllm engine, model /work/")
 
 
 def nav_pages(nav) -> set[str]:
@@ -34,15 +42,15 @@ def test_the_site_builds_in_strict_mode(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env,
     )
     assert build.returncode == 0, build.stdout + build.stderr
-    # Pages that include a file from outside docs/ really hold it (an include that silently
-    # vanished would still build).
+    # The generated Benchmarks page holds its sections, and pages that include a file from outside
+    # docs/ really hold it (an include that silently vanished would still build).
     assert "Overlap (headline)" in (tmp_path / "site" / "benchmarks" / "index.html").read_text()
     assert "Watch metrics" in (tmp_path / "site" / "operations" / "kubernetes" / "index.html").read_text()
     # The Benchmarks page shows the benchmarks' plots, and the site carries each one it shows.
     benchmarks = (tmp_path / "site" / "benchmarks" / "index.html").read_text()
     shown = set(re.findall(r'src="\.\./(bench/results/[\w.-]+\.png)"', benchmarks))
     assert {"bench/results/overlap.png", "bench/results/fair_share.png"} <= shown, shown
-    # BENCHMARKS.md's sections (bench.report) link their plots; those open on the site too.
+    # The page's sections (bench.report) link their plots; those open on the site too.
     linked = set(re.findall(r'href="\.\./(bench/results/[\w.-]+\.png)"', benchmarks))
     assert {"bench/results/autoscale.png", "bench/results/verl_trainer.png"} <= linked, linked
     assert all((tmp_path / "site" / plot).read_bytes() == (ROOT / plot).read_bytes() for plot in shown | linked)
@@ -95,3 +103,30 @@ def test_the_readme_test_command_is_what_ci_runs():
     block = README.read_text().split("## Two commands", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
     commands = [line.split("#", 1)[0].strip() for line in block.splitlines()]
     assert commands == ["bash scripts/serve_local.sh", "bash scripts/test.sh"]
+
+
+def test_the_benchmarks_page_is_what_bench_report_writes(monkeypatch):
+    """docs/benchmarks.md is generated from bench/results/*.json: a result, or bench/report.py,
+    changed without regenerating it (`.venv/bin/python -m bench.report`) fails here."""
+    monkeypatch.delenv("GRRM_BENCH_RESULTS", raising=False)
+    assert report.render() == report.OUT.read_text(), "run .venv/bin/python -m bench.report and commit the page"
+
+
+@pytest.mark.parametrize("path, shown", [
+    ("/work/main/models/tiny-grrm", "models/tiny-grrm"),
+    ("/home/someone/grrm/bench/results/overlap.json", "bench/results/overlap.json"),
+    ("/tmp/pytest-of-root/pytest-3/run0/profile.json", "profile.json"),
+])
+def test_the_generator_shows_no_path_of_the_measuring_machine(path, shown):
+    assert report.relative_paths(f"model {path}, 2 replicas") == f"model {shown}, 2 replicas"
+
+
+def test_no_page_shows_a_path_of_the_machine_it_was_written_on():
+    """A page (docs/, the README, the benchmarks' pointer) names files relative to the project:
+    `/work/...` or `/tmp/...` says where one machine kept them, and nothing to a reader."""
+    pages = {str(path.relative_to(ROOT / "docs")): path for path in (ROOT / "docs").rglob("*.md")}
+    pages |= {name: ROOT / name for name in ("README.md", "BENCHMARKS.md")}
+    found = [f"{name}:{number}: {line.strip()}" for name, path in sorted(pages.items())
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if MACHINE_PATH.search(line) and not (name == QUOTED_PROFILE_OUTPUT[0] and QUOTED_PROFILE_OUTPUT[1] in line)]
+    assert not found, "\n".join(found)
