@@ -26,7 +26,7 @@ integrated over the run; serving ones apart), exposed reward per
 step (last reward minus last member sent, ``docs/exposure.md``), the peak replica count, and
 members lost (must be 0); ratios against the fixed pool; a plot of replicas over time.
 
-    .venv/bin/python -m bench.autoscale            # bench/results/autoscale.json and .png
+    .venv/bin/python -m bench.autoscale            # bench/results/autoscale.json, docs/plots/autoscale.png
     .venv/bin/python -m bench.autoscale --quick    # 2 short steps (CI)
 """
 
@@ -39,7 +39,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from bench.common import local_serve, machine, print_table, results_dir, write_json
+from bench.common import local_serve, machine, print_table, plot_path, results_dir, write_json
 from cluster.demand_forecast import PhaseForecaster, group_completion_profile
 from cluster.engines import EngineConfig, ScriptedEngineOptions
 from cluster.schema import MemberRequest
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                              "engine_work_<most replicas>, engine_work_min0[_<most>]: min_replicas 0)")
     parser.add_argument("--quick", action="store_true", help="2 short steps, engine_work only (CI)")
     parser.add_argument("--name", default="autoscale",
-                        help="results file name (bench/results/<name>.json and .png): a run of other policies beside "
+                        help="results file name (bench/results/<name>.json, docs/plots/<name>.png): a run of other policies beside "
                              "the default set's")
     args = parser.parse_args(argv)
     load = Workload(steps=args.steps)
@@ -273,8 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows, list(rows[0]))
     write_json(args.name, {"simulated": True, "workload": load.__dict__, "rows": rows, "runs": runs},
                {"machine": machine()})
-    plot(runs, results_dir() / f"{args.name}.png")
-    print(f"wrote {results_dir() / args.name}.json and .png")
+    plot(runs, plot_path(args.name))
+    print(f"wrote {results_dir() / args.name}.json and {plot_path(args.name)}")
     return 0 if all(run["members_lost"] == 0 for run in runs) else 1
 
 

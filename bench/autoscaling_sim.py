@@ -42,7 +42,7 @@ break-even horizon, ``cluster/autoscaling.py``). Each replica's engine sleeps an
 It reports the replica-seconds each pool holds, the awake ones among them, the cost (awake +
 sleeping_cost x asleep) and the exposure, and writes its own results file.
 
-    .venv/bin/python -m bench.autoscaling_sim      # bench/results/autoscaling_sim.json and .png
+    .venv/bin/python -m bench.autoscaling_sim      # bench/results/autoscaling_sim.json, docs/plots/autoscaling_sim.png
     .venv/bin/python -m bench.autoscaling_sim --idle sleep   # bench/results/autoscaling_sim_sleep.json
 """
 
@@ -52,7 +52,7 @@ import argparse
 import dataclasses
 import random
 
-from bench.common import machine, print_table, results_dir, write_json
+from bench.common import machine, print_table, plot_path, results_dir, write_json
 from cluster.autoscaling import ScalingSettings, break_even_s
 from cluster.planning.pool_model import Run, ServeDefault, simulate
 from grrm_cli.plan import plot_timeline
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(name, {"simulated": True, "inputs": inputs, "rows": rows, "serve_default_rows": serve_rows},
                {"machine": machine()})
     if plotted:
-        plot(plotted, results_dir() / f"{name}.png")
+        plot(plotted, plot_path(name))
     print(f"wrote {results_dir() / name}.json")
     return 0
 

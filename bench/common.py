@@ -19,9 +19,20 @@ from cpu_harness.ray_head import free_port  # one implementation, importable whe
 COMMITTED_RESULTS = Path(__file__).resolve().parent / "results"
 
 
+# The committed runs' plots are the benchmarks page's images (docs/benchmarks.md shows them).
+COMMITTED_PLOTS = Path(__file__).resolve().parent.parent / "docs" / "plots"
+
+
 def results_dir() -> Path:
     """Where results go now: ``$GRRM_BENCH_RESULTS``, else ``bench/results``."""
     return Path(os.environ.get("GRRM_BENCH_RESULTS", COMMITTED_RESULTS))
+
+
+def plot_path(name: str) -> Path:
+    """Where the plot ``name``.png goes now: beside the benchmarks' page (``docs/plots/``) for the
+    committed results, else beside the results (``$GRRM_BENCH_RESULTS``)."""
+    directory = COMMITTED_PLOTS if results_dir() == COMMITTED_RESULTS else results_dir()
+    return directory / f"{name}.png"
 
 
 @contextmanager

@@ -23,7 +23,7 @@ real HTTP: every request goes through the ingress as a trainer's would, with the
   ``grrm/exposed_reward_s``: the last reward after the last rollout), beside the flood / alone.
   Minutes of verl start-up per run; ``--no-verl`` skips it.
 
-    .venv/bin/python -m bench.fair_share          # bench/results/fair_share.json and .png
+    .venv/bin/python -m bench.fair_share          # bench/results/fair_share.json, docs/plots/fair_share.png
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import local_serve, machine, print_table, results_dir, write_json
+from bench.common import local_serve, machine, print_table, plot_path, results_dir, write_json
 from cluster.engines import EngineConfig, ScriptedEngineOptions
 from cluster.schema import GroupRequest, MemberRequest
 
@@ -422,8 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     print_table([row for row in rows if row["case"] == "verl"], VERL_COLUMNS)
     write_json("fair_share", rows, {"machine": machine(), "simulated": True, "quick": args.quick,
                                     "settings": {key: value for key, value in vars(args).items()}})
-    plot(rows, results_dir() / "fair_share.png")
-    print(f"wrote {results_dir() / 'fair_share.json'} and {results_dir() / 'fair_share.png'}")
+    plot(rows, plot_path("fair_share"))
+    print(f"wrote {results_dir() / 'fair_share.json'} and {plot_path('fair_share')}")
     return 0
 
 

@@ -21,7 +21,7 @@ the same --reward-slots finishes before ``F`` (``grrm_client.adapters.verl.expos
 ``limit_exposed_s = F - generation``. Also one REAL run (examples/grpo_overlap.py: tiny policy on the CPU
 vLLM engine, the reward cluster on local Ray Serve) unless --skip-real.
 
-    .venv/bin/python -m bench.overlap       # bench/results/overlap.json and overlap.png
+    .venv/bin/python -m bench.overlap       # bench/results/overlap.json, docs/plots/overlap.png
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import random
 import statistics
 from pathlib import Path
 
-from bench.common import machine, print_table, results_dir, write_json
+from bench.common import machine, print_table, plot_path, results_dir, write_json
 from grrm_client.adapters.verl.exposure import ScoredGroup, schedule_finish_bound
 
 MODES = ("colocated_sequential", "separate_after_batch", "streamed", "streamed_largest_first")
@@ -202,8 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows, ["n", "reward_to_generation", "mode", "simulated", "step_s", "exposed_reward_s", "limit_exposed_s",
                        "step_vs_colocated", "hidden_reward_share", "exposed_vs_limit"])
     path = write_json("overlap", rows, {"machine": machine(), **{k: v for k, v in vars(args).items()}})
-    plot(rows, results_dir() / "overlap.png")
-    print(f"wrote {path} and {results_dir() / 'overlap.png'}")
+    plot(rows, plot_path("overlap"))
+    print(f"wrote {path} and {plot_path('overlap')}")
     return 0
 
 

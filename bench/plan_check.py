@@ -26,7 +26,7 @@ here first (``max_replicas - 1`` replicas deployed at once: from each actor's st
 (``grrm profile``; ``--quick`` times the fixed pool's own start instead, ``max_replicas`` at once). The traces: synthetic (``--runs`` runs a given offset apart), or recorded ones
 (``--trace FILE``, repeatable: runs that shared one pool; e.g. one the verl bridge wrote).
 
-    .venv/bin/python -m bench.plan_check                # bench/results/plan_check.json and .png
+    .venv/bin/python -m bench.plan_check                # bench/results/plan_check.json, docs/plots/plan_check.png
     .venv/bin/python -m bench.plan_check --runs 2       # two runs sharing the pool (plan_check_2runs)
     .venv/bin/python -m bench.plan_check --quick        # 1 short step, fixed and engine_work (CI)
 """
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.autoscale import Workload, app_config, held_and_serving, replica_counts, replica_states
-from bench.common import local_serve, machine, print_table, results_dir, write_json
+from bench.common import local_serve, machine, print_table, plot_path, results_dir, write_json
 from cluster.planning.pool_model import ServeDefault
 from cluster.planning.recorder import one_per_run
 from cluster.planning.replay import Replay, replay, runs_of
@@ -402,9 +402,9 @@ def main(argv: list[str] | None = None) -> int:
                       "timelines": {pool: {"predicted": predicted.timeline, "measured": measured.timeline}
                                     for pool, predicted, measured in pairs}},
                {"machine": machine()})
-    plot(pairs, results_dir() / f"{name}.png",
+    plot(pairs, plot_path(name),
          f"Replicas over time, grrm plan's prediction against real Serve ({len(traces)} run(s), scripted engine)")
-    print(f"wrote {results_dir() / name}.json and .png")
+    print(f"wrote {results_dir() / name}.json and {plot_path(name)}")
     return 0 if all(row["members_lost"] == 0 for row in rows) else 1
 
 

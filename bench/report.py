@@ -1,8 +1,8 @@
 """Write the benchmarks' page, docs/benchmarks.md, from bench/results/*.json: the plots first, each
 with its figures, then the latest table of each benchmark, the command that produced it and the
 machine it ran on. Figures and tables are read from the results, so they cannot drift from them;
-the plots are the PNGs the benchmarks wrote beside their JSON (scripts/mkdocs_bench_plots.py puts
-them on the site). No absolute path of the measuring machine reaches the page (``relative_paths``).
+the plots are the PNGs each benchmark wrote in the run that wrote its JSON (``docs/plots/``, beside
+the page: ``bench.common.plot_path``). No absolute path of the measuring machine reaches the page (``relative_paths``).
 
     .venv/bin/python -m bench.report
 """
@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from bench.common import results_dir
+from bench.common import plot_path, results_dir
 from bench.fair_share import VERL_COLUMNS as FAIR_SHARE_VERL_COLUMNS
 from bench.hostile_tenants import ANNOUNCEMENT_COLUMNS, REFUSAL_COLUMNS, STALL_COLUMNS
 
@@ -38,9 +38,9 @@ PLAN_CHECK_COLUMNS = ["pool", "exposed_s_predicted", "exposed_s_repredicted", "e
 
 
 def plot_link(name: str) -> str:
-    """A link to a benchmark's plot on the site's Benchmarks page (scripts/mkdocs_bench_plots.py serves
-    bench/results/*.png there; a link to a plot that is missing fails the strict docs build)."""
-    return f"[`bench/results/{name}.png`](bench/results/{name}.png)"
+    """A link from the page to a benchmark's plot (a link to a plot that is missing fails the strict
+    docs build)."""
+    return f"[`docs/plots/{name}.png`](plots/{name}.png)"
 
 
 def relative_paths(text: str) -> str:
@@ -166,15 +166,15 @@ GLANCE = (
 def at_a_glance() -> list[str]:
     """The page's first section: each headline plot, then its figures (a heading of None joins the one before)."""
     parts = ["## Results at a glance", "",
-             "Each plot is a benchmark's own output (`bench/results/*.png`, written beside its JSON and carried "
-             "onto this site by `scripts/mkdocs_bench_plots.py`); its numbers are in the sections further down.", ""]
+             "Each plot is a benchmark's own output (`docs/plots/*.png`, written in the run that wrote its "
+             "`bench/results/*.json`); its numbers are in the sections further down.", ""]
     for name, heading, alt, figures in GLANCE:
         results = load(name)
-        if not results or not (results_dir() / f"{name}.png").exists():
+        if not results or not plot_path(name).exists():
             continue
         if heading:
             parts += [f"### {heading}", ""]
-        parts += [f"![{alt}](bench/results/{name}.png)", ""]
+        parts += [f"![{alt}](plots/{name}.png)", ""]
         caption = figures(results)
         if caption:
             parts += [caption, ""]
@@ -365,7 +365,8 @@ def render() -> str:
         "`bench/` holds one command per benchmark (overlap, serving overhead, routing, autoscaling, GQM vs",
         "SQM cost, ensembles, verdict repair, soak, chaos, node chaos, engine cost, tensor parallelism,",
         "verl's real trainer in each trainer mode, tenants, the production rehearsal, reward recipes). Each",
-        "prints a table and writes `bench/results/<name>.json` (and a PNG where a curve says more); this",
+        "prints a table and writes `bench/results/<name>.json` (and `docs/plots/<name>.png` where a curve",
+        "says more); this",
         "page is generated from those results by `.venv/bin/python -m bench.report`. Figures are ratios or",
         "distributions taken side by side in one run; absolute times are context only (a shared 2-core",
         "machine, no GPU). Rows marked simulated use the scripted engine; the others run the CPU build of",

@@ -5,7 +5,7 @@ Mixed load (closed loop): whole groups over HTTP, members over the handle API (s
 several tasks), and a trickle of bad requests that must be refused. The engine is scripted with a
 realistic latency (SIMULATED); Serve, routing, assembly, HTTP and the ledger are real.
 
-    .venv/bin/python -m bench.soak --minutes 10      # bench/results/soak.json and soak.png
+    .venv/bin/python -m bench.soak --minutes 10      # bench/results/soak.json, docs/plots/soak.png
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 
 import httpx
 
-from bench.common import local_serve, machine, percentile, print_table, results_dir, write_json
+from bench.common import local_serve, machine, percentile, print_table, plot_path, write_json
 from cluster.engines import EngineConfig, ScriptedEngineOptions
 from cluster.schema import MemberRequest
 from grrm_handles.send import to_replica
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     axis.legend(loc="upper left", fontsize=7)
     twin.legend(loc="lower right", fontsize=7)
     figure.tight_layout()
-    figure.savefig(results_dir() / "soak.png", dpi=110)
+    figure.savefig(plot_path("soak"), dpi=110)
     return 0 if counts["errors"] == 0 else 1
 
 

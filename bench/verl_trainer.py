@@ -28,7 +28,7 @@ cores, so every phase runs slower than alone and the async modes' overlap of gen
 training is bounded by the cores, not by design; separate_async, one_step_off and fully_async run a
 second policy vLLM server on the same cores. The simulated reward cost itself takes no CPU.
 
-    .venv/bin/python -m bench.verl_trainer            # bench/results/verl_trainer.json + .png
+    .venv/bin/python -m bench.verl_trainer            # bench/results/verl_trainer.json, docs/plots/verl_trainer.png
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import Any
 
 import yaml
 
-from bench.common import machine, print_table, results_dir, write_json
+from bench.common import machine, print_table, plot_path, write_json
 
 TRAINER_MODES = ("sync", "legacy", "colocate_async", "separate_async", "one_step_off", "fully_async")
 BASELINE = "after_batch"
@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         },
     )
     if not args.quick:
-        plot(rows, results_dir() / f"{args.name}.png")
+        plot(rows, plot_path(args.name))
     return 0
 
 

@@ -48,20 +48,21 @@ def test_the_site_builds_in_strict_mode(tmp_path):
     assert "Watch metrics" in (tmp_path / "site" / "operations" / "kubernetes" / "index.html").read_text()
     # The Benchmarks page shows the benchmarks' plots, and the site carries each one it shows.
     benchmarks = (tmp_path / "site" / "benchmarks" / "index.html").read_text()
-    shown = set(re.findall(r'src="\.\./(bench/results/[\w.-]+\.png)"', benchmarks))
-    assert {"bench/results/overlap.png", "bench/results/fair_share.png"} <= shown, shown
+    shown = set(re.findall(r'src="\.\./(plots/[\w.-]+\.png)"', benchmarks))
+    assert {"plots/overlap.png", "plots/fair_share.png"} <= shown, shown
     # The page's sections (bench.report) link their plots; those open on the site too.
-    linked = set(re.findall(r'href="\.\./(bench/results/[\w.-]+\.png)"', benchmarks))
-    assert {"bench/results/autoscale.png", "bench/results/verl_trainer.png"} <= linked, linked
-    assert all((tmp_path / "site" / plot).read_bytes() == (ROOT / plot).read_bytes() for plot in shown | linked)
+    linked = set(re.findall(r'href="\.\./(plots/[\w.-]+\.png)"', benchmarks))
+    assert {"plots/autoscale.png", "plots/verl_trainer.png"} <= linked, linked
+    assert all((tmp_path / "site" / plot).read_bytes() == (ROOT / "docs" / plot).read_bytes() for plot in shown | linked)
 
 
 def test_a_page_showing_a_plot_that_does_not_exist_fails_the_build(tmp_path):
-    """scripts/mkdocs_bench_plots.py adds bench/results/*.png to the site; a link to one that is not
-    there stays unresolved, and the strict build fails on it."""
-    (tmp_path / "docs").mkdir()
-    config = {"site_name": "plots", "docs_dir": "docs", "strict": True, "nav": ["index.md"],
-              "hooks": [str(ROOT / "scripts" / "mkdocs_bench_plots.py")], "validation": {"links": {"not_found": "warn"}}}
+    """With the project's link validation, a page's link to a plot that is not under docs/ fails the
+    strict build (the benchmarks page links every plot it shows)."""
+    (tmp_path / "docs" / "plots").mkdir(parents=True)
+    (tmp_path / "docs" / "plots" / "overlap.png").write_bytes((ROOT / "docs" / "plots" / "overlap.png").read_bytes())
+    validation = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["validation"]
+    config = {"site_name": "plots", "docs_dir": "docs", "strict": True, "nav": ["index.md"], "validation": validation}
     (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(config))
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
 
@@ -70,10 +71,10 @@ def test_a_page_showing_a_plot_that_does_not_exist_fails_the_build(tmp_path):
         return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--site-dir", str(tmp_path / "site")],
                               cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
 
-    shown = build("![overlap](bench/results/overlap.png)\n")
+    shown = build("![overlap](plots/overlap.png)\n")
     assert shown.returncode == 0, shown.stdout + shown.stderr
-    assert (tmp_path / "site" / "bench" / "results" / "overlap.png").exists()
-    missing = build("![gone](bench/results/no_such_plot.png)\n")
+    assert (tmp_path / "site" / "plots" / "overlap.png").exists()
+    missing = build("![gone](plots/no_such_plot.png)\n")
     assert missing.returncode != 0 and "no_such_plot.png" in missing.stdout + missing.stderr
 
 

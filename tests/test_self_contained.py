@@ -73,9 +73,7 @@ def test_relative_links_in_the_documents_exist():
         for target in re.findall(r"\]\(([^)\s#]+)(?:#[^)]*)?\)", document.read_text()):
             if "://" in target or target.startswith("mailto:"):
                 continue
-            # The site serves bench/results/*.png beside the pages (scripts/mkdocs_bench_plots.py).
-            site_plot = target.startswith("bench/results/") and (ROOT / target).is_file()
-            if not (document.parent / target).exists() and not site_plot:
+            if not (document.parent / target).exists():
                 broken.append(f"{document.relative_to(ROOT)} -> {target}")
     assert not broken, "links to files that are not in the repository:\n" + "\n".join(broken)
 
