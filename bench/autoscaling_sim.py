@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     serve_rows = serve_default_rows(args, elastic_at)
     print_table(serve_rows, list(serve_rows[0]))
     inputs = {key: value for key, value in vars(args).items()}
-    # A pool allowed to empty is written apart: the default file is BENCHMARKS section 4b's.
+    # A pool allowed to empty is written apart: the default file is docs/benchmarks.md section 4b's.
     name = "autoscaling_sim" if args.min_replicas == 1 else f"autoscaling_sim_min{args.min_replicas}"
     write_json(name, {"simulated": True, "inputs": inputs, "rows": rows, "serve_default_rows": serve_rows},
                {"machine": machine()})

@@ -409,7 +409,7 @@ def _run_child(mode: str, api: str, one_core: bool, groups: int, repeats: int) -
 
 
 def report_section(results: list[dict]) -> str:
-    """BENCHMARKS.md's section: one row per mode, API and core count (results: language_gate.json's rows)."""
+    """docs/benchmarks.md's section: one row per mode, API and core count (results: language_gate.json's rows)."""
     from bench.report import machine_line, table
 
     columns = ["mode", "api", "cores", "default", "candidates", "cpu_s", "cpu_s_min", "wall_s", "cpu_s_per_1000",

@@ -19,7 +19,7 @@ COMMAND = ".venv/bin/python -m bench.node_fleet"
 
 
 def report_section(results: list[dict]) -> str:
-    """BENCHMARKS.md's section: the fleet table (results: node_fleet.json's rows)."""
+    """docs/benchmarks.md's section: the fleet table (results: node_fleet.json's rows)."""
     lines = ["| state | verdict | fix |", "|---|---|---|"]
     lines += [f"| {row['state']} | {row['verdict']}{'' if row['as_expected'] else ' (WRONG: expected ' + row['expected'] + ')'} "
               f"| {row['fix'].replace('|', '/')} |" for row in results]

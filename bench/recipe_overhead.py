@@ -141,7 +141,7 @@ async def measure(quick: bool) -> list[dict[str, Any]]:
 
 
 def report_section(results: list[dict]) -> str:
-    """BENCHMARKS.md's section (results: recipe_overhead.json's rows)."""
+    """docs/benchmarks.md's section (results: recipe_overhead.json's rows)."""
     lines = ["| recipe | parts | service s / group | ratio to default | recipe CPU ms / group |", "|---|---|---|---|---|"]
     lines += [f"| {row['recipe']} | {row['parts']} | {row['service_s']:.4f} | {row['ratio_to_default']:.3f} | "
               f"{row['cpu_ms']:.2f}{'' if row['recipe'] == 'default' else ' over default'} |"

@@ -529,7 +529,7 @@ def cases_for(args: argparse.Namespace) -> list[Case]:
 
 
 def report_section(results: list[dict]) -> str:
-    """BENCHMARKS.md's section: the recipe-size rows (results: recipe_size.json's rows)."""
+    """docs/benchmarks.md's section: the recipe-size rows (results: recipe_size.json's rows)."""
     from bench.report import machine_line, table
 
     columns = ["mode", "admission", "n", "members", "phase_s", "slots", "waiting_bound", "peak_waiting", "peak_held",

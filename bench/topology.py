@@ -712,7 +712,7 @@ def _cell(value: Any) -> str:
 
 
 def report_section(results: list[dict]) -> str:
-    """BENCHMARKS.md's section: the placement record by phase (results: topology.json's rows)."""
+    """docs/benchmarks.md's section: the placement record by phase (results: topology.json's rows)."""
     phases: dict[tuple[str, str], list[dict]] = {}
     for row in results:
         phases.setdefault((row["run"], row["phase"]), []).append(row)
