@@ -23,8 +23,8 @@ from bench.hostile_tenants import ANNOUNCEMENT_COLUMNS, REFUSAL_COLUMNS, STALL_C
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "benchmarks.md"
 # An absolute path on the machine that measured (a checkout, a temporary directory, a home):
-# the page shows it relative to the project, or by its last part.
-MACHINE_PATH = re.compile(r"(?:/work|/tmp|/root|/home|/Users|/mnt|/var/folders|/private)(?:/[\w.+@-]+)+")
+# the page shows it relative to the project, or by its last part (a URL's path is left alone).
+MACHINE_PATH = re.compile(r"(?<![\w.~:/-])(?:/work|/tmp|/root|/home|/Users|/mnt|/var/folders|/private)(?:/[\w.+@-]+)+")
 # bench.autoscaling_sim's table: an elastic pool against a fixed pool per run (4b, and its min_replicas 0 run).
 SIMULATION_COLUMNS = ["demand_headroom", "runs", "fixed_pool_per_run", "replica_seconds_fixed_vs_elastic",
                       "fixed_exposed_s_mean", "elastic_exposed_s_mean", "exposed_elastic_vs_fixed"]
