@@ -1,8 +1,8 @@
 """Every benchmark runs in --quick mode, so none can rot, and writes the output contract that
-outside checks read: each test asserts that its benchmark ran end to end and wrote well-formed results,
-not what it measures (the full runs measure; a --quick run is the smallest that executes every code
-path). Where a quick test asserted a measured property, the property's cheap test is named. They run in this test process,
-on the session's Ray cluster and Serve instance where they need one (``bench.common.local_serve``),
+outside checks read. Each test asserts that its benchmark ran end to end and wrote well-formed
+results, not what it measured: a --quick run is the smallest that executes every code path, and
+the full runs measure. Where a measured property has a cheap test elsewhere, a comment names it.
+They run in this test process, on the session's Ray cluster and Serve instance where they need one (``bench.common.local_serve``),
 with results in a temporary directory: the committed bench/results/ keep the full runs.
 
 Where a test elsewhere already runs a benchmark's own measuring code on an app it deploys anyway,
