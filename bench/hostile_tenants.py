@@ -84,8 +84,10 @@ def deploy(serve, *, slots: int = 2048, bounded: bool = True, assembly_timeout_s
 SOURCE = {"source": "A sentence.", "src_lang": "en", "trg_lang": "de"}
 
 
-async def stall_case(url: str, members: int, client_limit_s: float, tag: str) -> dict:
-    """alpha's whole groups alone, then beside ``members`` never-completing members of beta."""
+async def stall_case(url: str, members: int, client_limit_s: float, tag: str, samples: int = 5,
+                     lead_s: float = 2.0) -> dict:
+    """alpha's whole groups alone, then beside ``members`` never-completing members of beta (``samples``
+    groups each time, the first beside them sent ``lead_s`` into the flood)."""
 
     async def alpha(http: httpx.AsyncClient, index: int) -> float:
         started = time.monotonic()
@@ -107,10 +109,10 @@ async def stall_case(url: str, members: int, client_limit_s: float, tag: str) ->
 
     async with httpx.AsyncClient(timeout=client_limit_s, limits=httpx.Limits(max_connections=members + 16)) as http:
         await alpha(http, -1)  # connections and replicas warm
-        solo = [await alpha(http, i) for i in range(5)]
+        solo = [await alpha(http, i) for i in range(samples)]
         flood = [asyncio.create_task(beta(http, i)) for i in range(members)]
-        await asyncio.sleep(2)
-        first = await alpha(http, 5)
+        await asyncio.sleep(lead_s)
+        first = await alpha(http, samples)
         settled, done = time.monotonic() + client_limit_s, -1
         while time.monotonic() < settled:  # the refusals come back at once; the admitted members wait
             now_done = sum(task.done() for task in flood)
@@ -118,7 +120,7 @@ async def stall_case(url: str, members: int, client_limit_s: float, tag: str) ->
                 break
             done = now_done
             await asyncio.sleep(1.0)
-        beside = [await alpha(http, 6 + i) for i in range(5)]
+        beside = [await alpha(http, samples + 1 + i) for i in range(samples)]
         outcomes = await asyncio.gather(*flood)
     solo_s = statistics.median(solo)
     known = ("refused", "timed_out", "unanswered")
@@ -247,7 +249,8 @@ def kept_rows(cases: set[str]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smaller floods (CI smoke run)")
+    parser.add_argument("--quick", action="store_true",
+                        help="small floods and short windows (CI: that every case runs, not what it measures)")
     parser.add_argument("--cases", default=",".join(CASES), help="which to run: %(default)s")
     args = parser.parse_args(argv)
     cases = {case.strip() for case in args.cases.split(",")}
@@ -262,15 +265,17 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     with local_serve() as base:
         url = f"{base}/{APP}"
-        slots, members = (32, 110) if args.quick else (256, 1100)
-        # Quick: the controller's CPU share over 2 s, not 10; uploads just over max_request_bytes' default
-        # (8 MiB, and past the 401's 64 KiB), their memory read 1 s after a series, not 5.
-        tenants, window_s = (50, 2.0) if args.quick else (500, 10.0)
-        uploads, upload_bytes, settle_s = (5, 10 * MIB, 1.0) if args.quick else (30, 60 * MIB, 5.0)
+        slots, members = (16, 40) if args.quick else (256, 1100)
+        # Quick: one of alpha's groups per sample; the controller's CPU share over 0.5 s, not 10; 2 uploads
+        # just over max_request_bytes' default (8 MiB, and past the 401's 64 KiB), memory read 0.5 s after.
+        # 50 tenants: enough that the report's fixed keys are fewer than the per-tenant format's would be.
+        samples, lead_s = (1, 0.5) if args.quick else (5, 2.0)
+        tenants, window_s = (50, 0.5) if args.quick else (500, 10.0)
+        uploads, upload_bytes, settle_s = (2, 10 * MIB, 0.5) if args.quick else (30, 60 * MIB, 5.0)
         for mode, bounded in (("fifo", False), ("defaults", True)) if "stall" in cases else ():
             # Quick: the flood's waiting members time out after 3 s (alpha's whole groups never wait for mates).
             deploy(serve, slots=slots, bounded=bounded, assembly_timeout_s=3 if args.quick else 60)
-            row = asyncio.run(stall_case(url, members, 30 if args.quick else 180, f"stall-{mode}"))
+            row = asyncio.run(stall_case(url, members, 30 if args.quick else 180, f"stall-{mode}", samples, lead_s))
             rows.append({"case": "stall", "mode": mode, "slots": slots, "flood_members": members, **row})
             serve.delete(APP)
             print_table(rows[-1:], STALL_COLUMNS)

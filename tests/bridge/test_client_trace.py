@@ -66,7 +66,8 @@ async def test_a_client_never_closed_still_leaves_its_last_step_once_sends_pause
     path = tmp_path / "run.json"
     client = RewardClient(BridgeConfig(trace_path=str(path), phase_gap_s=0.3, tenant="run-a"), LocalTransport())
     await asyncio.gather(*(client.score_member(member) for member in members("g1", [None, None])))
-    await asyncio.sleep(0.6)
+    while not path.exists():  # written once phase_gap_s passed with nothing sent
+        await asyncio.sleep(0.05)
     [step] = read(path).steps
     assert [(group.group_id, len(group.members_at)) for group in step.groups] == [("run-a:g1", 2)]
     assert client.trace.writes == 1  # that write alone: no step ended, the client is not closed

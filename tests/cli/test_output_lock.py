@@ -40,7 +40,7 @@ def inputs(tmp_path: Path) -> tuple[Path, Path]:
                                           "trg_lang": "de", "candidates": [f"a {i} [q=2]", f"b {i} [q=8]"]}) + "\n"
                               for i in range(GROUPS)))
     config = tmp_path / "scripted.yaml"
-    # 0.15 s a group, 2 at a time: a run lasts ~2 s, long enough to be caught in the middle.
+    # 0.15 s a group, 2 at a time: a run of ~2 s writes its first part well before its end.
     config.write_text(yaml.safe_dump({"applications": [{"name": "grrm", "import_path": "deployments.app:build_app",
                                                         "args": {"engine": {"kind": "scripted", "scripted": {
                                                             "per_prompt_s": 0.15}}}}]}))
@@ -66,8 +66,13 @@ def test_a_second_writer_is_refused_naming_the_first_and_the_first_completes(tmp
     output = tmp_path / "scored.jsonl"
     first = score(source, output, config)
     wait_for_parts(output)
-    second = score(source, output, config)
-    _, refused = second.communicate(timeout=60)
+    # Held mid-run while the second starts (its start-up may outlast the whole first run on a loaded machine).
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        second = score(source, output, config)
+        _, refused = second.communicate(timeout=60)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
     assert second.returncode == 2, refused
     assert f"is being written by another grrm score (pid {first.pid} on" in refused, refused
     assert "Traceback" not in refused

@@ -11,7 +11,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 import types
 
 import pytest
@@ -572,39 +571,55 @@ async def test_unseeded_sampling_is_reproducible_from_the_engine_seed():
 # ----------------------------------------------------------------------------- latency
 
 
+def latency_seconds(engine) -> list[float]:
+    """The seconds each generation is given in the latency model, recorded as it enters it: the model's
+    arithmetic read exactly, not off the clock."""
+    seconds, run_for = [], engine._run_for
+
+    async def recorded(delay: float) -> None:
+        seconds.append(delay)
+        await run_for(delay)
+
+    engine._run_for = recorded
+    return seconds
+
+
 async def test_batch_members_run_concurrently():
     engine = await started(per_prompt_s=0.2)
-    start = time.perf_counter()
+    seconds, all_in, run_for = [], asyncio.Event(), engine._run_for
+
+    async def held(delay: float) -> None:
+        seconds.append(delay)
+        if len(seconds) == 8:
+            all_in.set()
+        await asyncio.wait_for(all_in.wait(), 30)  # one after another, the first would wait here alone
+        await run_for(delay)
+
+    engine._run_for = held
     await engine.generate([group_prompt(MARKED)] * 8, GREEDY)
-    elapsed = time.perf_counter() - start
-    assert 0.18 <= elapsed < 0.2 * 4  # about one prompt's latency, far from 8 of them
+    assert seconds == [pytest.approx(0.2)] * 8  # all 8 in their latency at once, one prompt's each
 
 
 async def test_latency_grows_with_completion_and_prompt_tokens():
     engine = await started(per_token_s=0.005, analysis_words=20)
+    seconds = latency_seconds(engine)
     (generation,) = await engine.generate([group_prompt(MARKED)], GREEDY)
-    expected = 0.005 * generation.completion_tokens
-    start = time.perf_counter()
-    await engine.generate([group_prompt(MARKED)], GREEDY)
-    assert 0.9 * expected <= time.perf_counter() - start < expected + 0.5
+    assert generation.completion_tokens > 0 and seconds == [pytest.approx(0.005 * generation.completion_tokens)]
 
     prefill = await started(prefill_token_s=0.002)
+    seconds = latency_seconds(prefill)
     prompt = group_prompt(MARKED)
-    expected = 0.002 * count_tokens(prefill.tokenizer, prompt)
-    start = time.perf_counter()
     await prefill.generate([prompt], GREEDY)
-    assert 0.9 * expected <= time.perf_counter() - start < expected + 0.5
+    assert seconds == [pytest.approx(0.002 * count_tokens(prefill.tokenizer, prompt))]
 
 
 async def test_jitter_stays_within_its_bounds():
     engine = await started(per_prompt_s=0.1, jitter=0.5)
-    durations = []
+    seconds = latency_seconds(engine)
     for _ in range(4):
-        start = time.perf_counter()
         await engine.generate([group_prompt(MARKED)], GREEDY)
-        durations.append(time.perf_counter() - start)
-    assert all(0.05 * 0.9 <= d < 0.15 + 0.3 for d in durations)
-    assert max(durations) - min(durations) > 0.005  # it does vary
+    assert len(seconds) == 4 and all(0.05 <= delay <= 0.15 for delay in seconds)
+    assert max(seconds) - min(seconds) > 0.005  # it does vary
 
 
 # ----------------------------------------------------------------------------- bookkeeping, tokenizer files

@@ -67,10 +67,7 @@ def test_garbage_answers_are_retried_then_flagged(serve_instance):
 def test_hanging_engine_hits_the_deadline_for_groups_and_members(serve_instance):
     url = faulty_app("hangs", serve_instance, hang_rate=1.0)
     try:
-        started = time.monotonic()
-        status, body = score(url)
-        # Three 1 s generation deadlines; the bound leaves a loaded machine seconds, and a hang its 30 s.
-        assert time.monotonic() - started < 20
+        status, body = score(url)  # three 1 s generation deadlines, then the flagged timeout (a hang: 30 s, raises)
         assert status == 200 and body["results"][0]["failure"] == "timeout"
         member = {"group_id": "h", "group_size": 1, "index": 0, "source": "s", "candidate": "c", "src_lang": "en", "trg_lang": "de"}
         # A group of one never reaches the engine; a group of two does, and times out.
@@ -85,9 +82,7 @@ def test_hanging_engine_hits_the_deadline_for_groups_and_members(serve_instance)
                     for i in range(2)
                 ))
 
-        started = time.monotonic()
         answers = asyncio.run(pair())
-        assert time.monotonic() - started < 20
         for answer in answers:
             assert answer.status_code == 504 and answer.json()["code"] == "timeout"
             assert "score" not in answer.json()  # an error body, not a result
@@ -136,7 +131,9 @@ def test_a_dead_engine_ends_its_replica_and_its_group_is_scored_on_the_new_one(s
 # Serve's own health-check timeout in hang_app: far above what the replica's checks take (1 s apart, each
 # waiting up to 2 s for the engine, 3 in a row to call it hung), so a group answered well before it was
 # not rescued by Serve's check (a loaded machine adds seconds).
-SERVE_CHECK_TIMEOUT_S = 60.0
+# Far past the stalled group's generation_timeout_s (60 s, retries 0): a group answered valid by a new
+# replica was re-sent because the hang watch ended the first, not because Serve's own check did.
+SERVE_CHECK_TIMEOUT_S = 600.0
 HANG_TIMEOUT_S = 2.0
 HANG_PROBES = 3
 
@@ -168,11 +165,9 @@ def test_a_hung_engine_is_found_within_the_hang_timeout_and_its_group_scored_els
         status, body = score(url, timeout=120)
         result = body["results"][0]
         assert status == 200 and result["valid"] and result["replica"] != first_replica, result
-        # Found in ~7 s; the new replica then starts (a scripted engine: about a second; seconds more
-        # on a loaded machine). Serve's own check would only end the replica after 60 s.
-        elapsed = time.monotonic() - started
-        print(f"hung engine: group answered by a new replica after {elapsed:.1f} s")
-        assert elapsed < SERVE_CHECK_TIMEOUT_S / 2
+        # Found in ~7 s, then the new replica starts (a scripted engine: about a second). Unwatched, the
+        # generation would time out first (60 s) and the group come back invalid.
+        print(f"hung engine: group answered by a new replica after {time.monotonic() - started:.1f} s")
     finally:
         serve.delete("stalls")
 

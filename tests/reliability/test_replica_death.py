@@ -144,19 +144,15 @@ def test_killing_a_replica_mid_run_loses_no_member_and_scores_no_group_twice(ser
     serve.run(build_app(config), name=APP, route_prefix=f"/{APP}")
     try:
         run_load("warmup", kill=False, groups=20)
-        baseline_answers, baseline = run_load("baseline", kill=False)
-        check_every_member_answered_once_and_consistent(baseline_answers)
-        assert not baseline["errors"]
-
+        # No run without the kill to compare with: what the kill costs in time is bench.chaos's figure.
         answers, faulted = run_load("faulted", kill=True)
         assert not faulted["errors"], faulted["errors"][:3]
         check_every_member_answered_once_and_consistent(answers)
         assert faulted["replica_failures"] > 0, "the kill did not hit any in-flight member"
         with capsys.disabled():
             print(
-                f"\nreplica death: members lost 0, duplicates 0, wall {baseline['wall_s']:.1f} s -> "
-                f"{faulted['wall_s']:.1f} s (fault added {faulted['wall_s'] - baseline['wall_s']:.1f} s), "
-                f"max member latency {baseline['max_latency_s']:.1f} s -> {faulted['max_latency_s']:.1f} s, "
+                f"\nreplica death: members lost 0, duplicates 0, wall {faulted['wall_s']:.1f} s, "
+                f"max member latency {faulted['max_latency_s']:.1f} s, "
                 f"re-sent after death {faulted['replica_failures']}, re-sent after split {faulted['timeout_retries']}"
             )
     finally:

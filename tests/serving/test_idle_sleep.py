@@ -101,10 +101,10 @@ def test_an_idle_replica_sleeps_reports_it_and_wakes_for_the_next_group(url):
     assert replica().record_autoscaling_stats.remote().result(timeout_s=10)["sleeping"] == 1.0
 
     # A group sent to the sleeping replica waits for the wake-up, then gets one valid verdict.
-    outcome, took_s = asyncio.run(score_group(url, "after-sleep"))
+    outcome, _ = asyncio.run(score_group(url, "after-sleep"))
     assert outcome.result is not None and outcome.result.valid, (outcome.failure, outcome.error)
     assert outcome.result.scores is not None and len(outcome.result.scores) == len(CANDIDATES)
-    assert outcome.attempts == 1 and took_s >= WAKE_S  # it waited for the wake-up, not for a retry
+    assert outcome.attempts == 1  # it waited for the wake-up (counted below), not for a retry
     awake = replica().info.remote().result(timeout_s=10)
     assert awake["groups_scored"] == 2  # scored once
     assert awake["engine_sleep"]["woken_for_work"] == woken_before + 1 and not awake["engine_sleep"]["sleeping"]
@@ -112,11 +112,10 @@ def test_an_idle_replica_sleeps_reports_it_and_wakes_for_the_next_group(url):
 
     # Asleep again; members assembling leave it asleep; their complete group wakes it and is scored once.
     wait_until_asleep()
-    answers, last_wait_s = asyncio.run(score_members(url, "members", assembling_s=2.0 * SLEEP_CHECK_S))
+    answers, _ = asyncio.run(score_members(url, "members", assembling_s=2.0 * SLEEP_CHECK_S))
     assert all(answer.result is not None and answer.result.valid for answer in answers), [
         (answer.failure, answer.error) for answer in answers]
     assert len({(answer.result.replica, tuple(answer.result.group_scores)) for answer in answers}) == 1  # one verdict
-    assert last_wait_s >= WAKE_S, last_wait_s
     woken = replica().info.remote().result(timeout_s=10)
     assert woken["groups_scored"] == 3
     # One wake-up for the complete group (its members, assembling, left the engine asleep: the last one

@@ -42,23 +42,20 @@ def gpu_app_url(serve_instance):
     serve.delete(APP)
 
 
-def post_until_answered(url: str, body: dict) -> tuple[httpx.Response, float]:
-    """The first answer other than the proxy's 404/503 for a route that is not up yet."""
+def post_until_answered(url: str, body: dict) -> httpx.Response:
+    """The first answer other than the proxy's 404/503 for a route that is not up yet. A call left
+    waiting instead of answered raises its 30 s client timeout."""
     deadline = time.monotonic() + 60
     while True:
-        started = time.monotonic()
         response = httpx.post(url, json=body, timeout=30)
         if response.headers.get("content-type", "").startswith("application/json") or time.monotonic() > deadline:
-            return response, time.monotonic() - started
+            return response
         time.sleep(0.5)
 
 
 def test_http_callers_get_503_naming_the_missing_gpu(gpu_app_url):
-    response, took = post_until_answered(f"{gpu_app_url}/v1/score", {"groups": [GROUP]})
+    response = post_until_answered(f"{gpu_app_url}/v1/score", {"groups": [GROUP]})  # answered, not left waiting
     assert response.status_code == 503, response.text
-    # Answered, not left waiting (that would end in the 30 s client timeout). 17 s once on a CI machine
-    # whose 2 cores were saturated by the other shard's verl trainings.
-    assert took < 25
     body = response.json()
     assert "GRRMReplica" in body["error"] and '"GPU": 1.0' in body["error"], body
     assert body["detail"]["missing"] == {"GPU": 1.0} and body["detail"]["running"] == 0
@@ -110,7 +107,6 @@ async def test_a_call_already_waiting_fails_once_no_replica_can_start(gpu_app_ur
 
     handle = serve.get_deployment_handle("GRRMReplica", app_name=APP)
     client = ScorerClient(handle, availability=DeploymentAvailability(APP, "GRRMReplica", fetch=first_starting))
-    started = time.monotonic()
-    with pytest.raises(ReplicasUnschedulableError, match='"GPU": 1.0'):
+    with pytest.raises(ReplicasUnschedulableError, match='"GPU": 1.0'):  # not asyncio's TimeoutError
         await asyncio.wait_for(client.group_result(GroupRequest(**GROUP)), 30)
-    assert len(looks) >= 2 and time.monotonic() - started < 15
+    assert len(looks) >= 2  # given up when the second look found no node to start on

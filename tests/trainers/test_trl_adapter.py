@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
-import time
+import types
 
 import pytest
 from pydantic import ValidationError
@@ -166,22 +166,30 @@ def test_the_async_trainer_calls_once_per_group_without_trainer_state_and_the_ad
     assert service.announcements == []  # calls per group have no steps to announce
 
 
-def test_each_step_announces_its_groups_and_the_next_step_ahead_once_two_were_seen():
+def test_each_step_announces_its_groups_and_the_next_step_ahead_once_two_were_seen(monkeypatch):
     """Every process announces the whole step's groups (its slice x processes / num_generations) when a
     step's call opens a phase; from the second step on, the next step is announced when this one's
-    rewards should be in, starting a step's period after this step began."""
+    rewards should be in, starting a step's period after this step began. The adapter's clock is the
+    test's (steps 1.3 s apart); the announcement ahead is waited for, not slept past."""
     service = LocalTransport()
     reward = adapter(service, process_index=0, num_processes=2, run_id="two-ranks", phase_gap_s=0.5)
+    clock = [1000.0]
+    monkeypatch.setattr("grrm_client.adapters.trl.time", types.SimpleNamespace(time=lambda: clock[0]))
+
+    async def announced_so_far(count: int) -> None:
+        while len(service.announcements) < count:
+            await asyncio.sleep(0.01)
 
     async def steps() -> list[float]:
         began = []
         for step in range(3):
             if step:
-                await asyncio.sleep(1.3)  # generation and training between two calls
-            began.append(time.time())
+                clock[0] += 1.3  # generation and training between two calls
+            began.append(clock[0])
             await reward(prompts=["p"] * 8, completions=texts(step, [1, 2, 3, 4, 5, 6, 7, 8]), completion_ids=None,
                          trainer_state=object(), log_metric=None, log_extra=None, **columns(8))
-        await asyncio.sleep(1.2)  # the third step's rewards should be in 1 s after it began
+            if step:  # the next step announced ahead, when this one's rewards should be in (1 s after it began)
+                await asyncio.wait_for(announced_so_far(2 * step + 1), 30)
         reward._demand.close()
         return began
 
@@ -191,8 +199,8 @@ def test_each_step_announces_its_groups_and_the_next_step_ahead_once_two_were_se
     # Each step when it begins; the first lasts the default 60 s, the next ones as long as the steps seen.
     assert [(announced[i].starts_in_s, announced[i].lasts_s) for i in (0, 1, 3)] == [(0.0, 60.0), (0.0, 1.0), (0.0, 1.0)]
     # From the second step on, the next one 1 s after a step began: a period (the median) after its start.
-    assert abs(announced[2].starts_in_s - (began[1] - began[0] - 1.0)) < 0.2, announced
-    assert abs(announced[4].starts_in_s - ((began[2] - began[0]) / 2 - 1.0)) < 0.2, announced
+    assert announced[2].starts_in_s == pytest.approx(began[1] - began[0] - 1.0), announced
+    assert announced[4].starts_in_s == pytest.approx((began[2] - began[0]) / 2 - 1.0), announced
     quiet = LocalTransport()
     call(adapter(quiet, announce_demand=False), texts(0, [3, 1, 4, 1]))
     assert quiet.announcements == [] and quiet.calls == 1

@@ -15,7 +15,6 @@ import json
 import pickle
 import subprocess
 import sys
-import time
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -121,9 +120,7 @@ def test_a_service_that_stops_mid_run_gives_none_rewards_within_the_deadline(ser
 
     assert step() == [2, 3, 4, 5]
     serve.delete(app)
-    started = time.monotonic()
-    assert step() == [None] * GROUP
-    assert time.monotonic() - started < deadline_s + 5
+    assert step() == [None] * GROUP  # within its deadline or its attempts (a hang: the test's timeout)
     failed = {name: value for name, value in metrics[-12:] if name.startswith("grrm/failed")}
     assert failed["grrm/failed"] == GROUP and len(failed) == 2, failed  # the total and its one reason
 
