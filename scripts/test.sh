@@ -19,14 +19,17 @@ fi
 # The whole suite as three shards at once. Most of its time is a chain of process start-ups (Ray
 # workers, vLLM engines, verl's actors) that keeps one of the 2 cores busy (a full run with two shards
 # measured 50-60% of the machine busy), so chains beside it fit; what limits them is memory: the verl
-# harness holds about 10.5 GiB (31 processes: its head, the reward app's 2 vLLM-CPU replicas, and each
-# training's ~10 actors), so no other test's Ray cluster may run beside it and the session's.
+# harness holds ~10.5 GiB (31 processes: its head, the reward app's 2 vLLM-CPU replicas, each
+# training's actors) and the topology rehearsal up to ~8 GiB, so no other test's Ray cluster runs
+# beside the trainings and the session's.
 #   session:  the tests on the session's Ray cluster and Serve (tests/conftest.py), memory-heavy first;
-#   clusters: the other tests with Ray clusters of their own (the topology rehearsal, node faults, engine
+#   clusters: the other tests with Ray clusters of their own (topology rehearsal, node faults, engine
 #             orphans, `grrm serve`; marker own_cluster), from the start, beside the session's
 #             memory-heavy tests and the quick tier;
 #   own:      the quick tier, then, once the clusters shard is done, verl's six trainings (marker
-#             verl_trainer): the trainings, the longest chain, no longer wait for the quick tier.
+#             verl_trainer), the longest chain. With two shards it ran quick tier, those tests and the
+#             trainings in turn (CI: ~250 + 610-910 + 1,430-1,700 s); now the quick tier runs beside
+#             those tests.
 # Each prints its lines with its name in front and its 25 slowest tests at its end; the run fails if
 # any shard fails. A failed shard's failures are printed again at the very end, since a shard that
 # finished first has its summary far up the log (a CI page often shows only the log's tail).
