@@ -32,6 +32,7 @@ __all__ = [
     "HEAD_CPUS",
     "MIN_TRAINING_PHASE_ENV",
     "MODES",
+    "STEP_METRICS_PLUGIN",
     "TRAINING_PHASES_ENV",
     "TrainerMode",
     "TrainerRun",
@@ -40,9 +41,13 @@ __all__ = [
     "read_metrics",
 ]
 
+# The opt-in docs/trainers/verl.md tells users: the bridge's counters in verl's step metrics (grrm/...).
+STEP_METRICS_PLUGIN = "trainer_bridge.verl_plugin"
+
 # Environment of every verl process (set on the Ray head, so Ray's workers inherit it).
 CPU_ENV: dict[str, str] = {
-    "VERL_USE_EXTERNAL_MODULES": "cpu_harness.verl_platform",  # loaded by verl/__init__.py
+    # loaded by verl/__init__.py in that order: the CPU platform, then the step-metrics plugin
+    "VERL_USE_EXTERNAL_MODULES": f"cpu_harness.verl_platform,{STEP_METRICS_PLUGIN}",
     "VERL_PLATFORM": "cpu",  # the platform registered there
     "VERL_ENGINE_DEVICE": "cuda",  # FSDP engine is registered for cuda/npu only
     "VLLM_TARGET_DEVICE": "cpu",

@@ -29,7 +29,7 @@ import torch.distributed
 from verl.plugin.platform.platform_base import PlatformBase
 from verl.plugin.platform.platform_manager import PlatformRegistry
 
-from grrm_client.adapters.verl.import_hooks import after_import
+from cpu_harness.import_hooks import after_import
 
 __all__ = ["CPUPlatform", "install"]
 

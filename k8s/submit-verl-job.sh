@@ -49,4 +49,5 @@ exec ray job submit --address "$RAY_ADDRESS" \
   reward.reward_manager.name=GRRMRewardManager \
   +reward.reward_kwargs.transport=handle \
   +reward.reward_kwargs.app_name=grrm \
-  +reward.reward_kwargs.replica_deployment=GRRMReplica
+  +reward.reward_kwargs.replica_deployment=GRRMReplica \
+  +ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES=trainer_bridge.verl_plugin

@@ -1,7 +1,7 @@
-"""Import paths verl users already configure, kept working.
+"""Import paths verl users configure.
 
 The verl adapter lives in :mod:`grrm_client.adapters.verl`, beside the other trainers' adapters.
-verl configs name ``pkg://trainer_bridge.reward_manager`` (``reward.reward_manager.module.path``),
-and ``VERL_USE_EXTERNAL_MODULES=trainer_bridge.verl_plugin`` loads the step-metrics plugin where the
-package is only on ``PYTHONPATH``: both modules here re-export the adapter's, nothing else.
+verl configs name ``pkg://trainer_bridge.reward_manager`` (``reward.reward_manager.module.path``), which
+re-exports the adapter's reward manager; ``VERL_USE_EXTERNAL_MODULES=trainer_bridge.verl_plugin`` opts in
+to the bridge's counters in verl's step metrics (importing it installs the plugin).
 """

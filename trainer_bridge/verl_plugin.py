@@ -1,7 +1,7 @@
-"""``VERL_USE_EXTERNAL_MODULES=trainer_bridge.verl_plugin``: the bridge's step metrics in verl's, under
-the path users set (:mod:`grrm_client.adapters.verl.plugin`, installed on import). Runs inside
-``import verl``: imports nothing of verl."""
+"""``VERL_USE_EXTERNAL_MODULES=trainer_bridge.verl_plugin``: opt in to the bridge's counters in verl's step
+metrics (:mod:`grrm_client.adapters.verl.verl_metrics`; docs/trainers/verl.md). verl imports it in each of
+its processes, inside ``import verl``; importing it installs the plugin, or refuses a verl it does not know."""
 
-from grrm_client.adapters.verl.plugin import install
+from grrm_client.adapters.verl.verl_metrics import install
 
-__all__ = ["install"]
+install()

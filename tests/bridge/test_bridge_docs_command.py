@@ -34,6 +34,8 @@ def test_documented_command_composes_and_configures_the_bridge():
         config = compose(config_name="ppo_trainer", overrides=overrides)
     assert config.reward.reward_manager.source == "importlib"
     assert config.reward.reward_manager.module.path == "pkg://trainer_bridge.reward_manager"
+    # The step metrics' opt-in reaches the trainer's actor through the job's runtime_env (verl's ray.init).
+    assert config.ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES == "trainer_bridge.verl_plugin"
     bridge = BridgeConfig.from_verl_config(config)
     assert bridge.transport == "handle" and bridge.app_name == "grrm" and bridge.extractor == "codeblock"
     assert bridge.group_size == config.actor_rollout_ref.rollout.n == 8

@@ -1,8 +1,14 @@
 """The bridge's counters in verl's step metrics (the real trainers' end-to-end checks are in
-tests/verl_trainer/; here: the arithmetic, and the legacy trainer's hook on verl's real
-``compute_data_metrics``)."""
+tests/verl_trainer/; here: the arithmetic, the legacy trainer's hook on verl's real
+``compute_data_metrics``, and the plugin being opt-in and refusing a verl it does not know)."""
 
 from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +22,7 @@ from grrm_client.adapters.verl.verl_metrics import install_step_metrics
 from .helpers import codeblock, padded_batch, quality_text, row_fields
 
 SETTINGS = RewardSettings(default_reward=-1.0)
+REPO = Path(__file__).resolve().parents[2]
 
 
 def scored(score: int, **parts: float) -> ServiceReward:
@@ -60,7 +67,7 @@ def test_legacy_trainer_step_metrics_include_the_bridge_counters(tokenizer):
     reward_extra_info key into batch.non_tensor_batch; the hook adds the bridge's counters there."""
     from verl.trainer.ppo import ray_trainer
 
-    install_step_metrics()  # the verl plugin does this as verl imports the trainer (see the last test)
+    install_step_metrics()  # the opted-in plugin does this when the trainer creates its logger (below)
     assert getattr(ray_trainer.compute_data_metrics, "_grrm_step_metrics", False)
     assert install_step_metrics() == []  # idempotent
 
@@ -81,25 +88,68 @@ def test_legacy_trainer_step_metrics_include_the_bridge_counters(tokenizer):
     assert metrics["grrm/component/grrm/mean"] == pytest.approx(0.025)
 
 
-def test_the_verl_plugin_wraps_every_trainer_as_it_is_imported():
-    """The package's `verl.plugins` entry point: `import verl` in a fresh process loads it, and each
-    trainer module (v1, legacy, and the recipes' separation trainer that fully_async_policy trains
-    with in an actor that never loads the reward manager) has its step metrics wrapped on import."""
-    import subprocess
-    import sys
-    from importlib.metadata import entry_points
+def run_python(code: str, **env: str) -> str:
+    """The last line ``code`` prints in a fresh interpreter (this checkout first on its path)."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO), **env})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip().splitlines()[-1]
 
-    assert [ep.value for ep in entry_points(group="verl.plugins") if ep.name == "grrm"] == ["grrm_client.adapters.verl.plugin"]
+
+def test_importing_the_reward_manager_installs_no_hook_and_patches_nothing_in_verl():
+    """What verl configs name (pkg://trainer_bridge.reward_manager) registers `grrm` and leaves verl's
+    import system and step metrics as they were: the plugin is opt-in."""
     probe = (
-        "import verl, importlib\n"
-        "from grrm_client.adapters.verl.verl_metrics import TRAINER_MODULES\n"
-        "wrapped = []\n"
-        "for name in TRAINER_MODULES:\n"
-        "    module = importlib.import_module(name)\n"
-        "    target = module.PPOTrainer._compute_metrics if name.endswith('v1.trainer_base') else module.compute_data_metrics\n"
-        "    wrapped.append(getattr(target, '_grrm_step_metrics', False))\n"
-        "print(wrapped)\n"
+        "import sys\n"
+        "finders = list(sys.meta_path)\n"
+        "from verl.trainer.ppo import metric_utils\n"
+        "from verl.utils.tracking import Tracking\n"
+        "before = (metric_utils.compute_data_metrics, Tracking.__init__)\n"
+        "import trainer_bridge.reward_manager\n"
+        "from verl.trainer.ppo import ray_trainer\n"
+        "from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER\n"
+        "print([sys.meta_path == finders, (metric_utils.compute_data_metrics, Tracking.__init__) == before,\n"
+        "       ray_trainer.compute_data_metrics is metric_utils.compute_data_metrics,\n"
+        "       'trainer_bridge.verl_plugin' in sys.modules, 'grrm' in REWARD_MANAGER])\n"
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "[True, True, True]"
+    assert run_python(probe, VERL_USE_EXTERNAL_MODULES="") == "[True, True, True, False, True]"
+
+
+def test_the_opted_in_plugin_wraps_each_trainer_when_it_creates_its_logger():
+    """VERL_USE_EXTERNAL_MODULES=trainer_bridge.verl_plugin: `import verl` (in every verl process) installs
+    it without an import hook; each trainer module (v1, legacy, and the recipes' separation trainer that
+    one_step_off_policy and fully_async_policy train with) has its step metrics wrapped once a trainer
+    creates its logger, as each does in its own process before its first step."""
+    probe = (
+        "import sys\n"
+        "finders = list(sys.meta_path)\n"
+        "import verl, importlib\n"
+        "unhooked = sys.meta_path == finders  # (verl's trainers' own imports may add finders)\n"
+        "from grrm_client.adapters.verl.verl_metrics import TRAINER_MODULES\n"
+        "def wrapped():\n"
+        "    return [getattr(module.PPOTrainer._compute_metrics if name.endswith('v1.trainer_base')\n"
+        "                    else module.compute_data_metrics, '_grrm_step_metrics', False)\n"
+        "            for name, module in ((name, importlib.import_module(name)) for name in TRAINER_MODULES)]\n"
+        "before = wrapped()\n"
+        "from verl.utils.tracking import Tracking\n"
+        "Tracking(project_name='p', experiment_name='e', default_backend=[])\n"
+        "print([unhooked, 'trainer_bridge.verl_plugin' in sys.modules, before, wrapped()])\n"
+    )
+    assert run_python(probe, VERL_USE_EXTERNAL_MODULES="trainer_bridge.verl_plugin") == (
+        "[True, True, [False, False, False], [True, True, True]]")
+
+
+def test_the_plugin_refuses_a_verl_it_does_not_know(monkeypatch):
+    """Opting in on another verl stops that process with an error naming the version found and the
+    versions the plugin knows, and wraps nothing."""
+    import verl
+    from verl.utils.tracking import Tracking
+
+    from grrm_client.adapters.verl.verl_metrics import KNOWN_VERL_VERSIONS
+
+    init = Tracking.__init__
+    monkeypatch.setattr(verl, "__version__", "0.10.0")
+    with pytest.raises(RuntimeError, match=r"verl 0\.10\.0 is not a version this plugin knows \(0\.9\.1\)"):
+        importlib.import_module("trainer_bridge.verl_plugin")
+    assert KNOWN_VERL_VERSIONS == ("0.9.1",) and Tracking.__init__ is init
+    assert "trainer_bridge.verl_plugin" not in sys.modules

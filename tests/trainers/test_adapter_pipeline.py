@@ -106,15 +106,12 @@ def test_no_adapter_builds_a_member_or_its_reward_but_the_pipeline():
 def test_the_import_paths_users_configure_are_the_adapters():
     import grrm_client.adapters.slime as slime
     import grrm_client.adapters.trl as trl
-    import grrm_client.adapters.verl.plugin as plugin
     import grrm_client.slime
     import grrm_client.trl
-    import trainer_bridge.verl_plugin
     from grrm_client.adapters.verl.reward_manager import GRRMRewardManager
     from trainer_bridge.reward_manager import GRRMRewardManager as configured
 
     assert configured is GRRMRewardManager  # pkg://trainer_bridge.reward_manager in verl's config
-    assert trainer_bridge.verl_plugin.install is plugin.install
     assert grrm_client.trl.GRRMReward is trl.GRRMReward
     assert (grrm_client.slime.group_rm, grrm_client.slime.reset) == (slime.group_rm, slime.reset)
 

@@ -44,7 +44,9 @@ def test_main_ppo_command_composes_with_verls_config(tmp_path, transport):
     assert config.algorithm.adv_estimator == "grpo" and config.actor_rollout_ref.rollout.n == 4
     assert config.trainer.use_v1 and config.actor_rollout_ref.actor.strategy == "fsdp2"
     assert config.trainer.rollout_data_dir == str(tmp_path / "out" / "rollouts")
-    assert env["VERL_USE_EXTERNAL_MODULES"] == "cpu_harness.verl_platform" and env["VERL_PLATFORM"] == "cpu"
+    # The CPU platform, and the opt-in the trainings' grrm/ step metrics need (docs/trainers/verl.md).
+    assert env["VERL_USE_EXTERNAL_MODULES"] == "cpu_harness.verl_platform,trainer_bridge.verl_plugin"
+    assert env["VERL_PLATFORM"] == "cpu"
     bridge = BridgeConfig.from_verl_config(config)
     assert bridge.transport == transport and bridge.default_reward == -1.0 and bridge.group_size == 4
 

@@ -1,6 +1,6 @@
 """How much reward time a training step exposes, against the physical limit (docs/exposure.md).
 
-From one step's ``reward_extra_info`` (every rollout's times, :mod:`grrm_client.adapters.verl.timing`):
+From one step's ``reward_extra_info`` (every rollout's times, :class:`grrm_client.adapters.verl.extra_info.RewardTiming`):
 
 * **exposed reward** ``last answer - last rollout finished``: how long the step waited for rewards
   after its last rollout was done (``answered_at`` and ``sent_at``, both on the bridge's clock);

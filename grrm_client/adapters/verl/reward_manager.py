@@ -46,12 +46,11 @@ from grrm_client import CallOutcome, RewardClient
 from grrm_client.adapters.pipeline import FailureLog, reward_member
 from grrm_client.adapters.verl.capacity import concurrency_problem, groups_per_step
 from grrm_client.adapters.verl.config import BridgeConfig, validation_group_warning
-from grrm_client.adapters.verl.extra_info import extra_info
+from grrm_client.adapters.verl.extra_info import RewardTiming, extra_info
 from grrm_client.adapters.verl.metrics import RewardCounters
 from grrm_client.adapters.verl.rollout import Rollout, group_size_of, read_rollout, rollout_index
 from grrm_client.adapters.verl.run_identity import current_run_id, namespaced_group_id, run_tenant
 from grrm_client.demand import DemandAnnouncer
-from grrm_client.adapters.verl.timing import RewardTiming
 
 __all__ = ["GRRMRewardManager"]
 

@@ -1,23 +1,20 @@
-"""The bridge's counters in verl's own step metrics, so a failing reward service shows in the curve.
+"""The opt-in step-metrics plugin: the bridge's counters in verl's own step metrics.
 
 verl 0.9.1 computes rewards in reward-loop worker processes and logs step metrics in its trainer
-process, where nothing reads ``reward_extra_info`` during training. Every row's
-``reward_extra_info`` does reach the trainer, though: in the v1 trainer's TransferQueue
-(``extra_fields["reward_extra_info"]``, all three v1 modes), and in the batch of the legacy trainer
-and of the two experimental recipes, ``one_step_off_policy`` and ``fully_async_policy`` (their
-non-tensor columns). :func:`install_step_metrics` wraps the one place each trainer computes a step's metrics
-so that, for steps whose rows carry the bridge's keys (:data:`~grrm_client.adapters.verl.extra_info.EXTRA_INFO_KEYS`),
-the step also logs ``grrm/rewards``, ``grrm/valid``, ``grrm/failed``, ``grrm/retried``,
-``grrm/retries``, ``grrm/default/<reason>``, each part of the service's recipe as
-``grrm/component/<name>/mean`` ... (:func:`grrm_client.adapters.verl.metrics.step_metrics`) for
-exactly that step's rollouts. Steps without them are untouched.
+process, where nothing reads ``reward_extra_info`` during training. Every row's ``reward_extra_info``
+does reach the trainer, though: in the v1 trainer's TransferQueue (``extra_fields["reward_extra_info"]``,
+all three v1 modes), and in the batch of the legacy trainer and of the two experimental recipes,
+``one_step_off_policy`` and ``fully_async_policy`` (their non-tensor columns). The plugin wraps the
+one place each trainer computes a step's metrics so that, for steps whose rows carry the bridge's keys
+(:data:`~grrm_client.adapters.verl.extra_info.EXTRA_INFO_KEYS`), the step also logs ``grrm/rewards``,
+``grrm/valid``, ``grrm/failed``, ``grrm/default/<reason>``, ``grrm/component/<name>/mean`` ...
+(:func:`grrm_client.adapters.verl.metrics.step_metrics`) for exactly that step's rollouts. Steps without
+them are untouched, and a failure to compute the counters is logged and never reaches the step.
 
-The recipes' shared trainer base (``experimental/separation/ray_trainer.py``) imports
-``compute_data_metrics`` by name, so its own module attribute is wrapped too. fully_async_policy
-trains in an actor that never loads the reward manager, so the wrapping cannot wait for the manager:
-:mod:`grrm_client.adapters.verl.plugin`, a verl plugin (the ``verl.plugins`` entry point this package
-declares, loaded by ``import verl`` in every verl process), wraps each trainer module as it is
-imported. A failure to compute the counters is logged and never reaches the training step.
+Opt-in: nothing here runs unless a verl process imports ``trainer_bridge.verl_plugin`` (verl imports
+every module named in ``VERL_USE_EXTERNAL_MODULES`` on ``import verl``, docs/trainers/verl.md), which
+calls :func:`install`. It wraps private verl code, so it refuses a verl it was not written against
+(:data:`KNOWN_VERL_VERSIONS`) with an error naming both. The reward manager works without it.
 """
 
 from __future__ import annotations
@@ -28,12 +25,15 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from grrm_client.adapters.verl.metrics import step_metrics
 from grrm_client.adapters.verl.extra_info import EXTRA_INFO_KEYS
+from grrm_client.adapters.verl.metrics import step_metrics
 
-__all__ = ["install_step_metrics", "wrap_trainer_module"]
+__all__ = ["KNOWN_VERL_VERSIONS", "check_verl_version", "install", "install_step_metrics"]
 
 logger = logging.getLogger(__name__)
+
+# The verl versions whose trainers' step-metric code (below) this plugin was read against.
+KNOWN_VERL_VERSIONS = ("0.9.1",)
 
 V1_TRAINER = "verl.trainer.ppo.v1.trainer_base"  # PPOTrainer._compute_metrics(batch, metrics, ...)
 LEGACY_TRAINER = "verl.trainer.ppo.ray_trainer"  # fit() calls compute_data_metrics(batch=...)
@@ -44,19 +44,58 @@ TRAINER_MODULES = (V1_TRAINER, LEGACY_TRAINER, SEPARATION_TRAINER)
 _WRAPPED = "_grrm_step_metrics"
 
 
+def check_verl_version(version: str) -> None:
+    """A RuntimeError naming ``version`` and the known ones, unless the plugin knows it."""
+    if version not in KNOWN_VERL_VERSIONS:
+        raise RuntimeError(
+            f"trainer_bridge.verl_plugin: verl {version} is not a version this plugin knows "
+            f"({', '.join(KNOWN_VERL_VERSIONS)}); it wraps verl's trainers' own step-metric code, which "
+            f"may differ in {version}. Remove trainer_bridge.verl_plugin from VERL_USE_EXTERNAL_MODULES "
+            "(the reward manager does not need it) or run a verl it knows."
+        )
+
+
+def install() -> None:
+    """Opt in (idempotent): check verl's version, then wrap each trainer's step metrics when it creates
+    its logger.
+
+    Called while ``import verl`` runs, before any trainer module exists: every verl trainer creates its
+    :class:`verl.utils.tracking.Tracking` in its own process before its first step, and by then its
+    module is imported, so the wrapping waits for that (no import hook).
+    """
+    import verl  # during verl's own import: the partly initialised package, __version__ already set
+
+    check_verl_version(verl.__version__)
+    from verl.utils import tracking  # light: no torch, Ray or trainer
+
+    _wrap(tracking.Tracking, "__init__", _installing_step_metrics)
+
+
+def _installing_step_metrics(original: Callable[..., Any]) -> Callable[..., Any]:
+    def __init__(self, *args, **kwargs):
+        try:
+            install_step_metrics()
+        except Exception:  # noqa: BLE001 - metrics must never stop the trainer's logger
+            logger.exception("grrm: could not add the bridge's counters to verl's step metrics")
+        original(self, *args, **kwargs)
+
+    return __init__
+
+
 def install_step_metrics() -> list[str]:
-    """Wrap the step-metric computation of each verl trainer already imported here; returns their names."""
-    return [name for name in TRAINER_MODULES if name in sys.modules and wrap_trainer_module(sys.modules[name])]
-
-
-def wrap_trainer_module(module: Any) -> bool:
-    """Wrap the step metrics of one of verl's trainer modules (:data:`TRAINER_MODULES`); False if
-    it was wrapped already or is not one of them."""
-    if module.__name__ == V1_TRAINER:
-        return _wrap(module.PPOTrainer, "_compute_metrics", _v1_compute_metrics)
-    if module.__name__ in (LEGACY_TRAINER, SEPARATION_TRAINER):
-        return _wrap(module, "compute_data_metrics", _legacy_compute_data_metrics)
-    return False
+    """Wrap the step-metric computation of each verl trainer imported in this process; returns their names."""
+    wrapped = []
+    for name in TRAINER_MODULES:
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        if name == V1_TRAINER:
+            done = _wrap(module.PPOTrainer, "_compute_metrics", _v1_compute_metrics)
+        else:
+            done = _wrap(module, "compute_data_metrics", _legacy_compute_data_metrics)
+        if done:
+            wrapped.append(name)
+    return wrapped
 
 
 def _wrap(owner: Any, name: str, wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:

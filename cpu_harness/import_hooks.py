@@ -1,8 +1,8 @@
-"""Run a function on a module right after it is first imported (or now, if it already is).
+"""TEST SUPPORT: run a function on a module right after it is first imported (or now, if it already is).
 
-The bridge's verl plugin wraps verl's trainer modules this way (it is loaded while ``verl`` itself
-is being imported, before any trainer module exists), and the CPU harness applies its upstream
-workarounds the same way. Standard library only.
+The CPU harness applies its upstream workarounds this way (:mod:`cpu_harness.verl_platform` is loaded
+while ``verl`` itself is being imported, before the vLLM and verl modules it patches exist).
+Standard library only.
 """
 
 from __future__ import annotations
