@@ -26,12 +26,14 @@ from ray import serve
 
 from cluster.announced_demand import AnnouncedDemands
 from cluster.assembly import GroupAssembler
+from cluster.assembly_observers import AssemblyObserver
 from cluster.routing import HashRing, RouteHint, demand_route_key
 from cluster.schema import MemberRequest, MemberResult
+from deployments.metrics import ReplicaMetrics
 from deployments.replica_set import ReplicaSetWatch
 from grrm_handles.send import REPLICA_GONE_ERRORS, HandleSender
 
-__all__ = ["MAX_HAND_OFFS", "PROBE_TIMEOUT_S", "RingFollower"]
+__all__ = ["MAX_HAND_OFFS", "PROBE_TIMEOUT_S", "HandOffMetric", "RingFollower"]
 
 logger = logging.getLogger("ray.serve")
 
@@ -48,20 +50,28 @@ GONE_FOR_S = 5.0
 ScoreHere = Callable[[MemberRequest], Awaitable[MemberResult]]
 
 
+class HandOffMetric(AssemblyObserver):
+    """Counts the groups a replica's assembler released to their new owners (``grrm_groups_handed_off``)."""
+
+    def __init__(self, metrics: ReplicaMetrics):
+        self.metrics = metrics
+
+    def group_handed_off(self, group_id: str, owner: str) -> None:
+        self.metrics.groups_handed_off.inc()
+
+
 class RingFollower:
     """One replica's view of the ring, and the hand-offs it makes (see the module docstring)."""
 
     def __init__(self, name: str, virtual_nodes: int, assembler: GroupAssembler, queued: set[str],
-                 demands: AnnouncedDemands, on_released: Callable[[int], None],
-                 clock: Callable[[], float] = time.monotonic):
-        """``queued``: the groups waiting for this replica's engine, which may still move;
-        ``on_released(n)``: ``n`` groups were released to their new owners (a metric)."""
+                 demands: AnnouncedDemands, clock: Callable[[], float] = time.monotonic):
+        """``queued``: the groups waiting for this replica's engine, which may still move (the groups
+        released to their new owners are counted by the assembler's observers: :class:`HandOffMetric`)."""
         self.name = name
         self.virtual_nodes = virtual_nodes
         self.assembler = assembler
         self.queued = queued
         self.demands = demands
-        self.on_released = on_released
         # The routers' ring as the controller last broadcast it (None: not known yet, or outside Serve).
         self.ring: HashRing | None = None
         self.gone: dict[str, float] = {}  # replicas on the ring that did not answer a probe -> when
@@ -116,7 +126,6 @@ class RingFollower:
             if owner is not None and self.peers is not None:  # one replica reports a tenant's demand
                 self._in_background(self.peers.ask_replica("keep_demand", owner, self.demands.pop(tenant)))
         if released:
-            self.on_released(released)
             logger.info("replica %s: replica set now %s; %d groups not yet at the engine handed to their new owners",
                         self.name, replicas, released)
 
