@@ -75,6 +75,15 @@ class RecipeOutcome:
                                               "rewards": self.rewards, "components": self.components})
 
 
+def _kept(group: GroupRequest, kept: list[int], tokens: list[int | None]) -> GroupRequest:
+    """The group as the engine is shown it: the candidates at ``kept`` (the language gate's), in order."""
+    if len(kept) == len(group.candidates):
+        return group
+    return group.model_copy(update={
+        "candidates": [group.candidates[index] for index in kept],
+        "response_tokens": None if group.response_tokens is None else [tokens[index] for index in kept]})
+
+
 class RecipeRunner:
     """Runs groups through their tenant's recipe (see the module docstring)."""
 
@@ -128,9 +137,7 @@ class RecipeRunner:
         refusal = self._gate_refusal(group, gated, kept)
         if refusal is not None:
             return await self._composed(recipe, group, refusal, None, failures, tokens, language_ok, {})
-        shown = group if len(kept) == count else group.model_copy(update={
-            "candidates": [group.candidates[index] for index in kept],
-            "response_tokens": None if group.response_tokens is None else [tokens[index] for index in kept]})
+        shown = _kept(group, kept, tokens)
         models = self._start_model_parts(recipe, group, kept)
         try:
             result = await scorer.score_group(shown)

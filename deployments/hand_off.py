@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from ray import serve
@@ -46,9 +46,6 @@ PROBE_TIMEOUT_S = 5.0
 # replica set changes: in a fixed pool that never comes, and a probe that timed out under load (a peer
 # busy starting) would keep every group this replica was sent while routers disagreed split for good.
 GONE_FOR_S = 5.0
-
-ScoreHere = Callable[[MemberRequest], Awaitable[MemberResult]]
-
 
 class HandOffMetric(AssemblyObserver):
     """Counts the groups a replica's assembler released to their new owners (``grrm_groups_handed_off``)."""
@@ -91,9 +88,9 @@ class RingFollower:
         peers = HandleSender(serve.get_deployment_handle(context.deployment, context.app_name))
         return peers, ReplicaSetWatch(context.replica_id.deployment_id, self.on_replica_set, self.name)
 
-    async def place(self, member: MemberRequest, scoped: str, hint: RouteHint, score_here: ScoreHere) -> MemberResult:
-        """Score ``member`` here (``score_here``) or on the replica the ring now places its group on
-        (``hint``: the call's routing hint, its attempt and the hand-offs so far)."""
+    async def hand_on(self, member: MemberRequest, scoped: str, hint: RouteHint) -> MemberResult | None:
+        """The answer of the replica the ring now places ``member``'s group on, when that is another one
+        (``hint``: the call's routing hint, its attempt and the hand-offs so far); None: it joins here."""
         attempt, handed_off = hint.attempt, hint.handed_off
         # A member re-sent after a replica died (attempt >= 1) was placed by a router that knows of the
         # death before this replica's view of the ring does: it stays.
@@ -101,11 +98,15 @@ class RingFollower:
             owner = await self.reachable_owner(member.group_id)
             if owner is not None:
                 return await self.hand_to(owner, member, handed_off + 1)
-        result = await score_here(member)
-        if result.failure == "moved" and handed_off < MAX_HAND_OFFS:
+        return None
+
+    async def follow_moved(self, member: MemberRequest, result: MemberResult, hint: RouteHint) -> MemberResult:
+        """``member``'s ``result`` here, or, when its group was handed off meanwhile (``moved``), the answer
+        of the replica the ring now places it on."""
+        if result.failure == "moved" and hint.handed_off < MAX_HAND_OFFS:
             owner = await self.reachable_owner(member.group_id)
             if owner is not None:
-                return await self.hand_to(owner, member, handed_off + 1)
+                return await self.hand_to(owner, member, hint.handed_off + 1)
         return result
 
     def on_replica_set(self, replicas: list[str]) -> None:

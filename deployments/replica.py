@@ -177,9 +177,11 @@ class GRRMReplica:
         A member of a group the routers' ring now places on another replica (the replica set changed)
         is handed to that replica, and its answer passed back (the call's routing hint counts the
         hand-offs so far: replicas whose views of the ring differ pass a member on a few times at most)."""
-        scoped = scoped_group_id(member.tenant, member.group_id)
-        return await self.ring.place(member, scoped, _route_hint(),
-                                     lambda here: self._join(here, scoped, route_key=member.group_id))
+        scoped, hint = scoped_group_id(member.tenant, member.group_id), _route_hint()
+        elsewhere = await self.ring.hand_on(member, scoped, hint)
+        if elsewhere is not None:
+            return elsewhere
+        return await self.ring.follow_moved(member, await self._join(member, scoped, route_key=member.group_id), hint)
 
     async def add_open_member(self, member: MemberRequest) -> MemberResult:
         """A member whose ``group_id`` is only a key shared by the samples of one prompt (and whose
