@@ -14,12 +14,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from cluster.group_records import CompletedGroup
-from cluster.ledger import CompletedGroupLedger
+from cluster.ledger import CompletedGroupLedger, GroupLedger
 
 __all__ = ["LEDGER_WRITE_BUDGET_S", "CompletedGroups", "LedgerCounts"]
 
@@ -55,8 +54,7 @@ class CompletedGroups:
         self.counts = LedgerCounts()
         self._ledger = ledger
         self._clock = clock
-        # Insertion order is expiry order, so expire() only looks at the front.
-        self._groups: OrderedDict[str, CompletedGroup] = OrderedDict()
+        self._groups = GroupLedger(self.ttl_s, max_groups, clock)  # the same bounded, expiring map as a ledger's
         self._writes: set[asyncio.Task[None]] = set()
 
     @property
@@ -69,10 +67,10 @@ class CompletedGroups:
         return self._groups.get(group_id)
 
     def __contains__(self, group_id: str) -> bool:
-        return group_id in self._groups
+        return self._groups.get(group_id) is not None
 
     def __len__(self) -> int:
-        return len(self._groups)
+        return self._groups.size()
 
     def expiry(self) -> float:
         """When a group scored now stops being kept (on :attr:`clock`'s scale)."""
@@ -80,21 +78,12 @@ class CompletedGroups:
 
     def remember(self, group_id: str, record: CompletedGroup) -> None:
         """Keep ``record`` for retries (the oldest goes beyond ``max_groups``)."""
-        if self.max_groups == 0:
-            return
-        self._groups[group_id] = record
-        self._groups.move_to_end(group_id)
-        while len(self._groups) > self.max_groups:
-            self._groups.popitem(last=False)
+        if self.max_groups > 0:
+            self._groups.put(group_id, record)
 
     def expire(self) -> None:
         """Forget the records past their time."""
-        now = self._clock()
-        while self._groups:
-            oldest_id, oldest = next(iter(self._groups.items()))
-            if oldest.expires_at > now:
-                break
-            del self._groups[oldest_id]
+        self._groups.expire()
 
     async def look_up(self, group_id: str) -> CompletedGroup | None:
         """The ledger's record of a group another replica scored (None: no record, no ledger, or no
@@ -149,9 +138,9 @@ class CompletedGroups:
         await self.finish_writes(self.ledger_timeout_s)
         for write in list(self._writes):
             write.cancel()
-        self._groups.clear()
+        self._groups = GroupLedger(self.ttl_s, self.max_groups, self._clock)
 
     def stats(self) -> dict[str, int]:
         """The ledger's counters, the records kept and the writes under way."""
-        return {**dataclasses.asdict(self.counts), "completed_cached": len(self._groups),
+        return {**dataclasses.asdict(self.counts), "completed_cached": self._groups.size(),
                 "ledger_writes_pending": len(self._writes)}
