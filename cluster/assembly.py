@@ -549,8 +549,7 @@ class GroupAssembler:
                 ),
                 started_at=None,
             )
-            await self._completed.publish(assembly.group_id, self._record(assembly, verdict))
-            self._finish(assembly, verdict, remember=True)
+            await self._answer(assembly, verdict)
             return
         self.counts.groups_scored += 1
         started_at = self._wall_clock()
@@ -567,8 +566,7 @@ class GroupAssembler:
                 "engine_error", f"group {assembly.group_id}: scoring failed: {type(error).__name__}: {error}"
             )
         verdict = self._group_verdict(assembly, verdict, started_at)
-        await self._completed.publish(assembly.group_id, self._record(assembly, verdict))
-        self._finish(assembly, verdict, remember=True)
+        await self._answer(assembly, verdict)
 
     def _abandon(self, assembly: _Assembly, error: EngineDeadError) -> None:
         """No verdict exists: nothing is published or remembered, every waiting member is told."""
@@ -591,7 +589,7 @@ class GroupAssembler:
             verdict = self._verdict(
                 "engine_error", f"group {assembly.group_id}: scoring failed: {type(error).__name__}: {error}"
             )
-        self._finish(assembly, verdict, remember=False)
+        self._finish(assembly, verdict, None)
 
     def _verdict_from_outcome(self, assembly: _Assembly, outcome: RecipeOutcome, shown: list[int]) -> Verdict:
         """The members' verdict from the recipe's outcome for the shown members (``shown``: their
@@ -649,11 +647,18 @@ class GroupAssembler:
             observer.group_scored(trace)
         return scored
 
-    def _finish(self, assembly: _Assembly, verdict: Verdict, *, remember: bool) -> None:
+    async def _answer(self, assembly: _Assembly, verdict: Verdict) -> None:
+        """Publish the group's verdict (members wait for the ledger, bounded), keep it for retries, answer."""
+        record = self._record(assembly, verdict)
+        await self._completed.publish(assembly.group_id, record)
+        self._finish(assembly, verdict, record)
+
+    def _finish(self, assembly: _Assembly, verdict: Verdict, record: CompletedGroup | None) -> None:
+        """Answer the group's members; keep its ``record`` for retries (None: it is not kept)."""
         if self._scoring.get(assembly.group_id) is assembly:
             del self._scoring[assembly.group_id]
-        if remember and not self._closed and self._completed.max_groups > 0:
-            self._completed.remember(assembly.group_id, self._record(assembly, verdict))
+        if record is not None and not self._closed:
+            self._completed.remember(assembly.group_id, record)
         self._resolve(assembly, verdict)
 
     def _record(self, assembly: _Assembly, verdict: Verdict) -> CompletedGroup:
@@ -663,7 +668,6 @@ class GroupAssembler:
             assembly.context,
             candidate_digests=tuple(candidate_digest(assembly.candidates[key]) for key in order),
             verdict=verdict,
-            expires_at=self._completed.expiry(),
             member_ids=tuple(str(key) for key in order) if assembly.keyed else None,
         )
 

@@ -72,10 +72,6 @@ class CompletedGroups:
     def __len__(self) -> int:
         return self._groups.size()
 
-    def expiry(self) -> float:
-        """When a group scored now stops being kept (on :attr:`clock`'s scale)."""
-        return self._clock() + self.ttl_s
-
     def remember(self, group_id: str, record: CompletedGroup) -> None:
         """Keep ``record`` for retries (the oldest goes beyond ``max_groups``)."""
         if self.max_groups > 0:
@@ -99,8 +95,7 @@ class CompletedGroups:
     def adopt(self, group_id: str, record: CompletedGroup) -> None:
         """Keep the ledger's ``record`` as this replica's answer for the group."""
         self.counts.ledger_adopted += 1
-        record.expires_at = self.expiry()  # another process's clock before
-        self.remember(group_id, record)
+        self.remember(group_id, record)  # for ttl_s from now, whenever the ledger took it
 
     async def publish(self, group_id: str, record: CompletedGroup) -> None:
         """Write a scored group to the ledger before its members hear of it.

@@ -9,7 +9,8 @@ death and re-send their calls to a live replica (why and how: docs/operations/fa
 
 This class keeps Serve's surface and the engine's life; its parts live apart: the engine lane
 (fair gate, work meter, sleep, scorer: ``cluster/engine_lane.py``, built by
-``deployments/replica_lane.py``), the assembler (``cluster/assembly.py``), the ring and its hand-offs
+``deployments/replica_lane.py``), the assembler (``cluster/assembly.py``) and its scored groups
+(``cluster/completed_groups.py``), the ring and its hand-offs
 (``deployments/hand_off.py``), the engine's loss (``deployments/engine_loss.py``) and the reports
 (``deployments/replica_report.py``). Routing hints (a re-send's attempt, a replica addressed by id,
 hand-offs so far) come as the call's session id, never as method arguments (``cluster.routing.RouteHint``).
