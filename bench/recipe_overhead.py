@@ -86,7 +86,8 @@ async def measure(quick: bool) -> list[dict[str, Any]]:
     """Every recipe's service time over rotating rounds, and its own CPU per group."""
     from cluster.engines import make_engine
     from cluster.recipe_runner import RecipeRunner, inline
-    from cluster.schema import GroupResult
+    from cluster.schema import GroupRequest, GroupResult
+    from cluster.scorer import GroupScoring
     from deployments.replica_lane import engine_lane
     from deployments.rewarding import recipe_runner
 
@@ -107,13 +108,14 @@ async def measure(quick: bool) -> list[dict[str, Any]]:
     for turn in range(rounds):
         for name in names[turn % len(names):] + names[:turn % len(names)]:
             started = time.perf_counter()
-            outcomes = await asyncio.gather(*(runners[name].run(group, lanes[name].score) for group in sent))
+            outcomes = await asyncio.gather(*(runners[name].run(group, lanes[name]) for group in sent))
             service[name].append((time.perf_counter() - started) / count)
             gated[name] = sum(failure is not None for outcome in outcomes for failure in outcome.failures)
             unscored[name] = sum(not outcome.result.valid for outcome in outcomes)
 
-    async def at_once(group: Any) -> GroupResult:
-        return GroupResult(scores=[5] * len(group.candidates), valid=True)
+    class AtOnce(GroupScoring):
+        async def score_group(self, group: GroupRequest) -> GroupResult:
+            return GroupResult(scores=[5] * len(group.candidates), valid=True)
 
     cpu_ms = {}
     for name in names:
@@ -123,7 +125,7 @@ async def measure(quick: bool) -> list[dict[str, Any]]:
                                       off_loop=inline)
         started = time.thread_time()
         for group in sent:
-            await on_this_thread.run(group, at_once)
+            await on_this_thread.run(group, AtOnce())
         cpu_ms[name] = (time.thread_time() - started) / count * 1000
     base = service["default"]
     rows = []

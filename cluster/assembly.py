@@ -21,11 +21,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Container
+from collections import OrderedDict
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 
 from cluster import gqm
+from cluster.assembly_observers import AssemblyObserver, GroupTrace
+from cluster.completed_groups import CompletedGroups
 from cluster.engines.base import EngineDeadError
 from cluster.group_records import (
     CompletedGroup,
@@ -35,36 +37,55 @@ from cluster.group_records import (
     candidate_digest,
     group_context,
 )
-from cluster.ledger import CompletedGroupLedger
 from cluster.recipe import RecipeSettings
 from cluster.recipe_runner import RecipeOutcome, RecipeRunner
-from cluster.schema import FailureReason, GroupRequest, GroupResult, MemberRequest, MemberResult, MemberTiming
+from cluster.schema import FailureReason, GroupRequest, MemberRequest, MemberResult, MemberTiming
+from cluster.scorer import GroupScoring
 
 # How many missing indices a timeout message lists before it only counts the rest.
 _MISSING_INDICES_SHOWN = 20
-# Scored groups kept for recent_groups() (timestamps for diagnostics and tests).
-RECENT_GROUPS = 10_000
-# How long a ledger write may go on after its members were answered (a ledger replica being
-# replaced, a starved CPU) before it is given up and counted as a ledger error.
-LEDGER_WRITE_BUDGET_S = 60.0
 # How far past its waiting-members limit a tenant's members may still join groups it has started.
 JOIN_HEADROOM = 1.5
 _DEFAULT_RECIPE = RecipeSettings()
 
 
 @dataclass(frozen=True, slots=True)
-class GroupTrace:
-    """When one scored group went through this replica (Unix seconds), for :meth:`GroupAssembler.recent_groups`."""
+class AssemblySettings:
+    """How a replica's assembler collects groups: its bounds, and its name in the answers it gives itself."""
 
-    group_id: str
-    group_size: int
-    first_sent_at: float | None  # the earliest sent_at of its members (the callers' clocks)
-    first_received_at: float  # its first member's arrival here (the assembly that completed)
-    complete_at: float
-    scoring_started_at: float
-    scoring_ended_at: float
-    valid: bool
-    failure: FailureReason | None
+    assembly_timeout_s: float  # from a group's first member to its last
+    max_pending_groups: int = 100_000  # groups collecting members at once
+    replica: str = ""  # this replica, in answers the assembler gives itself (timeouts, rejections)
+    # Tenant -> how many of its members may wait here for group-mates (None: no limit).
+    waiting_limit: Callable[[str], int | None] = lambda tenant: None
+
+    def __post_init__(self) -> None:
+        if self.assembly_timeout_s <= 0:
+            raise ValueError(f"assembly_timeout_s must be positive, got {self.assembly_timeout_s}")
+        if self.max_pending_groups < 1:
+            raise ValueError(f"max_pending_groups must be >= 1, got {self.max_pending_groups}")
+
+
+@dataclass(slots=True)
+class AssemblyCounts:
+    """What the assembler did since it started (the names its stats export)."""
+
+    members_received: int = 0
+    groups_started: int = 0
+    groups_scored: int = 0  # score_group calls
+    scoring_failures: int = 0  # score_group raised or answered malformed
+    assembly_timeouts: int = 0
+    conflicts: int = 0  # members that disagree with their group (fields or candidate)
+    duplicates: int = 0  # retries that joined a group still collecting or scoring
+    cached_answers: int = 0  # retries answered from an already-scored group
+    rejected_overload: int = 0
+    rejected_tenant_waiting: int = 0  # a tenant's members waiting for group-mates at its limit
+    rejected_closed: int = 0
+    single_member_groups: int = 0
+    invalid_members: int = 0  # members without a translation (not shown to the model)
+    cancelled_waiters: int = 0
+    groups_abandoned: int = 0  # the engine died while scoring them: no verdict, not answered
+    groups_handed_off: int = 0  # not yet at the engine when another replica became their owner
 
 
 @dataclass(eq=False, slots=True)
@@ -98,6 +119,23 @@ class _Assembly:
         """Whether the group's members come with member_ids instead of indices."""
         return self.first.index is None
 
+    def shown(self) -> list[int]:
+        """The positions (in prompt order) of the complete group's members shown to the model: the valid ones."""
+        return [position for position, key in enumerate(self.order or ()) if self.candidates[key] is not None]
+
+    def group_request(self, shown: list[int]) -> tuple[GroupRequest, list[int | None]]:
+        """The complete group as the engine is asked to score it (its ``shown`` members, in prompt order),
+        and those members' response lengths."""
+        order = self.order or []
+        tokens = [self.response_tokens.get(order[position]) for position in shown]
+        first = self.first
+        request = GroupRequest(tenant=first.tenant, group_id=self.group_id, source=first.source,
+                               candidates=[self.candidates[order[position]] for position in shown],
+                               src_lang=first.src_lang, trg_lang=first.trg_lang, ref_text=first.ref_text,
+                               ref_lang=first.ref_lang, notes=first.notes,
+                               response_tokens=None if None in tokens else tokens)
+        return request, tokens
+
 
 def _candidate_of(member: MemberRequest) -> str | None:
     """What a member contributes to its group: its text, or None when it is invalid."""
@@ -122,98 +160,51 @@ def prompt_order(candidates: dict[MemberKey, str | None]) -> list[MemberKey]:
 class GroupAssembler:
     """Collects the members of each group, scores each complete group once, answers every member.
 
-    ``score_group`` is called once per complete group, in a task of its own: a caller that is
-    cancelled does not cancel the scoring the other members wait for. Every outcome, good or
-    bad, reaches every waiting member; nothing is made up (an invalid group gives score None).
-    The one exception is the engine's death (``score_group`` raises :class:`EngineDeadError`):
-    the group is abandoned, neither published nor remembered, and every waiting member's
-    :meth:`submit` raises it, so that all of them are re-sent together to a live engine.
+    Each complete group goes through its tenant's recipe to ``scorer`` once, in a task of its own:
+    a caller that is cancelled does not cancel the scoring the other members wait for. Every
+    outcome, good or bad, reaches every waiting member; nothing is made up (an invalid group gives
+    score None). The one exception is the engine's death (the scorer raises
+    :class:`EngineDeadError`): the group is abandoned, neither published nor remembered, and every
+    waiting member's :meth:`submit` raises it, so that all of them are re-sent together to a live
+    engine. Scored groups are kept (and published) by :class:`~cluster.completed_groups.CompletedGroups`.
 
     Time is read from ``clock`` (deadlines, cache expiry). The event loop's timer wakes the
     assembler at each deadline; :meth:`expire_overdue` (run on every submit) applies the clock
     too, so a test with a fake clock can expire groups without sleeping.
     """
 
-    def __init__(
-        self,
-        score_group: Callable[[GroupRequest], Awaitable[GroupResult]],
-        *,
-        assembly_timeout_s: float,
-        completed_ttl_s: float = 600.0,
-        max_pending_groups: int = 100_000,
-        max_completed_groups: int = 100_000,
-        clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,
-        replica: str = "",
-        ledger: CompletedGroupLedger | None = None,
-        ledger_timeout_s: float = 2.0,
-        waiting_limit: Callable[[str], int | None] = lambda tenant: None,
-        rewards: RecipeRunner | None = None,
-    ):
+    def __init__(self, scorer: GroupScoring, settings: AssemblySettings, *, completed: CompletedGroups | None = None,
+                 rewards: RecipeRunner | None = None, observers: Sequence[AssemblyObserver] = (),
+                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time):
         """Set up an empty assembler.
 
-        ``assembly_timeout_s`` runs from a group's first member; ``completed_ttl_s`` is how long
-        a scored group's answer is kept for retries (at most ``max_completed_groups`` of them);
-        ``max_pending_groups`` bounds the groups being collected; ``replica`` names this replica
-        in answers the assembler gives itself (timeouts, rejections); ``waiting_limit`` (tenant ->
-        a number, None: no limit) bounds the members of one tenant that wait for group-mates here
-        (:meth:`_over_waiting_limit`); ``rewards`` runs each complete group through its tenant's recipe
+        ``scorer``: where a complete group's shown members are scored (a replica's engine lane);
+        ``completed``: the groups scored here, kept for retries and published to the ledger (None:
+        kept for 600 s, no ledger); ``rewards`` runs each complete group through its tenant's recipe
         (the language gate, the engine, the reward's parts; None: the default recipe, every member's
-        reward its score).
+        reward its score); ``observers`` are told of every group answered or handed off.
         """
-        if assembly_timeout_s <= 0:
-            raise ValueError(f"assembly_timeout_s must be positive, got {assembly_timeout_s}")
-        if completed_ttl_s < 0:
-            raise ValueError(f"completed_ttl_s must not be negative, got {completed_ttl_s}")
-        if max_pending_groups < 1 or max_completed_groups < 0:
-            raise ValueError("max_pending_groups must be >= 1 and max_completed_groups >= 0")
-        self._score_group = score_group
-        self._rewards = rewards or RecipeRunner(lambda tenant: _DEFAULT_RECIPE, replica=replica)
-        self.assembly_timeout_s = float(assembly_timeout_s)
-        self.completed_ttl_s = float(completed_ttl_s)
-        self.max_pending_groups = max_pending_groups
-        self.max_completed_groups = max_completed_groups
-        self.replica = replica
-        self._ledger = ledger
-        self._ledger_timeout_s = ledger_timeout_s
+        self.settings = settings
+        self._scorer = scorer
+        self._rewards = rewards or RecipeRunner(lambda tenant: _DEFAULT_RECIPE, replica=settings.replica)
+        self._completed = completed if completed is not None else CompletedGroups(clock=clock)
+        self._observers = tuple(observers)
         self._clock = clock
         self._wall_clock = wall_clock
-        self._recent: deque[GroupTrace] = deque(maxlen=RECENT_GROUPS)
-        # Insertion order is deadline (and expiry) order, so sweeps only look at the front.
+        self.counts = AssemblyCounts()
+        # Insertion order is deadline order, so sweeps only look at the front.
         self._assembling: OrderedDict[str, _Assembly] = OrderedDict()
         self._scoring: dict[str, _Assembly] = {}
-        self._completed: OrderedDict[str, CompletedGroup] = OrderedDict()
         self._members_waiting = 0
-        self._waiting_limit = waiting_limit
         # Tenant -> submit calls waiting on its groups still collecting (only tenants with some).
         self._collecting_waiters: dict[str, int] = {}
         self._closed = False
-        self._background: set[asyncio.Task[None]] = set()
-        self._ledger_writes: set[asyncio.Task[None]] = set()
-        self._counters = dict.fromkeys(
-            (
-                "members_received",
-                "groups_started",
-                "groups_scored",  # score_group calls
-                "scoring_failures",  # score_group raised or answered malformed
-                "assembly_timeouts",
-                "conflicts",  # members that disagree with their group (fields or candidate)
-                "duplicates",  # retries that joined a group still collecting or scoring
-                "cached_answers",  # retries answered from an already-scored group
-                "rejected_overload",
-                "rejected_tenant_waiting",  # a tenant's members waiting for group-mates at its limit
-                "rejected_closed",
-                "single_member_groups",
-                "invalid_members",  # members without a translation (not shown to the model)
-                "cancelled_waiters",
-                "ledger_adopted",  # groups answered from the ledger (scored by a replica now gone)
-                "ledger_errors",  # ledger calls that failed or timed out (scoring goes on without)
-                "ledger_late_writes",  # writes that outlasted ledger_timeout_s: answered first, written after
-                "groups_abandoned",  # the engine died while scoring them: no verdict, not answered
-                "groups_handed_off",  # not yet at the engine when another replica became their owner
-            ),
-            0,
-        )
+        self._lookups: set[asyncio.Task[CompletedGroup | None]] = set()
+
+    @property
+    def replica(self) -> str:
+        """This replica's name in the answers the assembler gives itself."""
+        return self.settings.replica
 
     # ----------------------------------------------------------------------------- public
 
@@ -223,16 +214,16 @@ class GroupAssembler:
 
         Raises :class:`EngineDeadError` when the engine died while scoring the member's group.
         """
-        self._counters["members_received"] += 1
+        self.counts.members_received += 1
         received_at = self._wall_clock()
         if self._closed:
-            self._counters["rejected_closed"] += 1
+            self.counts.rejected_closed += 1
             return self._refuse(
                 member, "shutting_down", f"group {member.group_id}: the replica is shutting down", received_at
             )
         if member.group_size == 1:
             # One candidate has nothing to be ranked against: no prompt, no engine call.
-            self._counters["single_member_groups"] += 1
+            self.counts.single_member_groups += 1
             return self._refuse(
                 member, "too_few_distinct", f"group {member.group_id} has one member: nothing to compare", received_at
             )
@@ -242,7 +233,7 @@ class GroupAssembler:
         assembly = self._assembling.get(group_id) or self._scoring.get(group_id)
         over = self._over_waiting_limit(member, assembly)
         if over is not None:
-            self._counters["rejected_tenant_waiting"] += 1
+            self.counts.rejected_tenant_waiting += 1
             return self._refuse(member, "overloaded", over, received_at)
         if assembly is not None:
             rejection = self._join(assembly, member, received_at)
@@ -252,13 +243,13 @@ class GroupAssembler:
             completed = self._completed.get(group_id)
             if completed is not None:
                 return self._answer_from_cache(completed, member, received_at)
-            if len(self._assembling) >= self.max_pending_groups:
-                self._counters["rejected_overload"] += 1
+            if len(self._assembling) >= self.settings.max_pending_groups:
+                self.counts.rejected_overload += 1
                 return self._refuse(
                     member,
                     "overloaded",
                     f"group {group_id}: too many groups assembling "
-                    f"({len(self._assembling)}, max_pending_groups {self.max_pending_groups}); retry later",
+                    f"({len(self._assembling)}, max_pending_groups {self.settings.max_pending_groups}); retry later",
                     received_at,
                 )
             assembly = self._start(member, received_at)
@@ -274,7 +265,7 @@ class GroupAssembler:
         started; a member that completes its group is never refused (it frees the others)."""
         if assembly is not None and assembly.scoring is not None:
             return None  # its group is complete: it waits on work, not on group-mates
-        limit = self._waiting_limit(member.tenant)
+        limit = self.settings.waiting_limit(member.tenant)
         if limit is None:
             return None
         held = self._collecting_waiters.get(member.tenant, 0)
@@ -311,12 +302,14 @@ class GroupAssembler:
                 # Cancelled while it waits for an engine slot: no engine call was made, none will be.
                 assembly.scoring.cancel()
                 del self._scoring[assembly.group_id]
-                self._counters["groups_scored"] -= 1  # counted as its scoring began; its new owner scores it
+                self.counts.groups_scored -= 1  # counted as its scoring began; its new owner scores it
                 held = "complete here, waiting for the engine"
             else:
                 continue
-            self._counters["groups_handed_off"] += 1
+            self.counts.groups_handed_off += 1
             released += 1
+            for observer in self._observers:
+                observer.group_handed_off(assembly.group_id, owner)
             self._resolve(assembly, self._verdict(
                 "moved", f"group {assembly.group_id}: the replica set changed and replica {owner} now collects its "
                          f"members ({held})"))
@@ -342,20 +335,14 @@ class GroupAssembler:
         """Submit calls waiting for a verdict (collecting or scoring)."""
         return self._members_waiting
 
-    def recent_groups(self, since: float | None = None) -> list[GroupTrace]:
-        """The last scored groups (at most :data:`RECENT_GROUPS`), oldest first; ``since``: only those
-        whose scoring ended at or after that wall-clock time."""
-        return [trace for trace in self._recent if since is None or trace.scoring_ended_at >= since]
-
     def stats(self) -> dict[str, int]:
         """Counters since start, and the current gauges (for metrics and routing)."""
         return {
-            **self._counters,
+            **dataclasses.asdict(self.counts),
             "pending_groups": len(self._assembling),
             "scoring_groups": len(self._scoring),
             "members_waiting": self._members_waiting,
-            "completed_cached": len(self._completed),
-            "ledger_writes_pending": len(self._ledger_writes),
+            **self._completed.stats(),
         }
 
     def expire_overdue(self) -> None:
@@ -366,11 +353,7 @@ class GroupAssembler:
             if oldest.deadline > now:
                 break
             self._time_out(oldest)
-        while self._completed:
-            oldest_id, oldest = next(iter(self._completed.items()))
-            if oldest.expires_at > now:
-                break
-            del self._completed[oldest_id]
+        self._completed.expire()
 
     async def close(self) -> None:
         """Answer every waiting member with a shutdown error and refuse new members."""
@@ -384,18 +367,14 @@ class GroupAssembler:
             task.cancel()
         # The scoring tasks' done callbacks answer their members when the cancellation lands.
         await asyncio.gather(*scoring, return_exceptions=True)
-        for lookup in list(self._background):
+        for lookup in list(self._lookups):
             lookup.cancel()
-        await self.finish_ledger_writes(self._ledger_timeout_s)
-        for write in list(self._ledger_writes):
-            write.cancel()
-        self._completed.clear()
+        await self._completed.close()
 
     async def finish_ledger_writes(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for the ledger writes still under way (the records of groups
         already answered): a replica about to end gives them this grace."""
-        if self._ledger_writes:
-            await asyncio.wait(set(self._ledger_writes), timeout=timeout_s)
+        await self._completed.finish_writes(timeout_s)
 
     # ---------------------------------------------------------------------------- collect
 
@@ -405,20 +384,20 @@ class GroupAssembler:
             group_id=member.group_id,
             first=member,
             context=group_context(member),
-            deadline=self._clock() + self.assembly_timeout_s,
+            deadline=self._clock() + self.settings.assembly_timeout_s,
             outcome=loop.create_future(),
             first_received_at=received_at,
         )
-        self._counters["groups_started"] += 1
+        self.counts.groups_started += 1
         self._assembling[member.group_id] = assembly
         self._add(assembly, member)
         if assembly.scoring is None:
-            assembly.timer = loop.call_later(self.assembly_timeout_s, self._on_timer, assembly)
-            if self._ledger is not None:
+            assembly.timer = loop.call_later(self.settings.assembly_timeout_s, self._on_timer, assembly)
+            if self._completed.has_ledger:
                 # Off the critical path: the group waits for its other members anyway.
                 lookup = loop.create_task(self._look_up(assembly), name=f"ledger-{member.group_id}")
-                self._background.add(lookup)
-                lookup.add_done_callback(self._background.discard)
+                self._lookups.add(lookup)
+                lookup.add_done_callback(self._lookups.discard)
                 assembly.lookup = lookup
         return assembly
 
@@ -426,11 +405,7 @@ class GroupAssembler:
         """The ledger's record of a group another replica scored (and died before answering all of it),
         adopted at once while the group still collects; returned for its scoring to adopt otherwise
         (None: no record, or no answer within ``ledger_timeout_s``)."""
-        try:
-            record = await asyncio.wait_for(self._ledger.get(assembly.group_id), self._ledger_timeout_s)
-        except Exception:  # noqa: BLE001 - no ledger answer: the group is assembled as usual
-            self._counters["ledger_errors"] += 1
-            return None
+        record = await self._completed.look_up(assembly.group_id)
         if record is not None and self._assembling.get(assembly.group_id) is assembly:
             self._adopt(assembly, record)
         return record
@@ -442,40 +417,12 @@ class GroupAssembler:
         )
         if not agrees:
             return False  # the same id for a different group: assemble it afresh
-        self._counters["ledger_adopted"] += 1
         self._drop_assembling(assembly)
         if self._scoring.get(assembly.group_id) is assembly:
             del self._scoring[assembly.group_id]
-        record.expires_at = self._clock() + self.completed_ttl_s  # another process's clock before
-        self._store_completed(assembly.group_id, record)
+        self._completed.adopt(assembly.group_id, record)
         self._resolve(assembly, record.verdict)
         return True
-
-    async def _publish(self, assembly: _Assembly, verdict: Verdict) -> None:
-        """Write a scored group to the ledger before its members hear of it.
-
-        The members wait for the write at most ``ledger_timeout_s`` (a ledger outage must not hold
-        answers back); a write still under way then goes on in the background, so a slow ledger
-        delays the record instead of losing it: a member re-sent after this replica dies must find
-        what the others were told.
-        """
-        if self._ledger is None:
-            return
-        write = asyncio.get_running_loop().create_task(
-            self._write(assembly.group_id, self._record(assembly, verdict)), name=f"ledger-put-{assembly.group_id}"
-        )
-        self._ledger_writes.add(write)
-        write.add_done_callback(self._ledger_writes.discard)
-        try:
-            await asyncio.wait_for(asyncio.shield(write), self._ledger_timeout_s)
-        except TimeoutError:
-            self._counters["ledger_late_writes"] += 1
-
-    async def _write(self, group_id: str, record: CompletedGroup) -> None:
-        try:
-            await asyncio.wait_for(self._ledger.put(group_id, record), LEDGER_WRITE_BUDGET_S)
-        except Exception:  # noqa: BLE001 - counted; the members were answered regardless
-            self._counters["ledger_errors"] += 1
 
     def _join(self, assembly: _Assembly, member: MemberRequest, received_at: float) -> MemberResult | None:
         """Add a member to a known group; a MemberResult when it is refused instead."""
@@ -492,11 +439,11 @@ class GroupAssembler:
             if assembly.candidates[key] != _candidate_of(member):
                 return self._conflict_on_key(member, received_at)
             # A retry of a member already here: it waits on the same outcome, counted once.
-            self._counters["duplicates"] += 1
+            self.counts.duplicates += 1
             return None
         if assembly.order is not None:
             # Only members with ids can be new once a group is complete: its group_size are all here.
-            self._counters["conflicts"] += 1
+            self.counts.conflicts += 1
             return self._refuse(
                 member,
                 "conflict",
@@ -514,7 +461,7 @@ class GroupAssembler:
             first_sent = assembly.first_sent_at
             assembly.first_sent_at = member.sent_at if first_sent is None else min(first_sent, member.sent_at)
         if member.invalid:
-            self._counters["invalid_members"] += 1
+            self.counts.invalid_members += 1
         if len(assembly.candidates) == assembly.first.group_size:
             self._begin_scoring(assembly)
 
@@ -532,7 +479,7 @@ class GroupAssembler:
     def _time_out(self, assembly: _Assembly) -> None:
         # The partial group is dropped, not cached: a later member starts a new assembly.
         self._drop_assembling(assembly)
-        self._counters["assembly_timeouts"] += 1
+        self.counts.assembly_timeouts += 1
         size = assembly.first.group_size
         missing_text = ""
         if not assembly.keyed:
@@ -545,7 +492,7 @@ class GroupAssembler:
             assembly,
             self._verdict(
                 "timeout",
-                f"group {assembly.group_id}: assembly timed out after {self.assembly_timeout_s!r} s "
+                f"group {assembly.group_id}: assembly timed out after {self.settings.assembly_timeout_s!r} s "
                 f"with {len(assembly.candidates)} of {size} members{missing_text}",
             ),
         )
@@ -590,8 +537,7 @@ class GroupAssembler:
             if record is not None and self._adopt(assembly, record):
                 return
         first = assembly.first
-        texts = [assembly.candidates[key] for key in assembly.order or ()]
-        shown = [position for position, text in enumerate(texts) if text is not None]
+        shown = assembly.shown()
         if len(shown) < gqm.MIN_CANDIDATES:
             # Invalid members leave nothing to compare: no prompt, no engine call.
             verdict = self._group_verdict(
@@ -603,43 +549,28 @@ class GroupAssembler:
                 ),
                 started_at=None,
             )
-            await self._publish(assembly, verdict)
-            self._finish(assembly, verdict, remember=True)
+            await self._answer(assembly, verdict)
             return
-        self._counters["groups_scored"] += 1
+        self.counts.groups_scored += 1
         started_at = self._wall_clock()
         try:
-            tokens = [assembly.response_tokens.get(key) for key in assembly.order or ()]
-            shown_tokens = [tokens[index] for index in shown]
-            request = GroupRequest(
-                tenant=first.tenant,
-                group_id=assembly.group_id,
-                source=first.source,
-                candidates=[texts[index] for index in shown],
-                src_lang=first.src_lang,
-                trg_lang=first.trg_lang,
-                ref_text=first.ref_text,
-                ref_lang=first.ref_lang,
-                notes=first.notes,
-                response_tokens=None if None in shown_tokens else shown_tokens,
-            )
-            outcome = await self._rewards.run(request, self._score_group, shown_tokens)
+            request, shown_tokens = assembly.group_request(shown)
+            outcome = await self._rewards.run(request, self._scorer, shown_tokens)
             verdict = self._verdict_from_outcome(assembly, outcome, shown)
         except EngineDeadError as error:
             self._abandon(assembly, error)
             return
         except Exception as error:  # noqa: BLE001 - any failure is every member's answer, not a hang
-            self._counters["scoring_failures"] += 1
+            self.counts.scoring_failures += 1
             verdict = self._verdict(
                 "engine_error", f"group {assembly.group_id}: scoring failed: {type(error).__name__}: {error}"
             )
         verdict = self._group_verdict(assembly, verdict, started_at)
-        await self._publish(assembly, verdict)
-        self._finish(assembly, verdict, remember=True)
+        await self._answer(assembly, verdict)
 
     def _abandon(self, assembly: _Assembly, error: EngineDeadError) -> None:
         """No verdict exists: nothing is published or remembered, every waiting member is told."""
-        self._counters["groups_abandoned"] += 1
+        self.counts.groups_abandoned += 1
         if self._scoring.get(assembly.group_id) is assembly:
             del self._scoring[assembly.group_id]
         if not assembly.outcome.done():
@@ -658,14 +589,14 @@ class GroupAssembler:
             verdict = self._verdict(
                 "engine_error", f"group {assembly.group_id}: scoring failed: {type(error).__name__}: {error}"
             )
-        self._finish(assembly, verdict, remember=False)
+        self._finish(assembly, verdict, None)
 
     def _verdict_from_outcome(self, assembly: _Assembly, outcome: RecipeOutcome, shown: list[int]) -> Verdict:
         """The members' verdict from the recipe's outcome for the shown members (``shown``: their
         positions); the members not shown (invalid) get their recipe's reward without a score."""
         if outcome.malformed:
             # A malformed result must not hand out a wrong member's score or raise per member.
-            self._counters["scoring_failures"] += 1
+            self.counts.scoring_failures += 1
         size = assembly.first.group_size
         result = outcome.result
         scores: list[int | None] | None = None if outcome.scores is None else [None] * size
@@ -694,7 +625,7 @@ class GroupAssembler:
     def _group_verdict(self, assembly: _Assembly, verdict: Verdict, started_at: float | None) -> Verdict:
         """The verdict with what belongs to the group: its members' positions and its times.
 
-        Also notes the group in :meth:`recent_groups`.
+        Also tells the observers of it (its trace).
         """
         ended_at = self._wall_clock()
         complete_at = assembly.complete_at if assembly.complete_at is not None else ended_at
@@ -708,30 +639,27 @@ class GroupAssembler:
             scoring_started_at=started_at if started_at is not None else ended_at,
             scoring_ended_at=ended_at,
         )
-        self._recent.append(
-            GroupTrace(
-                group_id=assembly.group_id,
-                group_size=assembly.first.group_size,
-                first_sent_at=assembly.first_sent_at,
-                first_received_at=assembly.first_received_at,
-                complete_at=complete_at,
-                scoring_started_at=scored.scoring_started_at or ended_at,
-                scoring_ended_at=ended_at,
-                valid=verdict.valid,
-                failure=verdict.failure,
-            )
-        )
+        trace = GroupTrace(group_id=assembly.group_id, group_size=assembly.first.group_size,
+                           first_sent_at=assembly.first_sent_at, first_received_at=assembly.first_received_at,
+                           complete_at=complete_at, scoring_started_at=scored.scoring_started_at or ended_at,
+                           scoring_ended_at=ended_at, valid=verdict.valid, failure=verdict.failure)
+        for observer in self._observers:
+            observer.group_scored(trace)
         return scored
 
-    def _finish(self, assembly: _Assembly, verdict: Verdict, *, remember: bool) -> None:
+    async def _answer(self, assembly: _Assembly, verdict: Verdict) -> None:
+        """Publish the group's verdict (members wait for the ledger, bounded), keep it for retries, answer."""
+        record = self._record(assembly, verdict)
+        await self._completed.publish(assembly.group_id, record)
+        self._finish(assembly, verdict, record)
+
+    def _finish(self, assembly: _Assembly, verdict: Verdict, record: CompletedGroup | None) -> None:
+        """Answer the group's members; keep its ``record`` for retries (None: it is not kept)."""
         if self._scoring.get(assembly.group_id) is assembly:
             del self._scoring[assembly.group_id]
-        if remember and not self._closed and self.max_completed_groups > 0:
-            self._remember(assembly, verdict)
+        if record is not None and not self._closed:
+            self._completed.remember(assembly.group_id, record)
         self._resolve(assembly, verdict)
-
-    def _remember(self, assembly: _Assembly, verdict: Verdict) -> None:
-        self._store_completed(assembly.group_id, self._record(assembly, verdict))
 
     def _record(self, assembly: _Assembly, verdict: Verdict) -> CompletedGroup:
         order = assembly.order or prompt_order(assembly.candidates)
@@ -740,17 +668,8 @@ class GroupAssembler:
             assembly.context,
             candidate_digests=tuple(candidate_digest(assembly.candidates[key]) for key in order),
             verdict=verdict,
-            expires_at=self._clock() + self.completed_ttl_s,
             member_ids=tuple(str(key) for key in order) if assembly.keyed else None,
         )
-
-    def _store_completed(self, group_id: str, record: CompletedGroup) -> None:
-        if self.max_completed_groups == 0:
-            return
-        self._completed[group_id] = record
-        self._completed.move_to_end(group_id)
-        while len(self._completed) > self.max_completed_groups:
-            self._completed.popitem(last=False)
 
     # ----------------------------------------------------------------------------- answer
 
@@ -764,7 +683,7 @@ class GroupAssembler:
             # shield: a cancelled caller must not cancel the outcome the other members share.
             verdict = await asyncio.shield(assembly.outcome)
         except asyncio.CancelledError:
-            self._counters["cancelled_waiters"] += 1
+            self.counts.cancelled_waiters += 1
             raise
         finally:
             self._members_waiting -= 1
@@ -782,7 +701,7 @@ class GroupAssembler:
             return self._conflict(member, disagreements, received_at)
         digest = completed.digest_of(member.key)
         if digest is None:
-            self._counters["conflicts"] += 1
+            self.counts.conflicts += 1
             return self._refuse(
                 member,
                 "conflict",
@@ -791,11 +710,11 @@ class GroupAssembler:
             )
         if candidate_digest(_candidate_of(member)) != digest:
             return self._conflict_on_key(member, received_at)
-        self._counters["cached_answers"] += 1
+        self.counts.cached_answers += 1
         return self._member_result(member, completed.verdict, received_at)
 
     def _conflict(self, member: MemberRequest, disagreements: list[str], received_at: float) -> MemberResult:
-        self._counters["conflicts"] += 1
+        self.counts.conflicts += 1
         return self._refuse(
             member,
             "conflict",
@@ -806,7 +725,7 @@ class GroupAssembler:
         )
 
     def _conflict_on_key(self, member: MemberRequest, received_at: float) -> MemberResult:
-        self._counters["conflicts"] += 1
+        self.counts.conflicts += 1
         which = f"index {member.index}" if member.index is not None else f"member_id {member.member_id!r}"
         return self._refuse(
             member,

@@ -8,9 +8,11 @@ Every group a replica scores, whole or assembled from members, goes through one 
 * the sleeper (:mod:`cluster.engine_sleep`), when the engine sleeps while idle: it wakes first;
 * the scorer (:class:`~cluster.scorer.GroupScorer`): prompts, generation, parsing.
 
-:meth:`EngineLane.score` is the score function the assembler is given. An engine that died raises
-:class:`~cluster.engines.base.EngineDeadError` out of it, for the replica to act on (it ends its
-process so that callers re-send elsewhere); from then on the lane takes no group. Pure: no Ray, no
+The lane is a :class:`~cluster.scorer.GroupScoring` for whole groups, and :attr:`EngineLane.assembled`
+one for the groups the replica's assembler completed (they may move to another replica until the
+engine takes them). An engine that died raises :class:`~cluster.engines.base.EngineDeadError` out of
+either, for the replica to act on (it ends its process so that callers re-send elsewhere); from then
+on the lane takes no group. Pure: no Ray, no
 I/O of its own (the engine's aside).
 """
 
@@ -25,9 +27,9 @@ from cluster.engine_sleep import EngineSleeper
 from cluster.engines.base import EngineDeadError
 from cluster.fair_share import FairGate
 from cluster.schema import GroupRequest, GroupResult
-from cluster.scorer import GroupScorer
+from cluster.scorer import GroupScorer, GroupScoring
 
-__all__ = ["CHARS_PER_TOKEN", "PROMPT_OVERHEAD_TOKENS", "EngineLane", "estimated_tokens"]
+__all__ = ["CHARS_PER_TOKEN", "PROMPT_OVERHEAD_TOKENS", "AssembledGroups", "EngineLane", "estimated_tokens"]
 
 # A group's prompt before it is built, roughly: its texts at about 4 characters a token, plus the
 # template's own tokens. Charged when it goes to the engine; the real count settles it after.
@@ -39,11 +41,11 @@ Scored = Callable[[GroupRequest, GroupResult, float], None]
 
 def estimated_tokens(group: GroupRequest) -> float:
     """What a group's prompt will cost, before it is built."""
-    return (len(group.source) + sum(len(candidate) for candidate in group.candidates)) / CHARS_PER_TOKEN \
-        + PROMPT_OVERHEAD_TOKENS
+    return ((len(group.source) + sum(len(candidate) for candidate in group.candidates)) / CHARS_PER_TOKEN
+            + PROMPT_OVERHEAD_TOKENS)
 
 
-class EngineLane:
+class EngineLane(GroupScoring):
     """A replica's groups to its engine: fair gate, work meter, sleep, scorer (see the module docstring)."""
 
     def __init__(self, scorer: GroupScorer, gate: FairGate[GroupResult], sleeper: EngineSleeper | None = None,
@@ -58,6 +60,11 @@ class EngineLane:
         self.lost: BaseException | None = None  # why the engine is gone (None: it serves)
         self._on_scored = on_scored
         self._clock = clock
+        self.assembled = AssembledGroups(self)
+
+    async def score_group(self, group: GroupRequest) -> GroupResult:
+        """Score a whole group when its tenant's turn comes (it stays on this replica)."""
+        return await self.score(group)
 
     async def score(self, group: GroupRequest, movable: bool = False) -> GroupResult:
         """Score ``group`` when its tenant's turn comes. ``movable``: until the engine takes it, the group
@@ -104,10 +111,6 @@ class EngineLane:
             self._on_scored(group, result, waited)
         return result
 
-    async def assembled(self, group: GroupRequest) -> GroupResult:
-        """The score function the assembler is given: a group it completed may move until the engine takes it."""
-        return await self.score(group, movable=True)
-
     def lose(self, error: BaseException) -> None:
         """The engine is gone (a failed health check, a dead sleep): the lane takes no more groups."""
         self.lost = self.lost or error
@@ -123,3 +126,15 @@ class EngineLane:
         except EngineDeadError as error:
             self.lose(error)
             raise
+
+
+class AssembledGroups(GroupScoring):
+    """The lane as a replica's assembler scores through it: a group it completed may move (to a new
+    owner of its route key) until the engine takes it."""
+
+    def __init__(self, lane: EngineLane):
+        self.lane = lane
+
+    async def score_group(self, group: GroupRequest) -> GroupResult:
+        """Score an assembled group through the lane; it is in the lane's ``queued`` until the engine takes it."""
+        return await self.lane.score(group, movable=True)

@@ -115,7 +115,6 @@ class CompletedGroup:
     source_digest: bytes
     candidate_digests: tuple[bytes, ...]  # in position order
     verdict: Verdict
-    expires_at: float
     # The members' ids in position order, for a group of members sent with member_ids.
     member_ids: tuple[str, ...] | None = None
     # The group's reference and notes (digests; None: it had none).

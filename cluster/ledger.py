@@ -46,7 +46,7 @@ class GroupLedger:
 
     def put(self, group_id: str, record: CompletedGroup, copy: int = 0) -> None:
         """Store (or replace) a scored group (``copy``: which copy this is, read by the router)."""
-        self._expire()
+        self.expire()
         self._records[group_id] = (self._clock() + self.ttl_s, record)
         self._records.move_to_end(group_id)
         self._log_write(group_id)
@@ -54,13 +54,13 @@ class GroupLedger:
 
     def get(self, group_id: str, copy: int = 0) -> CompletedGroup | None:
         """The scored group, if it is known and not expired."""
-        self._expire()
+        self.expire()
         entry = self._records.get(group_id)
         return entry[1] if entry is not None else None
 
     def size(self, copy: int = 0) -> int:
         """Groups held."""
-        self._expire()
+        self.expire()
         return len(self._records)
 
     def changes_since(self, since: int, exclude: str | None = None) -> tuple[int, list[tuple[str, float, CompletedGroup]]]:
@@ -69,7 +69,7 @@ class GroupLedger:
 
         Remaining time rather than an expiry instant: monotonic clocks differ between processes.
         """
-        self._expire()
+        self.expire()
         now = self._clock()
         changed: list[tuple[str, float, CompletedGroup]] = []
         for number, group_id in reversed(self._writes):
@@ -103,7 +103,8 @@ class GroupLedger:
         while len(self._records) > self.max_groups:
             self._records.popitem(last=False)
 
-    def _expire(self) -> None:
+    def expire(self) -> None:
+        """Forget the records past their time."""
         now = self._clock()
         while self._records:
             expires_at, _ = next(iter(self._records.values()))

@@ -9,7 +9,7 @@ once, and the group its assembler built from members), so both answer alike:
    distinct candidates gets ``too_few_distinct`` without an engine call (GQM spec section 5b). In a
    post-edit group only the post-edit (the last candidate) is checked, and its failing the gate gives
    the whole group the default (section 5c).
-2. The candidates left go to the engine (``score``: the replica's engine lane); meanwhile the recipe's
+2. The candidates left go to the engine (``scorer``: the replica's engine lane); meanwhile the recipe's
    model parts score them on their own deployments.
 3. The recipe composes each candidate's reward and components (:func:`cluster.recipe.compose`; off the
    event loop when it holds costly parts). A model part with no value for a scored candidate (its call
@@ -41,6 +41,7 @@ from cluster.recipe import (
     unscored,
 )
 from cluster.schema import GroupRequest, GroupResult
+from cluster.scorer import GroupScoring
 
 __all__ = ["Passes", "RecipeOutcome", "RecipeRunner", "inline"]
 
@@ -50,7 +51,6 @@ _T = TypeVar("_T")
 Passes = Callable[[str, Sequence[str]], list[bool]]
 # How work leaves the event loop: asyncio.to_thread's signature.
 OffLoop = Callable[..., Awaitable[Any]]
-Score = Callable[[GroupRequest], Awaitable[GroupResult]]
 
 
 async def inline(function: Callable[..., _T], /, *args: Any) -> _T:
@@ -73,6 +73,15 @@ class RecipeOutcome:
         """The whole group's answer: the result with every candidate's score, reward and components."""
         return self.result.model_copy(update={"group_id": group.group_id, "scores": self.scores,
                                               "rewards": self.rewards, "components": self.components})
+
+
+def _kept(group: GroupRequest, kept: list[int], tokens: list[int | None]) -> GroupRequest:
+    """The group as the engine is shown it: the candidates at ``kept`` (the language gate's), in order."""
+    if len(kept) == len(group.candidates):
+        return group
+    return group.model_copy(update={
+        "candidates": [group.candidates[index] for index in kept],
+        "response_tokens": None if group.response_tokens is None else [tokens[index] for index in kept]})
 
 
 class RecipeRunner:
@@ -113,11 +122,11 @@ class RecipeRunner:
         return result.model_copy(update={"rewards": [composed.reward] * count,
                                          "components": [dict(composed.components) for _ in range(count)]})
 
-    async def run(self, group: GroupRequest, score: Score,
+    async def run(self, group: GroupRequest, scorer: GroupScoring,
                   response_tokens: Sequence[int | None] | None = None) -> RecipeOutcome:
-        """Gate, score (``score``: the engine's path for a group of the candidates left) and compose.
+        """Gate, score (``scorer``: the engine's path for a group of the candidates left) and compose.
         ``response_tokens``: each candidate's response length (default: the group's ``response_tokens``).
-        Raises what ``score`` raises (the engine's death)."""
+        Raises what ``scorer`` raises (the engine's death)."""
         recipe = self.recipe_of(group.tenant)
         count = len(group.candidates)
         tokens = list(response_tokens if response_tokens is not None else group.response_tokens or [None] * count)
@@ -128,12 +137,10 @@ class RecipeRunner:
         refusal = self._gate_refusal(group, gated, kept)
         if refusal is not None:
             return await self._composed(recipe, group, refusal, None, failures, tokens, language_ok, {})
-        shown = group if len(kept) == count else group.model_copy(update={
-            "candidates": [group.candidates[index] for index in kept],
-            "response_tokens": None if group.response_tokens is None else [tokens[index] for index in kept]})
+        shown = _kept(group, kept, tokens)
         models = self._start_model_parts(recipe, group, kept)
         try:
-            result = await score(shown)
+            result = await scorer.score_group(shown)
         except BaseException:
             for task in models.values():
                 task.cancel()

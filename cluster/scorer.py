@@ -12,6 +12,7 @@ import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from cluster import ensemble, gqm, prompt_guard
 from cluster.config import ScoringConfig
@@ -86,7 +87,18 @@ class PromptOutcome:
         )
 
 
-class GroupScorer:
+class GroupScoring(Protocol):
+    """What scores one group's candidates: a :class:`GroupScorer`, or a replica's engine lane in front of one
+    (``cluster/engine_lane.py``). A group's recipe (:class:`~cluster.recipe_runner.RecipeRunner`) scores
+    through it, for a whole group and for one its replica assembled from members."""
+
+    async def score_group(self, group: GroupRequest) -> GroupResult:
+        """The group's scores, or why it has none (a flagged result); raises
+        :class:`~cluster.engines.base.EngineDeadError` when the engine died while scoring it."""
+        ...
+
+
+class GroupScorer(GroupScoring):
     """Scores GQM groups with one engine.
 
     Groups are scored concurrently: each :meth:`score_group` call awaits its own generation

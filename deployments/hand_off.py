@@ -19,19 +19,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from ray import serve
 
 from cluster.announced_demand import AnnouncedDemands
 from cluster.assembly import GroupAssembler
+from cluster.assembly_observers import AssemblyObserver
 from cluster.routing import HashRing, RouteHint, demand_route_key
 from cluster.schema import MemberRequest, MemberResult
+from deployments.metrics import ReplicaMetrics
 from deployments.replica_set import ReplicaSetWatch
 from grrm_handles.send import REPLICA_GONE_ERRORS, HandleSender
 
-__all__ = ["MAX_HAND_OFFS", "PROBE_TIMEOUT_S", "RingFollower"]
+__all__ = ["MAX_HAND_OFFS", "PROBE_TIMEOUT_S", "HandOffMetric", "RingFollower"]
 
 logger = logging.getLogger("ray.serve")
 
@@ -45,23 +47,28 @@ PROBE_TIMEOUT_S = 5.0
 # busy starting) would keep every group this replica was sent while routers disagreed split for good.
 GONE_FOR_S = 5.0
 
-ScoreHere = Callable[[MemberRequest], Awaitable[MemberResult]]
+class HandOffMetric(AssemblyObserver):
+    """Counts the groups a replica's assembler released to their new owners (``grrm_groups_handed_off``)."""
+
+    def __init__(self, metrics: ReplicaMetrics):
+        self.metrics = metrics
+
+    def group_handed_off(self, group_id: str, owner: str) -> None:
+        self.metrics.groups_handed_off.inc()
 
 
 class RingFollower:
     """One replica's view of the ring, and the hand-offs it makes (see the module docstring)."""
 
     def __init__(self, name: str, virtual_nodes: int, assembler: GroupAssembler, queued: set[str],
-                 demands: AnnouncedDemands, on_released: Callable[[int], None],
-                 clock: Callable[[], float] = time.monotonic):
-        """``queued``: the groups waiting for this replica's engine, which may still move;
-        ``on_released(n)``: ``n`` groups were released to their new owners (a metric)."""
+                 demands: AnnouncedDemands, clock: Callable[[], float] = time.monotonic):
+        """``queued``: the groups waiting for this replica's engine, which may still move (the groups
+        released to their new owners are counted by the assembler's observers: :class:`HandOffMetric`)."""
         self.name = name
         self.virtual_nodes = virtual_nodes
         self.assembler = assembler
         self.queued = queued
         self.demands = demands
-        self.on_released = on_released
         # The routers' ring as the controller last broadcast it (None: not known yet, or outside Serve).
         self.ring: HashRing | None = None
         self.gone: dict[str, float] = {}  # replicas on the ring that did not answer a probe -> when
@@ -81,9 +88,9 @@ class RingFollower:
         peers = HandleSender(serve.get_deployment_handle(context.deployment, context.app_name))
         return peers, ReplicaSetWatch(context.replica_id.deployment_id, self.on_replica_set, self.name)
 
-    async def place(self, member: MemberRequest, scoped: str, hint: RouteHint, score_here: ScoreHere) -> MemberResult:
-        """Score ``member`` here (``score_here``) or on the replica the ring now places its group on
-        (``hint``: the call's routing hint, its attempt and the hand-offs so far)."""
+    async def hand_on(self, member: MemberRequest, scoped: str, hint: RouteHint) -> MemberResult | None:
+        """The answer of the replica the ring now places ``member``'s group on, when that is another one
+        (``hint``: the call's routing hint, its attempt and the hand-offs so far); None: it joins here."""
         attempt, handed_off = hint.attempt, hint.handed_off
         # A member re-sent after a replica died (attempt >= 1) was placed by a router that knows of the
         # death before this replica's view of the ring does: it stays.
@@ -91,11 +98,15 @@ class RingFollower:
             owner = await self.reachable_owner(member.group_id)
             if owner is not None:
                 return await self.hand_to(owner, member, handed_off + 1)
-        result = await score_here(member)
-        if result.failure == "moved" and handed_off < MAX_HAND_OFFS:
+        return None
+
+    async def follow_moved(self, member: MemberRequest, result: MemberResult, hint: RouteHint) -> MemberResult:
+        """``member``'s ``result`` here, or, when its group was handed off meanwhile (``moved``), the answer
+        of the replica the ring now places it on."""
+        if result.failure == "moved" and hint.handed_off < MAX_HAND_OFFS:
             owner = await self.reachable_owner(member.group_id)
             if owner is not None:
-                return await self.hand_to(owner, member, handed_off + 1)
+                return await self.hand_to(owner, member, hint.handed_off + 1)
         return result
 
     def on_replica_set(self, replicas: list[str]) -> None:
@@ -116,7 +127,6 @@ class RingFollower:
             if owner is not None and self.peers is not None:  # one replica reports a tenant's demand
                 self._in_background(self.peers.ask_replica("keep_demand", owner, self.demands.pop(tenant)))
         if released:
-            self.on_released(released)
             logger.info("replica %s: replica set now %s; %d groups not yet at the engine handed to their new owners",
                         self.name, replicas, released)
 

@@ -9,7 +9,8 @@ death and re-send their calls to a live replica (why and how: docs/operations/fa
 
 This class keeps Serve's surface and the engine's life; its parts live apart: the engine lane
 (fair gate, work meter, sleep, scorer: ``cluster/engine_lane.py``, built by
-``deployments/replica_lane.py``), the assembler (``cluster/assembly.py``), the ring and its hand-offs
+``deployments/replica_lane.py``), the assembler (``cluster/assembly.py``) and its scored groups
+(``cluster/completed_groups.py``), the ring and its hand-offs
 (``deployments/hand_off.py``), the engine's loss (``deployments/engine_loss.py``) and the reports
 (``deployments/replica_report.py``). Routing hints (a re-send's attempt, a replica addressed by id,
 hand-offs so far) come as the call's session id, never as method arguments (``cluster.routing.RouteHint``).
@@ -30,9 +31,11 @@ from ray.serve import context as serve_context
 from ray.serve.handle import DeploymentHandle
 
 from cluster.admission import GroupsInFlight
-from cluster.assembly import GroupAssembler
+from cluster.assembly import AssemblySettings, GroupAssembler
+from cluster.assembly_observers import RecentGroups
 from cluster.announced_demand import AnnouncedDemands, demand_of
 from cluster.autoscaling import Demand
+from cluster.completed_groups import CompletedGroups
 from cluster.engines import EngineDeadError, make_engine, process_guard
 from cluster.open_groups import OpenGroups
 from cluster.routing import RouteHint
@@ -50,7 +53,7 @@ from deployments.autoscaling_policy import autoscaling_stats
 from deployments.config import AppConfig
 from deployments.engine_loss import EngineLoss
 from deployments.engine_probe import EngineProbe
-from deployments.hand_off import RingFollower
+from deployments.hand_off import HandOffMetric, RingFollower
 from deployments.ledger import ServeLedger
 from deployments.metrics import ReplicaMetrics, export_engine_stats
 from deployments.preflight import ensure_replica_can_start
@@ -117,16 +120,14 @@ class GRRMReplica:
         self.probe = EngineProbe(self.engine, config.replicas.hang_timeout_s, config.replicas.hang_probes,
                                  self.name, on_miss=self.metrics.engine_probes_missed.inc)
         self.lane = engine_lane(config, self.engine, self.name, self._scored)
-        self.assembler = GroupAssembler(
-            self.lane.assembled,
-            assembly_timeout_s=config.assembly_timeout_s,
-            completed_ttl_s=config.completed_ttl_s,
-            max_pending_groups=config.replicas.max_assembling_groups,
-            replica=self.name,
-            waiting_limit=config.waiting_members_limit,
-            rewards=self.rewards,
-            ledger=ServeLedger(ledger, copies=config.ledger.num_replicas) if ledger is not None else None,
-        )
+        self.recent = RecentGroups()  # the groups scored lately, for recent_groups()
+        settings = AssemblySettings(assembly_timeout_s=config.assembly_timeout_s, replica=self.name,
+                                    max_pending_groups=config.replicas.max_assembling_groups,
+                                    waiting_limit=config.waiting_members_limit)
+        completed = CompletedGroups(ttl_s=config.completed_ttl_s, ledger=ServeLedger(
+            ledger, copies=config.ledger.num_replicas) if ledger is not None else None)
+        self.assembler = GroupAssembler(self.lane.assembled, settings, completed=completed, rewards=self.rewards,
+                                        observers=(self.recent, HandOffMetric(self.metrics)))
         # Members of keyed groups without ids of their own (OpenRLHF's samples), remembered long
         # enough for a re-send after an assembly timeout.
         self.open_groups = OpenGroups(ttl_s=2 * config.assembly_timeout_s + 60)
@@ -135,7 +136,7 @@ class GRRMReplica:
         self.demands = AnnouncedDemands()  # the work tenants announced (autoscaling forecast)
         # The routers' ring: a group it places on another replica is handed there (deployments/hand_off.py).
         self.ring = RingFollower(self.name, config.routing.virtual_nodes, self.assembler, self.lane.queued,
-                                 self.demands, self.metrics.groups_handed_off.inc)
+                                 self.demands)
         self._outstanding_work = 0.0
         self.loss = EngineLoss(self.name, self.engine, self.lane, self.assembler)
         self._sleep_loop: asyncio.Task[None] | None = None
@@ -162,7 +163,7 @@ class GRRMReplica:
         work = float(len(group.candidates))
         self._outstanding_work += work
         try:
-            result = (await self.rewards.run(group, self.lane.score)).group_result(group)
+            result = (await self.rewards.run(group, self.lane)).group_result(group)
         except EngineDeadError as error:
             await self.loss.ended_by(error)
         finally:
@@ -177,9 +178,11 @@ class GRRMReplica:
         A member of a group the routers' ring now places on another replica (the replica set changed)
         is handed to that replica, and its answer passed back (the call's routing hint counts the
         hand-offs so far: replicas whose views of the ring differ pass a member on a few times at most)."""
-        scoped = scoped_group_id(member.tenant, member.group_id)
-        return await self.ring.place(member, scoped, _route_hint(),
-                                     lambda here: self._join(here, scoped, route_key=member.group_id))
+        scoped, hint = scoped_group_id(member.tenant, member.group_id), _route_hint()
+        elsewhere = await self.ring.hand_on(member, scoped, hint)
+        if elsewhere is not None:
+            return elsewhere
+        return await self.ring.follow_moved(member, await self._join(member, scoped, route_key=member.group_id), hint)
 
     async def add_open_member(self, member: MemberRequest) -> MemberResult:
         """A member whose ``group_id`` is only a key shared by the samples of one prompt (and whose
@@ -283,7 +286,7 @@ class GRRMReplica:
         """The groups this replica scored lately, oldest first, with their tenant and times (Unix seconds
         on this replica's clock): when the first member was sent and arrived, when the group was
         complete, when its scoring started and ended (``since``: scoring ended at or after)."""
-        return recent_group_rows(self.assembler, since)
+        return recent_group_rows(self.recent, since)
 
     def tenants(self) -> dict[str, dict[str, Any]]:
         """Each active tenant's work on this replica now and what the engine served it lately."""

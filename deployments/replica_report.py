@@ -10,6 +10,7 @@ from typing import Any
 
 from cluster.admission import GroupsInFlight
 from cluster.assembly import GroupAssembler
+from cluster.assembly_observers import RecentGroups
 from cluster.engine_lane import EngineLane
 from cluster.fair_share import GateStats
 from cluster.schema import unscoped_group_id
@@ -48,10 +49,10 @@ def replica_info(name: str, config: AppConfig, lane: EngineLane, assembler: Grou
     }
 
 
-def recent_group_rows(assembler: GroupAssembler, since: float | None) -> list[dict[str, Any]]:
+def recent_group_rows(recent: RecentGroups, since: float | None) -> list[dict[str, Any]]:
     """The groups scored lately, oldest first, with their tenant and times (see ``GRRMReplica.recent_groups``)."""
     rows = []
-    for trace in assembler.recent_groups(since):
+    for trace in recent.since(since):
         tenant, group_id = unscoped_group_id(trace.group_id)
         rows.append({**dataclasses.asdict(trace), "group_id": group_id, "tenant": tenant})
     return rows

@@ -142,7 +142,7 @@ class InProcessScoring:
 
     async def score(self, group: GroupRequest) -> dict[str, Any]:
         try:
-            result = (await self.rewards.run(group, self.scorer.score_group)).group_result(group)
+            result = (await self.rewards.run(group, self.scorer)).group_result(group)
         except Exception as error:  # noqa: BLE001 - the scorer flags engine trouble; what escapes is fatal
             raise ScoringStopped(f"the engine failed: {type(error).__name__}: {error}") from error
         return result_fields(result)

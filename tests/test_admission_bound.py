@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cluster.admission import TENANT_SLOT_SHARE, slots_for_step, waiting_members_bound
-from cluster.assembly import JOIN_HEADROOM, GroupAssembler
+from cluster.assembly import JOIN_HEADROOM, AssemblySettings, GroupAssembler
 from cluster.schema import GroupRequest, GroupResult, MemberRequest
 from deployments.config import AppConfig, ReplicaSettings, TenantDefaults, TenantsSettings, load_app_config
 
@@ -55,9 +55,12 @@ def test_the_config_derives_the_default_and_takes_a_tenants_own():
     assert unbounded.waiting_members_limit("a") == waiting_members_bound(1000, largest_group=26) == 500
 
 
-async def _score(group: GroupRequest) -> GroupResult:
-    return GroupResult(group_id=group.group_id, scores=[5] * len(group.candidates), valid=True, replica="r",
-                       attempts=1)
+class _Fives:
+    """Scores every candidate 5."""
+
+    async def score_group(self, group: GroupRequest) -> GroupResult:
+        return GroupResult(group_id=group.group_id, scores=[5] * len(group.candidates), valid=True, replica="r",
+                           attempts=1)
 
 
 def _members(groups: int, size: int) -> list[MemberRequest]:
@@ -74,7 +77,7 @@ def _worst_order(members: list[MemberRequest], size: int) -> list[MemberRequest]
 async def _refusals(limit: int, order: list[MemberRequest]) -> int:
     """Members refused when ``order`` arrives at an assembler with this waiting limit (the group-mates of
     refused members, left waiting, are answered by closing it)."""
-    assembler = GroupAssembler(_score, assembly_timeout_s=600.0, waiting_limit=lambda tenant: limit)
+    assembler = GroupAssembler(_Fives(), AssemblySettings(assembly_timeout_s=600.0, waiting_limit=lambda tenant: limit))
     tasks = [asyncio.create_task(assembler.submit(m)) for m in order]
     for _ in range(10):  # every submit registers or is answered; complete groups are scored
         await asyncio.sleep(0)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Awaitable, Callable
 
 import pytest
 
-from cluster.assembly import GroupAssembler
+from cluster.assembly import AssemblySettings, GroupAssembler
+from cluster.assembly_observers import AssemblyObserver, RecentGroups
+from cluster.completed_groups import CompletedGroups
 from cluster.engines.base import EngineDeadError
 from cluster.fair_share import FairGate
 from cluster.schema import GroupRequest, GroupResult, MemberRequest
@@ -19,7 +22,7 @@ def expected_score(candidate: str) -> int:
 
 
 class FakeScorer:
-    """A score_group stand-in that records its calls; optionally slow, failing or held."""
+    """A scorer stand-in that records its calls; optionally slow, failing or held."""
 
     def __init__(self, delay_s: float = 0.0, error: Exception | None = None, result: GroupResult | None = None):
         self.calls: list[GroupRequest] = []
@@ -29,7 +32,7 @@ class FakeScorer:
         self.release: asyncio.Event | None = None  # when set, calls wait for it
         self.finished = 0
 
-    async def __call__(self, group: GroupRequest) -> GroupResult:
+    async def score_group(self, group: GroupRequest) -> GroupResult:
         self.calls.append(group)
         if self.release is not None:
             await self.release.wait()
@@ -46,6 +49,16 @@ class FakeScorer:
             attempts=1,
             replica="replica-7",
         )
+
+
+class ScoresBy:
+    """A scorer that answers with an async function of the group."""
+
+    def __init__(self, score: Callable[[GroupRequest], Awaitable[GroupResult]]):
+        self.score = score
+
+    async def score_group(self, group: GroupRequest) -> GroupResult:
+        return await self.score(group)
 
 
 class FakeClock:
@@ -83,7 +96,7 @@ async def settle() -> None:
 
 async def test_shuffled_arrival_scores_each_group_once_in_index_order():
     scorer = FakeScorer(delay_s=0.01)
-    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+    assembler = GroupAssembler(scorer, AssemblySettings(assembly_timeout_s=5.0))
     randomness = random.Random(1234)
     members = [member(f"group-{group}", index) for group in range(50) for index in range(4)]
     randomness.shuffle(members)
@@ -113,7 +126,7 @@ async def test_shuffled_arrival_scores_each_group_once_in_index_order():
 
 async def test_group_of_one_is_answered_at_once_without_scoring():
     scorer = FakeScorer()
-    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+    assembler = GroupAssembler(scorer, AssemblySettings(assembly_timeout_s=5.0))
     result = await assembler.submit(member("solo", 0, group_size=1))
     assert not result.valid and result.score is None
     assert result.failure == "too_few_distinct"
@@ -122,7 +135,7 @@ async def test_group_of_one_is_answered_at_once_without_scoring():
 
 async def test_assembly_timeout_reports_how_many_members_arrived():
     scorer = FakeScorer()
-    assembler = GroupAssembler(scorer, assembly_timeout_s=0.2, replica="replica-3")
+    assembler = GroupAssembler(scorer, AssemblySettings(assembly_timeout_s=0.2, replica="replica-3"))
     results = await asyncio.gather(*(assembler.submit(member("g1", index)) for index in (0, 1, 3)))
     for result in results:
         assert not result.valid and result.score is None and result.group_scores is None
@@ -144,7 +157,7 @@ async def test_assembly_timeout_reports_how_many_members_arrived():
 async def test_assembly_deadline_runs_from_the_first_member_on_the_injected_clock():
     clock = FakeClock()
     scorer = FakeScorer()
-    assembler = GroupAssembler(scorer, assembly_timeout_s=30.0, clock=clock)
+    assembler = GroupAssembler(scorer, AssemblySettings(assembly_timeout_s=30.0), clock=clock)
     first = asyncio.create_task(assembler.submit(member("g1", 0, group_size=3)))
     await settle()
     clock.now += 20
@@ -164,7 +177,7 @@ async def test_assembly_deadline_runs_from_the_first_member_on_the_injected_cloc
 async def test_the_clock_decides_when_the_loop_timer_fires_early():
     # The loop timer wakes the assembler; if the clock says the deadline has not come, it waits on.
     clock = FakeClock()
-    assembler = GroupAssembler(FakeScorer(), assembly_timeout_s=0.05, clock=clock)
+    assembler = GroupAssembler(FakeScorer(), AssemblySettings(assembly_timeout_s=0.05), clock=clock)
     waiting = asyncio.create_task(assembler.submit(member("g1", 0, group_size=2)))
     await asyncio.sleep(0.15)
     assert not waiting.done() and assembler.pending_groups() == 1
@@ -184,7 +197,7 @@ async def test_the_clock_decides_when_the_loop_timer_fires_early():
 )
 async def test_a_member_that_disagrees_with_its_group_is_rejected(field, conflicting):
     scorer = FakeScorer()
-    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+    assembler = GroupAssembler(scorer, AssemblySettings(assembly_timeout_s=5.0))
     first = asyncio.create_task(assembler.submit(member("g1", 0)))
     await settle()
 
@@ -202,7 +215,7 @@ async def test_a_member_that_disagrees_with_its_group_is_rejected(field, conflic
 
 async def test_a_retried_member_waits_on_the_same_outcome_and_is_counted_once():
     scorer = FakeScorer()
-    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+    assembler = GroupAssembler(scorer, AssemblySettings(assembly_timeout_s=5.0))
     original = asyncio.create_task(assembler.submit(member("g1", 0)))
     retry = asyncio.create_task(assembler.submit(member("g1", 0)))
     await settle()
@@ -220,7 +233,7 @@ async def test_a_retried_member_waits_on_the_same_outcome_and_is_counted_once():
 async def test_a_retry_during_scoring_joins_the_scoring_in_flight():
     scorer = FakeScorer()
     scorer.release = asyncio.Event()
-    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+    assembler = GroupAssembler(scorer, AssemblySettings(assembly_timeout_s=5.0))
     tasks = [asyncio.create_task(assembler.submit(member("g1", index))) for index in range(4)]
     await settle()
     assert assembler.scoring_groups() == 1 and len(scorer.calls) == 1
@@ -234,7 +247,7 @@ async def test_a_retry_during_scoring_joins_the_scoring_in_flight():
 
 async def test_same_index_with_a_different_candidate_is_rejected():
     scorer = FakeScorer()
-    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+    assembler = GroupAssembler(scorer, AssemblySettings(assembly_timeout_s=5.0))
     first = asyncio.create_task(assembler.submit(member("g1", 2)))
     await settle()
     rejected = await assembler.submit(member("g1", 2, candidate="Something else."))
@@ -247,7 +260,7 @@ async def test_same_index_with_a_different_candidate_is_rejected():
 
 async def test_a_member_of_a_scored_group_gets_the_cached_answer():
     scorer = FakeScorer()
-    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+    assembler = GroupAssembler(scorer, AssemblySettings(assembly_timeout_s=5.0))
     results = await asyncio.gather(*(assembler.submit(member("g1", index)) for index in range(4)))
 
     again = await assembler.submit(member("g1", 3))
@@ -268,7 +281,8 @@ async def test_a_member_of_a_scored_group_gets_the_cached_answer():
 async def test_cached_answers_expire_after_their_ttl():
     clock = FakeClock()
     scorer = FakeScorer()
-    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0, completed_ttl_s=60.0, clock=clock)
+    assembler = GroupAssembler(scorer, AssemblySettings(assembly_timeout_s=5.0),
+                               completed=CompletedGroups(ttl_s=60.0, clock=clock), clock=clock)
     await asyncio.gather(*(assembler.submit(member("g1", index, group_size=2)) for index in range(2)))
 
     clock.now += 59
@@ -287,7 +301,8 @@ async def test_cached_answers_expire_after_their_ttl():
 
 async def test_the_completed_cache_is_bounded():
     scorer = FakeScorer()
-    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0, max_completed_groups=2)
+    assembler = GroupAssembler(scorer, AssemblySettings(assembly_timeout_s=5.0),
+                               completed=CompletedGroups(max_groups=2))
     for group in ("a", "b", "c"):
         await asyncio.gather(*(assembler.submit(member(group, index, group_size=2)) for index in range(2)))
     assert assembler.stats()["completed_cached"] == 2
@@ -303,7 +318,7 @@ async def test_the_completed_cache_is_bounded():
 
 async def test_when_score_group_raises_every_member_gets_the_error():
     scorer = FakeScorer(error=RuntimeError("CUDA out of memory"))
-    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+    assembler = GroupAssembler(scorer, AssemblySettings(assembly_timeout_s=5.0))
     results = await asyncio.wait_for(
         asyncio.gather(*(assembler.submit(member("g1", index)) for index in range(4))), timeout=2.0
     )
@@ -319,8 +334,7 @@ async def test_when_score_group_raises_every_member_gets_the_error():
 
 async def test_a_group_whose_engine_died_is_neither_answered_nor_published_nor_cached():
     ledger = MemoryLedger()
-    dying = GroupAssembler(FakeScorer(error=EngineDeadError("engine core died")), assembly_timeout_s=5.0,
-                           ledger=ledger, replica="r1")
+    dying = _on_ledger(ledger, replica="r1", scorer=FakeScorer(error=EngineDeadError("engine core died")))
     outcomes = await asyncio.wait_for(
         asyncio.gather(*(dying.submit(member("g1", index)) for index in range(4)), return_exceptions=True), timeout=2.0
     )
@@ -332,7 +346,7 @@ async def test_a_group_whose_engine_died_is_neither_answered_nor_published_nor_c
     assert dying.scoring_groups() == 0 and dying.members_waiting() == 0 and ledger.records == {}
     # Re-sent together to a live replica, the group is scored there once, as if never seen.
     live_scorer = FakeScorer()
-    live = GroupAssembler(live_scorer, assembly_timeout_s=5.0, ledger=ledger, replica="r2")
+    live = _on_ledger(ledger, replica="r2", scorer=live_scorer)
     answers = await asyncio.gather(*(live.submit(member("g1", index)) for index in range(4)))
     assert all(answer.valid for answer in answers) and len(live_scorer.calls) == 1
     assert ledger.records["g1"].verdict.scores == tuple(answers[0].group_scores)
@@ -342,7 +356,7 @@ async def test_an_invalid_group_result_reaches_every_member_without_a_score():
     failed = GroupResult(
         valid=False, failure="parse_failed", error="no parseable verdict in 3 attempts", attempts=3, replica="r1"
     )
-    assembler = GroupAssembler(FakeScorer(result=failed), assembly_timeout_s=5.0)
+    assembler = GroupAssembler(FakeScorer(result=failed), AssemblySettings(assembly_timeout_s=5.0))
     results = await asyncio.gather(*(assembler.submit(member("g1", index, group_size=3)) for index in range(3)))
     for result in results:
         assert not result.valid and result.score is None and result.group_scores is None
@@ -352,7 +366,7 @@ async def test_an_invalid_group_result_reaches_every_member_without_a_score():
 
 async def test_a_valid_result_with_the_wrong_number_of_scores_is_an_engine_error():
     malformed = GroupResult(valid=True, scores=[3, 1], attempts=1)
-    assembler = GroupAssembler(FakeScorer(result=malformed), assembly_timeout_s=5.0)
+    assembler = GroupAssembler(FakeScorer(result=malformed), AssemblySettings(assembly_timeout_s=5.0))
     results = await asyncio.gather(*(assembler.submit(member("g1", index, group_size=3)) for index in range(3)))
     for result in results:
         assert not result.valid and result.score is None
@@ -362,7 +376,7 @@ async def test_a_valid_result_with_the_wrong_number_of_scores_is_an_engine_error
 async def test_cancelled_callers_do_not_break_the_group_for_the_others():
     scorer = FakeScorer()
     scorer.release = asyncio.Event()
-    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+    assembler = GroupAssembler(scorer, AssemblySettings(assembly_timeout_s=5.0))
     early = asyncio.create_task(assembler.submit(member("g1", 0)))
     await settle()
     early.cancel()  # gone while the group is still collecting: its candidate stays in the group
@@ -394,7 +408,7 @@ async def test_cancelled_callers_do_not_break_the_group_for_the_others():
 async def test_scoring_survives_when_every_caller_goes_away():
     scorer = FakeScorer()
     scorer.release = asyncio.Event()
-    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+    assembler = GroupAssembler(scorer, AssemblySettings(assembly_timeout_s=5.0))
     callers = [asyncio.create_task(assembler.submit(member("g1", index, group_size=2))) for index in range(2)]
     await settle()
     for caller in callers:
@@ -409,7 +423,7 @@ async def test_scoring_survives_when_every_caller_goes_away():
 
 async def test_too_many_assembling_groups_refuses_new_groups_only():
     scorer = FakeScorer()
-    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0, max_pending_groups=2)
+    assembler = GroupAssembler(scorer, AssemblySettings(assembly_timeout_s=5.0, max_pending_groups=2))
     waiting = [asyncio.create_task(assembler.submit(member(group, 0, group_size=2))) for group in ("a", "b")]
     await settle()
     refused = await assembler.submit(member("c", 0, group_size=2))
@@ -429,7 +443,7 @@ async def test_too_many_assembling_groups_refuses_new_groups_only():
 async def test_close_answers_every_waiting_member_and_refuses_new_ones():
     scorer = FakeScorer()
     scorer.release = asyncio.Event()  # never set: the scoring is still running at close
-    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+    assembler = GroupAssembler(scorer, AssemblySettings(assembly_timeout_s=5.0))
     collecting = asyncio.create_task(assembler.submit(member("collecting", 0, group_size=2)))
     scoring = [asyncio.create_task(assembler.submit(member("scoring", index, group_size=2))) for index in range(2)]
     await settle()
@@ -446,7 +460,7 @@ async def test_close_answers_every_waiting_member_and_refuses_new_ones():
 
 async def test_missing_indices_are_shortened_in_large_groups():
     clock = FakeClock()
-    assembler = GroupAssembler(FakeScorer(), assembly_timeout_s=1.0, clock=clock)
+    assembler = GroupAssembler(FakeScorer(), AssemblySettings(assembly_timeout_s=1.0), clock=clock)
     waiting = asyncio.create_task(assembler.submit(member("big", 0, group_size=100)))
     await settle()
     clock.now += 2
@@ -458,9 +472,9 @@ async def test_missing_indices_are_shortened_in_large_groups():
 
 def test_settings_are_checked():
     with pytest.raises(ValueError, match="assembly_timeout_s"):
-        GroupAssembler(FakeScorer(), assembly_timeout_s=0)
+        GroupAssembler(FakeScorer(), AssemblySettings(assembly_timeout_s=0))
     with pytest.raises(ValueError, match="max_pending_groups"):
-        GroupAssembler(FakeScorer(), assembly_timeout_s=1.0, max_pending_groups=0)
+        GroupAssembler(FakeScorer(), AssemblySettings(assembly_timeout_s=1.0, max_pending_groups=0))
 
 
 # ----------------------------------------------------------------------------- the ledger
@@ -498,13 +512,20 @@ async def _scores_by_length(group: GroupRequest) -> GroupResult:
                        attempts=1)
 
 
+def _on_ledger(ledger, replica: str = "", assembly_timeout_s: float = 5, scorer=None, **completed) -> GroupAssembler:
+    """The assembler of a replica that publishes its scored groups to ``ledger`` (and adopts others' from it)."""
+    return GroupAssembler(scorer or ScoresBy(_scores_by_length),
+                          AssemblySettings(assembly_timeout_s=assembly_timeout_s, replica=replica),
+                          completed=CompletedGroups(ledger=ledger, **completed))
+
+
 async def test_a_member_re_sent_after_its_replica_died_gets_the_published_answer():
     ledger = MemoryLedger()
-    first_replica = GroupAssembler(_scores_by_length, assembly_timeout_s=5, ledger=ledger, replica="r1")
+    first_replica = _on_ledger(ledger, replica="r1")
     answers = await asyncio.gather(*(first_replica.submit(_member_of("g", i, candidate="x" * (i + 1))) for i in range(3)))
     assert "g" in ledger.records  # published before the members were answered
     # r1 "dies" before member 2's answer reached its caller; member 2 is re-sent to r2 alone.
-    second_replica = GroupAssembler(_scores_by_length, assembly_timeout_s=5, ledger=ledger, replica="r2")
+    second_replica = _on_ledger(ledger, replica="r2")
     resent = await asyncio.wait_for(second_replica.submit(_member_of("g", 2, candidate="xxx")), timeout=2)
     assert resent.valid and resent.score == answers[2].score and resent.group_scores == answers[2].group_scores
     assert resent.replica == "r1"  # the replica that scored the group
@@ -516,7 +537,7 @@ async def test_a_whole_group_re_sent_before_the_ledger_answers_is_not_scored_aga
     re-sent to r2 at once and complete the group there before r2's ledger lookup answers (a loaded
     ledger). r2 waits for the lookup and answers r1's verdict: every member holds one verdict's rewards."""
     ledger = MemoryLedger()
-    first_replica = GroupAssembler(_scores_by_length, assembly_timeout_s=5, ledger=ledger, replica="r1")
+    first_replica = _on_ledger(ledger, replica="r1")
     answers = await asyncio.gather(*(first_replica.submit(_member_of("g", i, candidate="x" * (i + 1))) for i in range(3)))
     scored_again = []
 
@@ -525,7 +546,7 @@ async def test_a_whole_group_re_sent_before_the_ledger_answers_is_not_scored_aga
         return GroupResult(group_id=group.group_id, scores=[10.0, 0.0, 5.0], valid=True, replica="r2", attempts=1)
 
     ledger.get_delay_s = 0.3
-    second_replica = GroupAssembler(another_verdict, assembly_timeout_s=5, ledger=ledger, replica="r2")
+    second_replica = _on_ledger(ledger, replica="r2", scorer=ScoresBy(another_verdict))
     resent = await asyncio.wait_for(asyncio.gather(
         *(second_replica.submit(_member_of("g", i, candidate="x" * (i + 1))) for i in range(3))), timeout=2)
     assert scored_again == [] and second_replica.stats()["groups_scored"] == 0
@@ -535,7 +556,7 @@ async def test_a_whole_group_re_sent_before_the_ledger_answers_is_not_scored_aga
 
 async def test_a_ledger_that_does_not_answer_delays_a_complete_group_by_its_timeout_only():
     stuck = MemoryLedger(get_delay_s=30)
-    assembler = GroupAssembler(_scores_by_length, assembly_timeout_s=5, ledger=stuck, ledger_timeout_s=0.2)
+    assembler = _on_ledger(stuck, ledger_timeout_s=0.2)
     started = asyncio.get_running_loop().time()
     answers = await asyncio.wait_for(asyncio.gather(*(assembler.submit(_member_of("g", i)) for i in range(3))), 2)
     assert all(answer.valid for answer in answers) and assembler.stats()["groups_scored"] == 1
@@ -544,15 +565,15 @@ async def test_a_ledger_that_does_not_answer_delays_a_complete_group_by_its_time
 
 async def test_a_different_group_under_the_same_id_is_not_adopted():
     ledger = MemoryLedger()
-    await asyncio.gather(*(GroupAssembler(_scores_by_length, assembly_timeout_s=5, ledger=ledger).submit(
+    await asyncio.gather(*(_on_ledger(ledger).submit(
         _member_of("same-id", i)) for i in range(3)))
-    other = GroupAssembler(_scores_by_length, assembly_timeout_s=0.3, ledger=ledger)
+    other = _on_ledger(ledger, assembly_timeout_s=0.3)
     answer = await other.submit(_member_of("same-id", 0, candidate="a different text"))
     assert answer.failure == "timeout" and other.stats()["ledger_adopted"] == 0
 
 
 async def test_a_failing_ledger_never_holds_answers_back():
-    assembler = GroupAssembler(_scores_by_length, assembly_timeout_s=5, ledger=MemoryLedger(fail=True))
+    assembler = _on_ledger(MemoryLedger(fail=True))
     answers = await asyncio.gather(*(assembler.submit(_member_of("g", i)) for i in range(3)))
     assert all(a.valid for a in answers)
     assert assembler.stats()["ledger_errors"] >= 1
@@ -562,7 +583,7 @@ async def test_a_slow_ledger_write_answers_the_members_first_and_still_lands():
     # CI once lost 4 records this way: the write was cancelled at the timeout while a replica
     # was being replaced, so members re-sent later could not find what the others were told.
     ledger = MemoryLedger(put_delay_s=0.5)
-    assembler = GroupAssembler(_scores_by_length, assembly_timeout_s=5, ledger=ledger, ledger_timeout_s=0.1)
+    assembler = _on_ledger(ledger, ledger_timeout_s=0.1)
     answers = await asyncio.wait_for(asyncio.gather(*(assembler.submit(_member_of("g", i)) for i in range(3))), 0.4)
     assert all(a.valid for a in answers) and "g" not in ledger.records
     assert assembler.stats()["ledger_late_writes"] == 1
@@ -573,12 +594,12 @@ async def test_a_slow_ledger_write_answers_the_members_first_and_still_lands():
 
 async def test_closing_gives_a_late_ledger_write_a_short_grace_and_no_more():
     slow = MemoryLedger(put_delay_s=0.45)
-    assembler = GroupAssembler(_scores_by_length, assembly_timeout_s=5, ledger=slow, ledger_timeout_s=0.3)
+    assembler = _on_ledger(slow, ledger_timeout_s=0.3)
     await asyncio.gather(*(assembler.submit(_member_of("g", i)) for i in range(3)))
     await assembler.close()  # the write needed 0.15 s more than its members waited: the grace covers it
     assert "g" in slow.records
     stuck = MemoryLedger(put_delay_s=30)
-    assembler = GroupAssembler(_scores_by_length, assembly_timeout_s=5, ledger=stuck, ledger_timeout_s=0.1)
+    assembler = _on_ledger(stuck, ledger_timeout_s=0.1)
     await asyncio.gather(*(assembler.submit(_member_of("g", i)) for i in range(3)))
     await asyncio.wait_for(assembler.close(), 2)  # a ledger that never answers cannot hold the shutdown
     assert "g" not in stuck.records
@@ -601,7 +622,7 @@ async def test_members_without_positions_give_the_same_prompt_in_any_arrival_ord
     prompts = []
     for seed in range(6):
         scorer = FakeScorer(delay_s=0.001)
-        assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+        assembler = GroupAssembler(scorer, AssemblySettings(assembly_timeout_s=5.0))
         order = list(TEXTS)
         random.Random(seed).shuffle(order)
         results = await asyncio.gather(*(assembler.submit(keyed("g", key, TEXTS[key])) for key in order))
@@ -619,7 +640,7 @@ async def test_members_without_positions_give_the_same_prompt_in_any_arrival_ord
 
 async def test_equal_texts_under_different_member_ids_are_two_members():
     scorer = FakeScorer()
-    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+    assembler = GroupAssembler(scorer, AssemblySettings(assembly_timeout_s=5.0))
     texts = {"x1": "Gleich.", "x2": "Gleich.", "x3": "Anders."}
     results = await asyncio.gather(*(assembler.submit(keyed("g", k, t, group_size=3)) for k, t in texts.items()))
     assert [r.valid for r in results] == [True, True, True] and len(scorer.calls) == 1
@@ -628,7 +649,7 @@ async def test_equal_texts_under_different_member_ids_are_two_members():
 
 async def test_a_re_sent_member_id_is_recognised_by_id_and_text():
     scorer = FakeScorer()
-    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+    assembler = GroupAssembler(scorer, AssemblySettings(assembly_timeout_s=5.0))
     first = asyncio.create_task(assembler.submit(keyed("g", "m-a", TEXTS["m-a"])))
     again = asyncio.create_task(assembler.submit(keyed("g", "m-a", TEXTS["m-a"])))
     await settle()
@@ -648,7 +669,7 @@ async def test_a_re_sent_member_id_is_recognised_by_id_and_text():
 async def test_a_fifth_member_id_in_a_group_of_four_is_refused_while_it_is_scored():
     scorer = FakeScorer()
     scorer.release = asyncio.Event()
-    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0)
+    assembler = GroupAssembler(scorer, AssemblySettings(assembly_timeout_s=5.0))
     members = [asyncio.create_task(assembler.submit(keyed("g", k, t))) for k, t in TEXTS.items()]
     await settle()
     extra = await assembler.submit(keyed("g", "m-e", "Noch einer."))
@@ -659,7 +680,7 @@ async def test_a_fifth_member_id_in_a_group_of_four_is_refused_while_it_is_score
 
 async def test_a_group_mixing_indices_and_member_ids_is_refused():
     scorer = FakeScorer()
-    assembler = GroupAssembler(scorer, assembly_timeout_s=0.2)
+    assembler = GroupAssembler(scorer, AssemblySettings(assembly_timeout_s=0.2))
     first = asyncio.create_task(assembler.submit(member("g", 0)))
     await settle()
     mixed = await assembler.submit(keyed("g", "m-a", "Text.", source="Source sentence of g."))
@@ -669,14 +690,14 @@ async def test_a_group_mixing_indices_and_member_ids_is_refused():
 
 async def test_a_scored_group_of_member_ids_is_adopted_from_the_ledger():
     ledger = MemoryLedger()
-    first_replica = GroupAssembler(_scores_by_length, assembly_timeout_s=5, ledger=ledger, replica="r1")
+    first_replica = _on_ledger(ledger, replica="r1")
     answers = await asyncio.gather(*(first_replica.submit(keyed("g", k, t)) for k, t in TEXTS.items()))
-    second_replica = GroupAssembler(_scores_by_length, assembly_timeout_s=5, ledger=ledger, replica="r2")
+    second_replica = _on_ledger(ledger, replica="r2")
     resent = await asyncio.wait_for(second_replica.submit(keyed("g", "m-c", TEXTS["m-c"])), timeout=2)
     assert verdict_of(resent) == verdict_of(answers[2]) and resent.replica == "r1"
     assert second_replica.stats()["ledger_adopted"] == 1
     # The same id with another text is a different group: not adopted.
-    third_replica = GroupAssembler(_scores_by_length, assembly_timeout_s=0.3, ledger=ledger)
+    third_replica = _on_ledger(ledger, assembly_timeout_s=0.3)
     other = await third_replica.submit(keyed("g", "m-c", "Ganz anders."))
     assert other.failure == "timeout" and third_replica.stats()["ledger_adopted"] == 0
 
@@ -702,7 +723,8 @@ def test_a_member_names_its_position_or_its_id_exactly_once(fields, problem):
 async def test_every_answer_carries_when_its_group_completed_and_was_scored():
     wall = FakeClock()
     scorer = FakeScorer()
-    assembler = GroupAssembler(scorer, assembly_timeout_s=5.0, wall_clock=wall)
+    recent = RecentGroups()
+    assembler = GroupAssembler(scorer, AssemblySettings(assembly_timeout_s=5.0), observers=(recent,), wall_clock=wall)
     first = asyncio.create_task(assembler.submit(member("g", 0, group_size=2, sent_at=990.0)))
     await settle()
     wall.now = 1003.0
@@ -712,18 +734,28 @@ async def test_every_answer_carries_when_its_group_completed_and_was_scored():
     for answer in (first, second):
         assert answer.timing.complete_at == 1003.0
         assert answer.timing.complete_at <= answer.timing.scoring_started_at <= answer.timing.scoring_ended_at
-    [trace] = assembler.recent_groups()
+    [trace] = recent.since()
     assert (trace.group_id, trace.group_size, trace.first_sent_at) == ("g", 2, 990.0)
     assert (trace.first_received_at, trace.complete_at, trace.valid) == (1000.0, 1003.0, True)
-    assert assembler.recent_groups(since=trace.scoring_ended_at + 1) == []
-    timed_out = await GroupAssembler(scorer, assembly_timeout_s=0.05).submit(member("h", 0))
+    assert recent.since(trace.scoring_ended_at + 1) == []
+    timed_out = await GroupAssembler(scorer, AssemblySettings(assembly_timeout_s=0.05)).submit(member("h", 0))
     assert timed_out.timing.received_at > 0 and timed_out.timing.scoring_started_at is None
 
 
 async def test_a_group_handed_off_answers_its_waiting_members_moved_at_once_and_scoring_groups_stay():
-    scorer = FakeScorer()
+    class HandOffs(AssemblyObserver):
+        """An observer of hand-offs (a replica's counts them as a metric)."""
+
+        def __init__(self):
+            self.seen: list[tuple[str, str]] = []
+
+        def group_handed_off(self, group_id: str, owner: str) -> None:
+            self.seen.append((group_id, owner))
+
+    scorer, hand_offs = FakeScorer(), HandOffs()
     scorer.release = asyncio.Event()
-    assembler = GroupAssembler(scorer, assembly_timeout_s=300.0, replica="old-owner")
+    assembler = GroupAssembler(scorer, AssemblySettings(assembly_timeout_s=300.0, replica="old-owner"),
+                               observers=(hand_offs,))
     moving = [asyncio.create_task(assembler.submit(member("moves", index), "moves")) for index in (0, 2)]
     staying = [asyncio.create_task(assembler.submit(member("stays", index), "stays")) for index in (0, 1)]
     scoring = [asyncio.create_task(assembler.submit(member("scoring", index, group_size=2), "scoring"))
@@ -741,6 +773,7 @@ async def test_a_group_handed_off_answers_its_waiting_members_moved_at_once_and_
     assert [result.failure for result in await asyncio.gather(*staying)] == ["moved", "moved"]
     assert not assembler.holds("moves") and not assembler.holds("stays") and assembler.holds("open#1")
     assert assembler.stats()["groups_handed_off"] == 2 and assembler.stats()["assembly_timeouts"] == 0
+    assert hand_offs.seen == [("moves", "new-owner"), ("stays", "new-owner")]
 
     scorer.release.set()
     assert all(result.valid for result in await asyncio.gather(*scoring))
@@ -761,14 +794,14 @@ async def test_a_complete_group_still_waiting_for_the_engine_is_handed_off_and_t
 
         async def at_the_engine() -> GroupResult:
             queued.discard(group.group_id)
-            return await scorer(group)
+            return await scorer.score_group(group)
 
         try:
             return (await gate.run(group.tenant, 1.0, at_the_engine, lambda result: 1.0))[0]
         finally:
             queued.discard(group.group_id)
 
-    assembler = GroupAssembler(score_at_gate, assembly_timeout_s=300.0, replica="old-owner")
+    assembler = GroupAssembler(ScoresBy(score_at_gate), AssemblySettings(assembly_timeout_s=300.0, replica="old-owner"))
     at_engine = [asyncio.create_task(assembler.submit(member("first", index, group_size=2), "first"))
                  for index in (0, 1)]
     await settle()
@@ -801,7 +834,7 @@ def tenants_member(tenant: str, group: str, index: int, group_size: int = 8) -> 
 
 async def test_a_tenant_whose_groups_never_complete_is_refused_at_its_limit_and_only_it():
     scorer = FakeScorer()
-    assembler = GroupAssembler(scorer, assembly_timeout_s=30.0, waiting_limit=lambda tenant: 4)
+    assembler = GroupAssembler(scorer, AssemblySettings(assembly_timeout_s=30.0, waiting_limit=lambda tenant: 4))
     # beta: one member of each of 10 groups of 8 (a trainer with the wrong group_size); they never complete.
     waits = [asyncio.create_task(assembler.submit(tenants_member("beta", f"b{i}", 0))) for i in range(4)]
     await settle()
@@ -830,7 +863,7 @@ async def test_a_tenant_whose_groups_never_complete_is_refused_at_its_limit_and_
 
 async def test_a_member_that_completes_its_group_is_never_refused():
     scorer = FakeScorer()
-    assembler = GroupAssembler(scorer, assembly_timeout_s=30.0, waiting_limit=lambda tenant: 2)
+    assembler = GroupAssembler(scorer, AssemblySettings(assembly_timeout_s=30.0, waiting_limit=lambda tenant: 2))
     # Three members of a group of 4 (joins beyond the limit up to 1.5x = 3), then the last one completes it.
     waits = [asyncio.create_task(assembler.submit(tenants_member("run", "g", k, group_size=4))) for k in range(3)]
     await settle()
@@ -843,7 +876,8 @@ async def test_a_member_that_completes_its_group_is_never_refused():
 
 async def test_a_timed_out_group_frees_its_tenants_waiting_count():
     clock = FakeClock()
-    assembler = GroupAssembler(FakeScorer(), assembly_timeout_s=5.0, clock=clock, waiting_limit=lambda tenant: 1)
+    assembler = GroupAssembler(FakeScorer(), AssemblySettings(assembly_timeout_s=5.0, waiting_limit=lambda tenant: 1),
+                               clock=clock)
     waiting = asyncio.create_task(assembler.submit(tenants_member("beta", "b0", 0)))
     await settle()
     assert (await assembler.submit(tenants_member("beta", "b1", 0))).failure == "overloaded"

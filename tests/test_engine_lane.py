@@ -39,8 +39,8 @@ class Scorer:
 async def test_a_group_waits_at_the_gate_may_move_until_the_engine_takes_it_and_its_work_is_metered():
     scorer, seen = Scorer(), []
     lane = EngineLane(scorer, FairGate(1), on_scored=lambda g, r, waited: seen.append((g.group_id, r.valid)))
-    first = asyncio.ensure_future(lane.assembled(group("a")))
-    second = asyncio.ensure_future(lane.assembled(group("b")))
+    first = asyncio.ensure_future(lane.assembled.score_group(group("a")))
+    second = asyncio.ensure_future(lane.assembled.score_group(group("b")))
     await asyncio.sleep(0.01)
     assert lane.queued == {"b"} and lane.work.waiting == 1  # "a" is at the engine, "b" waits its turn
     scorer.release.set()

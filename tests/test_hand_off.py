@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from cluster.announced_demand import AnnouncedDemands
-from cluster.assembly import GroupAssembler
+from cluster.assembly import AssemblySettings, GroupAssembler
 from deployments import hand_off
 from deployments.hand_off import GONE_FOR_S, RingFollower
 
@@ -39,11 +39,12 @@ async def test_a_silent_peer_is_passed_over_then_probed_again(monkeypatch):
     monkeypatch.setattr(hand_off, "PROBE_TIMEOUT_S", 0.05)
     clock, peers = Clock(), Peers()
 
-    async def never(group):
-        raise AssertionError("nothing is scored here")
+    class Never:
+        async def score_group(self, group):
+            raise AssertionError("nothing is scored here")
 
-    follower = RingFollower("a", 100, GroupAssembler(never, assembly_timeout_s=1), set(), AnnouncedDemands(),
-                            lambda released: None, clock=clock)
+    follower = RingFollower("a", 100, GroupAssembler(Never(), AssemblySettings(assembly_timeout_s=1)), set(),
+                            AnnouncedDemands(), clock=clock)
     follower.peers = peers
     follower.on_replica_set(["a", "b"])
     key = next(f"g{i}" for i in range(1000) if follower.owner_elsewhere(f"g{i}") == "b")  # a group b owns

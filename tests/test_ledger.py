@@ -18,7 +18,7 @@ class Clock:
 def record(score: int) -> CompletedGroup:
     verdict = Verdict(scores=(score,), valid=True, error=None, failure=None, replica="r", attempts=1)
     return CompletedGroup(group_size=1, src_lang="en", trg_lang="de", source_digest=b"s",
-                          candidate_digests=(b"c",), verdict=verdict, expires_at=0.0)
+                          candidate_digests=(b"c",), verdict=verdict)
 
 
 def test_copies_of_a_record_land_on_distinct_replicas_and_fall_back_to_the_others():

@@ -16,7 +16,7 @@ import sacrebleu
 import yaml
 from pydantic import ValidationError
 
-from cluster.assembly import GroupAssembler
+from cluster.assembly import AssemblySettings, GroupAssembler
 from cluster.language_gate import LanguageGate
 from cluster.recipe import (
     CandidateFacts,
@@ -195,14 +195,14 @@ class StubDetector:
 
 
 class Engine:
-    """A score function standing in for the engine lane: records the groups it is shown; a candidate's
+    """A scorer standing in for the engine lane: records the groups it is shown; a candidate's
     score is the digit it ends with."""
 
     def __init__(self, result: GroupResult | None = None):
         self.shown: list[GroupRequest] = []
         self.result = result
 
-    async def __call__(self, group: GroupRequest) -> GroupResult:
+    async def score_group(self, group: GroupRequest) -> GroupResult:
         self.shown.append(group)
         if self.result is not None:
             return self.result
@@ -322,8 +322,7 @@ def test_members_carry_rewards_their_recipe_composed() -> None:
                                                          "format": {"weight": 0.5},
                                                          "overlong": {"max_response_tokens": 4096,
                                                                       "buffer_tokens": 2048, "penalty": 0.04}}})
-    assembler = GroupAssembler(engine, assembly_timeout_s=30,
-                               rewards=runner(settings))
+    assembler = GroupAssembler(engine, AssemblySettings(assembly_timeout_s=30), rewards=runner(settings))
     context = {"ref_text": "Die Katze sass auf der Matte.", "ref_lang": "de", "notes": "Keep it short."}
     answers = asyncio.run(members(assembler, member(0, "Gut 7", response_tokens=3500, **context),
                                   member(1, "", invalid=True, response_tokens=9000, **context),
@@ -339,7 +338,7 @@ def test_members_carry_rewards_their_recipe_composed() -> None:
 
 def test_a_gated_member_fails_wrong_language_and_its_group_mates_are_scored() -> None:
     engine = Engine()
-    assembler = GroupAssembler(engine, assembly_timeout_s=30, rewards=runner(grrm_recipe()))
+    assembler = GroupAssembler(engine, AssemblySettings(assembly_timeout_s=30), rewards=runner(grrm_recipe()))
     first, gated, third = asyncio.run(members(assembler, member(0, "Gut 7"), member(1, "en: Good 9"),
                                               member(2, "Recht 5")))
     assert engine.shown[0].candidates == ["Gut 7", "Recht 5"]
@@ -352,7 +351,7 @@ def test_a_gated_member_fails_wrong_language_and_its_group_mates_are_scored() ->
 
 def test_members_gated_below_two_candidates_get_their_reasons() -> None:
     engine = Engine()
-    assembler = GroupAssembler(engine, assembly_timeout_s=30, rewards=runner(grrm_recipe()))
+    assembler = GroupAssembler(engine, AssemblySettings(assembly_timeout_s=30), rewards=runner(grrm_recipe()))
     answers = asyncio.run(members(assembler, member(0, "Gut 7"), member(1, "en: Good 9"), member(2, "en: Fine 5")))
     assert engine.shown == [] and [one.failure for one in answers] == ["too_few_distinct", "wrong_language",
                                                                         "wrong_language"]
@@ -368,7 +367,7 @@ def test_a_member_disagreeing_on_the_reference_or_notes_is_a_conflict(field: str
     context = {"ref_text": "Die Katze sass.", "ref_lang": "de", "notes": "Formal."}
 
     async def scenario():
-        assembler = GroupAssembler(Engine(), assembly_timeout_s=30, rewards=runner(RecipeSettings()))
+        assembler = GroupAssembler(Engine(), AssemblySettings(assembly_timeout_s=30), rewards=runner(RecipeSettings()))
         first = asyncio.ensure_future(assembler.submit(member(0, "Gut 7", **context)))
         await asyncio.sleep(0)
         odd = await assembler.submit(member(1, "Recht 5", **{**context, field: value}))
@@ -381,7 +380,7 @@ def test_a_member_disagreeing_on_the_reference_or_notes_is_a_conflict(field: str
 
 def test_a_cached_answer_checks_the_reference_too() -> None:
     engine = Engine()
-    assembler = GroupAssembler(engine, assembly_timeout_s=30, rewards=runner(RecipeSettings()))
+    assembler = GroupAssembler(engine, AssemblySettings(assembly_timeout_s=30), rewards=runner(RecipeSettings()))
     context = {"ref_text": "Die Katze sass.", "ref_lang": "de"}
     asyncio.run(members(assembler, *(member(i, f"Satz {i}", group_size=2, **context) for i in range(2))))
     retry = asyncio.run(assembler.submit(member(0, "Satz 0", group_size=2, **context)))

@@ -22,7 +22,8 @@ import torch
 from tensordict import TensorDict
 from verl import DataProto
 
-from cluster.assembly import GroupAssembler
+from cluster.assembly import AssemblySettings, GroupAssembler
+from cluster.assembly_observers import RecentGroups
 from cluster.config import ScoringConfig
 from cluster.engines import EngineConfig, ScriptedEngineOptions, make_engine
 from cluster.recipe import RecipeSettings
@@ -228,6 +229,7 @@ class LocalTransport:
         self.scorer = GroupScorer(self.engine, self.scoring, replica="local-replica")
         self.rewards = RecipeRunner(lambda tenant: self.recipe, replica="local-replica")
         self.assembler: GroupAssembler | None = None
+        self.recent = RecentGroups()  # the groups the assembler scored
         self.group_requests: list[GroupRequest] = []
         self.announcements: list[DemandAnnouncement] = []
 
@@ -235,9 +237,8 @@ class LocalTransport:
         if self.assembler is None:
             await self.engine.start()
             self.assembler = GroupAssembler(
-                self.scorer.score_group, assembly_timeout_s=self.assembly_timeout_s, replica="local-replica",
-                rewards=self.rewards,
-            )
+                self.scorer, AssemblySettings(assembly_timeout_s=self.assembly_timeout_s, replica="local-replica"),
+                rewards=self.rewards, observers=(self.recent,))
         return self.assembler
 
     async def member(self, member: MemberRequest, timeout_s: float, attempt: int = 0, attempts_left: int = 1) -> MemberResult:
@@ -255,7 +256,7 @@ class LocalTransport:
         await self._ready()
         self.calls += 1
         self.group_requests.append(group)
-        return (await self.rewards.run(group, self.scorer.score_group)).group_result(group)
+        return (await self.rewards.run(group, self.scorer)).group_result(group)
 
     async def announce(self, announcement: DemandAnnouncement, timeout_s: float) -> DemandAccepted:
         self.announcements.append(announcement)

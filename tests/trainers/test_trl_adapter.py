@@ -125,12 +125,12 @@ def test_a_group_split_over_two_processes_meets_on_the_service_under_one_id():
     assert first + second == [1, 2, 3, 4, 9, 3, 7, 5, 6, 6, 1, 0]
     # Groups 0 and 2 went whole; group 1's four members met in the assembler as run-x:0:1.
     assert sorted(group.group_id for group in service.group_requests) == ["run-x:0:0", "run-x:0:2"]
-    traces = service.assembler.recent_groups()
+    traces = service.recent.since()
     assert [(trace.group_id, trace.group_size) for trace in traces] == [("run-x:0:1", 4)]
     # The next call is another group namespace: equal positions never meet earlier verdicts.
     again = asyncio.run(both())
     assert again == [[1, 2, 3, 4, 9, 3], [7, 5, 6, 6, 1, 0]]
-    assert [trace.group_id for trace in service.assembler.recent_groups()] == ["run-x:0:1", "run-x:1:1"]
+    assert [trace.group_id for trace in service.recent.since()] == ["run-x:0:1", "run-x:1:1"]
 
 
 def test_a_failed_group_gets_the_recipes_default_and_no_answer_is_none_both_counted_by_reason():
