@@ -11,17 +11,21 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from cluster.gqm import Extractor
+from cluster.gqm import DEFAULT_EXTRACTOR, Extractor
 from cluster.rewards import RewardSettings
+from cluster.schema import DEFAULT_MAX_TEXT_CHARS
 from grrm_client.config import ClientConfig
 
 __all__ = ["AdapterConfig"]
+
+# The adapters' own rewards' defaults (cluster/rewards.py declares them).
+_REWARDS = RewardSettings()
 
 
 class AdapterConfig(ClientConfig):
     """The client's settings, plus how a trainer's rows are read and rewarded."""
 
-    extractor: Extractor = Field("codeblock", description="How the translation is read from a completion "
+    extractor: Extractor = Field(DEFAULT_EXTRACTOR, description="How the translation is read from a completion "
                                                           "(the spec's extractors: codeblock, line, oneline, none).")
     source_key: str = Field("source", description="Where a row keeps its source text.")
     src_lang_key: str = Field("src_lang", description="Where a row keeps its source language.")
@@ -32,16 +36,22 @@ class AdapterConfig(ClientConfig):
                                                       "ref_lang; a row without one sends none).")
     ref_lang_key: str = Field("ref_lang", description="Where a row may keep its reference's language.")
     notes_key: str = Field("notes", description="Where a row may keep notes for the model (terminology, style).")
-    default_reward: float = Field(0.0, description="Reward of a rollout that got no answer (the service "
-                                                   "unreachable, the deadline passed), flagged; an answer's reward "
-                                                   "is its recipe's.")
-    score_scale_factor: float = Field(1.0, description="Reward = GRRM score x this factor, only for answers of a "
-                                                       "service without a recipe (the recipe's grrm part scales "
-                                                       "otherwise).")
+    default_reward: float = Field(
+        _REWARDS.default_reward,
+        description="Reward of a rollout that got no answer (the service "
+                    "unreachable, the deadline passed), flagged; an answer's reward "
+                    "is its recipe's.")
+    score_scale_factor: float = Field(
+        _REWARDS.score_scale_factor,
+        description="Reward = GRRM score x this factor, only for answers of a "
+                    "service without a recipe (the recipe's grrm part scales "
+                    "otherwise).")
     # The service refuses texts over its limits.max_text_chars; counting such translations as invalid keeps
     # the rest of the group from waiting.
-    max_text_chars: int = Field(20_000, ge=1, description="Longer translations, in characters, are not sent; they "
-                                                          "count as invalid.")
+    max_text_chars: int = Field(
+        DEFAULT_MAX_TEXT_CHARS, ge=1,
+        description="Longer translations, in characters, are not sent; they "
+                    "count as invalid.")
     run_id: str | None = Field(None, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$",
                                description="Namespace of this run's group ids (None: a new one per run).")
 
