@@ -9,7 +9,9 @@ read from verl's config, with verl's row keys as defaults).
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import ClassVar
+
+from pydantic import Field, model_validator
 
 from cluster.gqm import DEFAULT_EXTRACTOR, Extractor
 from cluster.rewards import RewardSettings
@@ -52,8 +54,22 @@ class AdapterConfig(ClientConfig):
         DEFAULT_MAX_TEXT_CHARS, ge=1,
         description="Longer translations, in characters, are not sent; they "
                     "count as invalid.")
-    run_id: str | None = Field(None, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$",
-                               description="Namespace of this run's group ids (None: a new one per run).")
+    # Two runs (or a resumed run) sharing one service never meet in one group.
+    run_id: str | None = Field(
+        None, max_length=64, pattern=r"^[A-Za-z0-9_.\-]*$",
+        description="Namespace of this run's group ids: the service sees `{run_id}:...`. None: a new one per run "
+                    "(verl: derived from the Ray job running the trainer, grrm_client/adapters/verl/run_identity.py); "
+                    "empty: the trainer's own group ids as they are, for an adapter whose ids are unique across runs "
+                    "(verl's uid).")
+    # Whether this adapter's group ids are unique across runs without a namespace (an empty run_id).
+    ids_unique_across_runs: ClassVar[bool] = False
+
+    @model_validator(mode="after")
+    def _namespaced(self) -> AdapterConfig:
+        if self.run_id == "" and not self.ids_unique_across_runs:
+            raise ValueError(f"run_id: empty keeps the trainer's group ids as they are, which {type(self).__name__}'s "
+                             "are not unique across runs: give a name, or None for a new one per run")
+        return self
 
     def reward_settings(self) -> RewardSettings:
         """The settings of the rewards the adapter gives itself: the default where no answer came (and the
