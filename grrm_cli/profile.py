@@ -36,12 +36,12 @@ from cluster.planning.profiling import (
 )
 from cluster.schema import DEFAULT_TENANT, GroupRequest
 from grrm_cli import columns as cols
+from grrm_cli.client_options import CLIENT_DEFAULTS, add_retry_options, add_token_option
 from grrm_cli.dataset import DatasetError, detect_format, read_rows
 from grrm_cli.plan import print_table
 from grrm_cli.score import add_column_options, column_mapping
 from grrm_cli.scorers import SetupError, connect_app, service_info
 from grrm_client import RewardClient
-from grrm_cli.client_options import CLIENT_DEFAULTS, add_retry_options, add_token_option
 from grrm_client.config import ClientConfig
 
 # A profile measures the engine: a group not answered within a third of a trainer's deadline is a failure to

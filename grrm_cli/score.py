@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from cluster.schema import DEFAULT_TENANT, TENANT_PATTERN
 from grrm_cli import columns as cols
+from grrm_cli.client_options import CLIENT_DEFAULTS, add_retry_options, add_token_option
 from grrm_cli.dataset import (
     RESULT_TYPES,
     DatasetError,
@@ -37,7 +38,6 @@ from grrm_cli.dataset import (
 from grrm_cli.progress import Progress, Summary
 from grrm_cli.output_lock import OutputLocked, output_lock
 from grrm_cli.resume import OrderedOutput, ResumeError, WorkDir, input_identity
-from grrm_cli.client_options import CLIENT_DEFAULTS, add_retry_options, add_token_option
 from grrm_cli.scorers import GroupScoring, InProcessScoring, ScoringStopped, ServiceScoring, SetupError
 from grrm_client.config import ClientConfig
 

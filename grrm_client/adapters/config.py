@@ -28,7 +28,8 @@ class AdapterConfig(ClientConfig):
     """The client's settings, plus how a trainer's rows are read and rewarded."""
 
     extractor: Extractor = Field(DEFAULT_EXTRACTOR, description="How the translation is read from a completion "
-                                                          "(the spec's extractors: codeblock, line, oneline, none).")
+                                                                "(the spec's extractors: codeblock, line, oneline, "
+                                                                "none).")
     source_key: str = Field("source", description="Where a row keeps its source text.")
     src_lang_key: str = Field("src_lang", description="Where a row keeps its source language.")
     trg_lang_key: str = Field("trg_lang", description="Where a row keeps its target language.")

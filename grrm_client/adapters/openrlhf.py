@@ -61,7 +61,7 @@ class OpenRLHFSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     extractor: Extractor = Field(DEFAULT_EXTRACTOR, description="How the translation is read from the response "
-                                                          "(the query after its prompt).")
+                                                                "(the query after its prompt).")
     src_lang: str | None = Field(None, description="Source language when a sample's label names none.")
     trg_lang: str | None = Field(None, description="Target language when a sample's label names none.")
     ref_text_key: str = Field(_ROW_KEYS["ref_text_key"].default, description="The label's key of a reference "

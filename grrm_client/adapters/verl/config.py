@@ -51,6 +51,7 @@ def _verl_row_key(name: str) -> Any:
     return Field(f"extra_info.{adapter.default}", description=f"{adapter.description} In verl: a non_tensor_batch "
                                                                "key, then dict keys separated by dots.")
 
+
 class BridgeConfig(AdapterConfig, DemandSettings):
     """Everything the trainer side needs: an :class:`AdapterConfig` (how to reach the cluster and retry,
     how to read a rollout, the reward arithmetic) with verl's row keys as defaults, plus what only
