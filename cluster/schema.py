@@ -117,6 +117,8 @@ class Usage(BaseModel):
 DEFAULT_TENANT = "default"
 # The service's default limit on one text (limits.max_text_chars); a client sends no longer one.
 DEFAULT_MAX_TEXT_CHARS = 20_000
+# The environment variable a bearer token is read from by default: the service's and its clients'.
+DEFAULT_TOKEN_ENV = "GRRM_API_TOKEN"
 TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
 _TENANT = Field(DEFAULT_TENANT, pattern=TENANT_PATTERN,
                 description="Who the request is for (a run, a job): letters, digits, '_', '.', '-', at most 64, "

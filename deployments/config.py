@@ -20,7 +20,7 @@ from cluster.autoscaling import ScalingSettings
 from cluster.config import ScoringConfig
 from cluster.fair_share import DEFAULT_POLICY, TenantPolicy
 from cluster.recipe import RecipeSettings
-from cluster.schema import DEFAULT_MAX_TEXT_CHARS, TENANT_PATTERN
+from cluster.schema import DEFAULT_MAX_TEXT_CHARS, DEFAULT_TOKEN_ENV, TENANT_PATTERN
 from cluster.engines.config import SLEEP_ENGINES, EngineConfig
 from deployments.autoscaling_policy import POLICY_PATH
 from deployments.placement import ReplicaPlacement, plan_placement
@@ -381,7 +381,7 @@ class HTTPSettings(_Strict):
     """The HTTP ingress."""
 
     auth_token_env: str | None = Field(
-        "GRRM_API_TOKEN", description="Name of an environment variable holding a bearer token; when it is set and "
+        DEFAULT_TOKEN_ENV, description="Name of an environment variable holding a bearer token; when it is set and "
                                       "non-empty, every /v1 request must carry `Authorization: Bearer <token>` (or "
                                       "another configured token). The shared token acts for every tenant without "
                                       "a token of its own.")

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cluster.planning.recorder import DEFAULT_MAX_STEPS, MIN_PHASE_GAP_S
 from cluster.retry import RetryPolicy
-from cluster.schema import DEFAULT_TENANT, TENANT_PATTERN
+from cluster.schema import DEFAULT_TENANT, DEFAULT_TOKEN_ENV, TENANT_PATTERN
 
 Transport = Literal["handle", "http"]
 
@@ -41,7 +41,7 @@ class ClientConfig(BaseModel):
                                                                "transport.")
     http_url: str = Field("http://127.0.0.1:8000", description="Base URL of the application (its route prefix "
                                                                "included), for the HTTP transport.")
-    token_env: str | None = Field("GRRM_API_TOKEN", description="Environment variable holding the bearer token "
+    token_env: str | None = Field(DEFAULT_TOKEN_ENV, description="Environment variable holding the bearer token "
                                                                 "(unset or empty: no Authorization header).")
     # README: "How long a member waits".
     deadline_s: float = Field(_RETRY.deadline_s, gt=0, description="Deadline of one logical request, every attempt "
