@@ -181,21 +181,22 @@ OTHER_TENANTS = "(other tenants)"
 
 @dataclass(frozen=True, slots=True)
 class ScalingSettings:
-    """The knobs of :func:`decide_replicas` (``replicas.autoscaling`` in the app config)."""
+    """The knobs of :func:`decide_replicas` (``replicas.autoscaling`` in the app config): their defaults are
+    declared here only; the app config's ``AutoscalingSettings`` takes its defaults from these."""
 
     min_replicas: int = 1
     max_replicas: int = 1
     # Engine work a replica may hold queued before another one is worth starting.
     target_backlog_s: float = 10.0
-    upscale_delay_s: float = 0.0
-    downscale_delay_s: float = 60.0
+    upscale_delay_s: float = 10.0
+    downscale_delay_s: float = 120.0
     # With an announcement in effect, how long the pool must be idle before it drops what the announced
     # demand does not need (instead of downscale_delay_s).
     idle_downscale_delay_s: float = 5.0
     # How long a new replica takes to serve (engine load included); the lead time for announced work.
-    cold_start_s: float = 30.0
+    cold_start_s: float = 60.0
     # Engine seconds per group until a replica has measured its own.
-    default_seconds_per_group: float = 1.0
+    default_seconds_per_group: float = 2.0
     # Extra capacity over the announced rate of a phase's busiest slice: arrivals within it are not even.
     demand_headroom: float = 1.5
     # An announced phase keeps its replicas this long after its end, for its last groups.

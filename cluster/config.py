@@ -6,8 +6,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from cluster.engines.base import SamplingSettings
 from cluster.gqm import MAX_CANDIDATES, PromptType
 from cluster.prompt_guard import GuardMode
+
+
+# A generate call's own sampling defaults (cluster/engines/base.py declares them).
+_SAMPLING = SamplingSettings()
 
 
 class ScoringConfig(BaseModel):
@@ -29,10 +34,12 @@ class ScoringConfig(BaseModel):
     max_prompt_tokens: int = Field(4096, ge=16, description="Prompts longer than this many tokens (chat template "
                                                             "included) are refused, not truncated.")
     max_answer_tokens: int = Field(4096, ge=1, description="Most tokens generated for one answer.")
-    temperature: float = Field(0.0, ge=0, description="Sampling temperature of the first attempt (0: greedy).")
+    temperature: float = Field(_SAMPLING.temperature, ge=0,
+                               description="Sampling temperature of the first attempt (0: greedy).")
     retry_temperature: float = Field(1.0, ge=0, description="Sampling temperature of the attempts after an "
                                                             "unparseable answer.")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling top-p of every attempt (1: off).")
+    top_p: float = Field(_SAMPLING.top_p, gt=0, le=1,
+                         description="Nucleus sampling top-p of every attempt (1: off).")
     retries: int = Field(6, ge=0, le=32, description="Extra attempts after an unparseable answer (GRRM resamples "
                                                      "the whole analysis).")
     seed: int = Field(0, description="Base seed: attempt k samples with seed + k, and a group's prompt plan "

@@ -48,6 +48,8 @@ __all__ = [
 
 PromptType = Literal["ranking_score", "ranking", "score"]
 Extractor = Literal["codeblock", "line", "oneline", "none"]
+# The extractor where none is chosen: the adapters' and the OpenRLHF route's default.
+DEFAULT_EXTRACTOR: Extractor = "codeblock"
 
 MIN_CANDIDATES = 2
 MAX_CANDIDATES = 26  # one capital letter per candidate
@@ -582,7 +584,7 @@ def verdict_regex(n: int, prompt_type: PromptType = "ranking_score") -> str:
     }[prompt_type]
 
 
-def extract_translation(response: str, extractor: Extractor = "codeblock") -> str | None:
+def extract_translation(response: str, extractor: Extractor = DEFAULT_EXTRACTOR) -> str | None:
     """Extract a policy rollout's translation (spec section 4); ``None`` marks the rollout invalid."""
     _require_str("response", response)
     if extractor not in EXTRACTORS:

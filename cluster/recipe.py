@@ -39,7 +39,7 @@ from typing import Annotated, Any, ClassVar, Literal, Protocol, TypeVar, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cluster import gqm
-from cluster.rewards import overlong_penalty
+from cluster.rewards import RewardSettings, overlong_penalty
 
 __all__ = [
     "PART_KINDS",
@@ -343,7 +343,7 @@ class RecipeSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     default_reward: float = Field(
-        0.0, allow_inf_nan=False,
+        RewardSettings().default_reward, allow_inf_nan=False,
         description="The reward of a candidate without a GQM score (a failure, no translation, the language gate, "
                     "too few distinct candidates, a prompt over budget), plus its `format` part where the recipe "
                     "has one (GRRM: -0.04).")

@@ -115,6 +115,10 @@ class Usage(BaseModel):
 # Who a request is for: a training run, an evaluation, a `grrm score` job. Names are short and plain
 # (they label metrics and scope group ids); without one, a request is the default tenant's.
 DEFAULT_TENANT = "default"
+# The service's default limit on one text (limits.max_text_chars); a client sends no longer one.
+DEFAULT_MAX_TEXT_CHARS = 20_000
+# The environment variable a bearer token is read from by default: the service's and its clients'.
+DEFAULT_TOKEN_ENV = "GRRM_API_TOKEN"
 TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
 _TENANT = Field(DEFAULT_TENANT, pattern=TENANT_PATTERN,
                 description="Who the request is for (a run, a job): letters, digits, '_', '.', '-', at most 64, "

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--num-generations", type=int, default=4)
     parser.add_argument("--prompts-per-step", type=int, default=2)
-    parser.add_argument("--deadline-s", type=float, default=120.0)
+    parser.add_argument("--deadline-s", type=float, help="per reward call (default: the TRL adapter's)")
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -70,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     from grrm_client.adapters.trl import GRRMReward
 
     policy = build_tiny_model(args.workdir / "tiny-policy", seed=1, printable_vocab=True)
-    reward = GRRMReward(url=args.url, num_generations=args.num_generations, extractor="none",
-                        deadline_s=args.deadline_s)
+    deadline = {} if args.deadline_s is None else {"deadline_s": args.deadline_s}
+    reward = GRRMReward(url=args.url, num_generations=args.num_generations, extractor="none", **deadline)
     config = GRPOConfig(
         output_dir=str(args.workdir / "out"),
         use_cpu=True,

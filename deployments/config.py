@@ -18,9 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from cluster.admission import waiting_members_bound
 from cluster.autoscaling import ScalingSettings
 from cluster.config import ScoringConfig
-from cluster.fair_share import TenantPolicy
+from cluster.fair_share import DEFAULT_POLICY, TenantPolicy
 from cluster.recipe import RecipeSettings
-from cluster.schema import TENANT_PATTERN
+from cluster.schema import DEFAULT_MAX_TEXT_CHARS, DEFAULT_TOKEN_ENV, TENANT_PATTERN
 from cluster.engines.config import SLEEP_ENGINES, EngineConfig
 from deployments.autoscaling_policy import POLICY_PATH
 from deployments.placement import ReplicaPlacement, plan_placement
@@ -29,6 +29,10 @@ from grrm_client.adapters.openrlhf import OpenRLHFSettings
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+# The policy's own defaults (cluster/autoscaling.py declares them): AutoscalingSettings takes each from here.
+_SCALING = ScalingSettings()
 
 
 class AutoscalingSettings(_Strict):
@@ -40,56 +44,90 @@ class AutoscalingSettings(_Strict):
                                    "(cluster/autoscaling.py); members waiting for group-mates never count. "
                                    "`serve_default`: Serve's policy on ongoing requests (target_ongoing_requests), "
                                    "which counts waiting members as load.")
-    min_replicas: int = Field(1, ge=0, description="Fewest scorer replicas autoscaling keeps.")
-    max_replicas: int = Field(1, ge=1, description="Most scorer replicas autoscaling starts (at least min_replicas).")
+    min_replicas: int = Field(_SCALING.min_replicas, ge=0, description="Fewest scorer replicas autoscaling keeps.")
+    max_replicas: int = Field(_SCALING.max_replicas, ge=1, description="Most scorer replicas autoscaling starts (at "
+                                                                       "least min_replicas).")
     initial_replicas: int | None = Field(None, ge=0, description="Replicas started when the application is deployed "
                                                                  "(None: min_replicas).")
-    target_backlog_s: float = Field(10.0, gt=0, description="engine_work: seconds of queued engine work one replica "
-                                                            "may hold before another is started; an announced phase "
-                                                            "starts replicas ahead only from when its expected work "
-                                                            "reaches this.")
-    cold_start_s: float = Field(60.0, ge=0, description="engine_work: how long a new replica takes to serve (node, "
-                                                        "scheduling and engine load included); announced work starting "
-                                                        "within this gets its replicas now. Once the policy has timed "
-                                                        "its own (asking for replicas to all serving; the longest of "
-                                                        "the last three), that counts instead; the replicas' measured "
-                                                        "construction, where longer, raises either.")
-    default_seconds_per_group: float = Field(2.0, gt=0, description="engine_work: engine seconds per group assumed "
-                                                                    "until the replicas have measured theirs.")
-    demand_headroom: float = Field(1.5, ge=1, description="engine_work: capacity over the announced rate of a phase's "
-                                                          "busiest slice (groups do not arrive evenly within it).")
-    demand_grace_s: float = Field(10.0, ge=0, description="engine_work: how long an announced phase keeps its replicas "
-                                                          "after its announced end; an announcement then expires.")
-    idle: Literal["stop", "sleep"] = Field(
-        "stop", description="What becomes of a replica the pool no longer needs. `stop`: it is removed and its GPU "
-                            "freed; one started later costs cold_start_s. `sleep` (engines vllm and scripted): its "
-                            "engine sleeps once idle for sleep_after_s (vLLM sleep mode level 1: weights offloaded "
-                            "to CPU memory, KV cache freed) and serves again after wake_s; engine_work keeps it "
-                            "while an announced need comes within (cold_start_s - wake_s) / sleeping_cost seconds, "
-                            "and removes it otherwise. vLLM's sleep mode needs CUDA.")
-    wake_s: float = Field(10.0, ge=0, description="idle sleep: how long, in seconds, a sleeping engine takes to serve "
-                                                  "again; the replica wakes this long before announced work.")
-    sleeping_cost: float = Field(0.1, gt=0, le=1, description="idle sleep: what a sleeping replica costs relative to "
-                                                              "an awake one (its GPU is held, its memory free for "
-                                                              "other work); sets the break-even horizon.")
-    sleep_after_s: float = Field(30.0, ge=0, description="idle sleep: seconds an engine has had no group queued or "
-                                                         "running before it sleeps (members waiting for group-mates "
-                                                         "do not count).")
+    target_backlog_s: float = Field(_SCALING.target_backlog_s, gt=0, description="engine_work: seconds of queued "
+                                                                                 "engine work one replica may hold "
+                                                                                 "before another is started; an "
+                                                                                 "announced phase starts replicas "
+                                                                                 "ahead only from when its expected "
+                                                                                 "work reaches this.")
+    cold_start_s: float = Field(_SCALING.cold_start_s, ge=0, description="engine_work: how long a new replica takes "
+                                                                         "to serve (node, scheduling and engine load "
+                                                                         "included); announced work starting within "
+                                                                         "this gets its replicas now. Once the policy "
+                                                                         "has timed its own (asking for replicas to "
+                                                                         "all serving; the longest of the last "
+                                                                         "three), that counts instead; the replicas' "
+                                                                         "measured construction, where longer, raises "
+                                                                         "either.")
+    default_seconds_per_group: float = Field(
+        _SCALING.default_seconds_per_group, gt=0,
+        description="engine_work: engine seconds per group assumed until the replicas have measured theirs.")
+    demand_headroom: float = Field(_SCALING.demand_headroom, ge=1, description="engine_work: capacity over the "
+                                                                               "announced rate of a phase's busiest "
+                                                                               "slice (groups do not arrive evenly "
+                                                                               "within it).")
+    demand_grace_s: float = Field(_SCALING.demand_grace_s, ge=0, description="engine_work: how long an announced "
+                                                                             "phase keeps its replicas after its "
+                                                                             "announced end; an announcement then "
+                                                                             "expires.")
+    idle: Literal["stop", "sleep"] = Field(_SCALING.idle, description="What becomes of a replica the pool no longer "
+                                                                      "needs. `stop`: it is removed and its GPU "
+                                                                      "freed; one started later costs cold_start_s. "
+                                                                      "`sleep` (engines vllm and scripted): its "
+                                                                      "engine sleeps once idle for sleep_after_s "
+                                                                      "(vLLM sleep mode level 1: weights offloaded to "
+                                                                      "CPU memory, KV cache freed) and serves again "
+                                                                      "after wake_s; engine_work keeps it while an "
+                                                                      "announced need comes within (cold_start_s - "
+                                                                      "wake_s) / sleeping_cost seconds, and removes "
+                                                                      "it otherwise. vLLM's sleep mode needs CUDA.")
+    wake_s: float = Field(_SCALING.wake_s, ge=0, description="idle sleep: how long, in seconds, a sleeping engine "
+                                                             "takes to serve again; the replica wakes this long "
+                                                             "before announced work.")
+    sleeping_cost: float = Field(_SCALING.sleeping_cost, gt=0, le=1, description="idle sleep: what a sleeping replica "
+                                                                                 "costs relative to an awake one (its "
+                                                                                 "GPU is held, its memory free for "
+                                                                                 "other work); sets the break-even "
+                                                                                 "horizon.")
+    sleep_after_s: float = Field(_SCALING.sleep_after_s, ge=0, description="idle sleep: seconds an engine has had no "
+                                                                           "group queued or running before it sleeps "
+                                                                           "(members waiting for group-mates do not "
+                                                                           "count).")
     target_ongoing_requests: float = Field(16.0, gt=0, description="serve_default: ongoing requests per replica that "
                                                                    "Serve's policy aims for.")
-    upscale_delay_s: float = Field(10.0, ge=0, description="How long, in seconds, more replicas must be wanted before "
-                                                           "they are started.")
-    downscale_delay_s: float = Field(120.0, ge=0, description="How long, in seconds, fewer replicas must do before "
-                                                              "replicas are stopped.")
-    idle_downscale_delay_s: float = Field(5.0, ge=0, description="engine_work: while an announced phase is on (its "
-                                                                 "quiet start, a lull), how long the pool must be "
-                                                                 "idle (no group queued or running, no member waiting "
-                                                                 "for group-mates) before it drops the replicas the "
-                                                                 "announced demand does not need, instead of "
-                                                                 "downscale_delay_s; idle while every announced phase "
-                                                                 "is ahead, it drops them at once. Either way it keeps "
-                                                                 "what announced work needs within two cold starts. "
-                                                                 "A pool nobody announces to keeps downscale_delay_s.")
+    upscale_delay_s: float = Field(_SCALING.upscale_delay_s, ge=0, description="How long, in seconds, more replicas "
+                                                                               "must be wanted before they are "
+                                                                               "started.")
+    downscale_delay_s: float = Field(_SCALING.downscale_delay_s, ge=0, description="How long, in seconds, fewer "
+                                                                                   "replicas must do before replicas "
+                                                                                   "are stopped.")
+    idle_downscale_delay_s: float = Field(_SCALING.idle_downscale_delay_s, ge=0, description="engine_work: while an "
+                                                                                             "announced phase is on "
+                                                                                             "(its quiet start, a "
+                                                                                             "lull), how long the "
+                                                                                             "pool must be idle (no "
+                                                                                             "group queued or "
+                                                                                             "running, no member "
+                                                                                             "waiting for "
+                                                                                             "group-mates) before it "
+                                                                                             "drops the replicas the "
+                                                                                             "announced demand does "
+                                                                                             "not need, instead of "
+                                                                                             "downscale_delay_s; idle "
+                                                                                             "while every announced "
+                                                                                             "phase is ahead, it "
+                                                                                             "drops them at once. "
+                                                                                             "Either way it keeps "
+                                                                                             "what announced work "
+                                                                                             "needs within two cold "
+                                                                                             "starts. A pool nobody "
+                                                                                             "announces to keeps "
+                                                                                             "downscale_delay_s.")
     metrics_interval_s: float = Field(2.0, gt=0, description="How often, in seconds, replicas report the load "
                                                              "autoscaling decides on.")
     look_back_period_s: float = Field(10.0, gt=0, description="Time window, in seconds, Serve keeps the load "
@@ -113,10 +151,14 @@ class AutoscalingSettings(_Strict):
         """The engine_work policy's settings, with the caps on what each tenant's announced demand may claim:
         ``default_tenant``'s (``tenants.default``; None: the defaults') for every tenant but ``named_tenants``
         (``http.tenants``), which have their own."""
-        fields = {field: getattr(self, field) for field in ScalingSettings.__dataclass_fields__
-                  if field in AutoscalingSettings.model_fields}
         return ScalingSettings(
-            **fields, max_announced_replicas=self.announced_replicas(default_tenant or TenantDefaults()),
+            min_replicas=self.min_replicas, max_replicas=self.max_replicas, target_backlog_s=self.target_backlog_s,
+            upscale_delay_s=self.upscale_delay_s, downscale_delay_s=self.downscale_delay_s,
+            idle_downscale_delay_s=self.idle_downscale_delay_s, cold_start_s=self.cold_start_s,
+            default_seconds_per_group=self.default_seconds_per_group, demand_headroom=self.demand_headroom,
+            demand_grace_s=self.demand_grace_s, idle=self.idle, wake_s=self.wake_s, sleeping_cost=self.sleeping_cost,
+            sleep_after_s=self.sleep_after_s,
+            max_announced_replicas=self.announced_replicas(default_tenant or TenantDefaults()),
             tenant_max_announced_replicas=tuple((tenant.name, self.announced_replicas(tenant))
                                                 for tenant in named_tenants))
 
@@ -279,7 +321,8 @@ class LimitSettings(_Strict):
     max_candidates_per_group: int = Field(26, ge=2, description="Most candidates in one group (also the largest "
                                                                 "group_size a member or an OpenRLHF request may "
                                                                 "give).")
-    max_text_chars: int = Field(20_000, ge=1, description="Most characters in one source or candidate text.")
+    max_text_chars: int = Field(DEFAULT_MAX_TEXT_CHARS, ge=1, description="Most characters in one source or candidate "
+                                                                          "text.")
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest request body, in bytes.")
     # Reading the body first lets clients that send everything before reading (urllib) read the answer.
     max_discard_bytes: int = Field(
@@ -292,8 +335,10 @@ class LimitSettings(_Strict):
 class TenantDefaults(_Strict):
     """How a tenant shares the engines and what it may hold (``tenants.default``: every tenant not named)."""
 
-    weight: float = Field(1.0, gt=0, description="Its share of an engine relative to the others of its priority class.")
-    priority: int = Field(0, description="A higher class is always served first (e.g. training 0, evaluation -1).")
+    weight: float = Field(DEFAULT_POLICY.weight, gt=0, description="Its share of an engine relative to the others of "
+                                                                   "its priority class.")
+    priority: int = Field(DEFAULT_POLICY.priority, description="A higher class is always served first (e.g. training "
+                                                               "0, evaluation -1).")
     max_groups_in_flight: int | None = Field(
         None, ge=1, description="Groups it may have assembling, waiting or scoring on one replica; beyond: 503 "
                                 "with Retry-After for this tenant only (None: no limit).")
@@ -336,7 +381,7 @@ class HTTPSettings(_Strict):
     """The HTTP ingress."""
 
     auth_token_env: str | None = Field(
-        "GRRM_API_TOKEN", description="Name of an environment variable holding a bearer token; when it is set and "
+        DEFAULT_TOKEN_ENV, description="Name of an environment variable holding a bearer token; when it is set and "
                                       "non-empty, every /v1 request must carry `Authorization: Bearer <token>` (or "
                                       "another configured token). The shared token acts for every tenant without "
                                       "a token of its own.")

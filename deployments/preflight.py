@@ -21,6 +21,7 @@ from cluster.engines.memory import GIB, MemoryPlan, ModelShape, plan_memory, sha
 from cluster.engines.model_source import ModelSource, Weights
 from cluster.engines.versions import (DRIVER_FLOORS, ENGINE_PACKAGES, GPU_INSTALL, GPU_INSTALL_CUDA_MAJOR,
                                       driver_branch)
+from cluster.schema import DEFAULT_TOKEN_ENV
 from deployments.config import AppConfig
 from deployments.http.auth import LOOPBACK_HOSTS, token_variables
 from deployments.node_facts import NodeFacts, gather_facts
@@ -452,7 +453,7 @@ def _auth(context: _Context) -> Finding:
     if http.allow_unauthenticated:
         return Finding("auth", "ok", f"HTTP binds {host} with no token, as http.allow_unauthenticated allows: every "
                                      "/v1 route is open to whoever reaches the port")
-    variable = http.auth_token_env or "GRRM_API_TOKEN"
+    variable = http.auth_token_env or DEFAULT_TOKEN_ENV
     return Finding("auth", "problem", f"HTTP binds {host} and no token is set here ({variable} is not set): the "
                                       "ingress refuses to start an API open to whoever reaches the port",
                    f"export {variable}=$(openssl rand -hex 32) where `serve run` starts (callers send it as "

@@ -112,7 +112,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                          help="where the scored runs go (DIR/run-K/); a rerun continues or reuses them")
     scoring.add_argument("--runs", type=int, default=1, metavar="N",
                          help="score every group N times and average, as GRRM's evaluation does (default: %(default)s)")
-    scoring.add_argument("--concurrency", type=int, default=16, metavar="N",
+    scoring.add_argument("--concurrency", type=int, default=score.CONCURRENCY, metavar="N",
                          help="groups in flight (default: %(default)s)")
 
     out = parser.add_argument_group("output")

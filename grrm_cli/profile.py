@@ -36,12 +36,18 @@ from cluster.planning.profiling import (
 )
 from cluster.schema import DEFAULT_TENANT, GroupRequest
 from grrm_cli import columns as cols
+from grrm_cli.client_options import CLIENT_DEFAULTS, add_retry_options, add_token_option
 from grrm_cli.dataset import DatasetError, detect_format, read_rows
 from grrm_cli.plan import print_table
 from grrm_cli.score import add_column_options, column_mapping
 from grrm_cli.scorers import SetupError, connect_app, service_info
 from grrm_client import RewardClient
 from grrm_client.config import ClientConfig
+
+# A profile measures the engine: a group not answered within a third of a trainer's deadline is a failure to
+# count (--max-failures), not one to wait for.
+DEADLINE_S = CLIENT_DEFAULTS.deadline_s / 3
+_PROFILE = ProfileSettings.model_fields
 
 EXAMPLES = """\
 examples:
@@ -74,12 +80,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                             "its replicas' own cold starts are read either way (needs the Ray cluster)")
     where.add_argument("--address", help="Ray cluster to join for --app-name (default: RAY_ADDRESS or the local one)")
     where.add_argument("--tenant", default=DEFAULT_TENANT, metavar="NAME", help="who sends (default: %(default)s)")
-    where.add_argument("--token-env", default="GRRM_API_TOKEN", metavar="VAR",
-                       help="environment variable holding the bearer token, for --url (default: %(default)s)")
-    where.add_argument("--deadline-s", type=float, default=600.0, metavar="S",
-                       help="per group, every attempt included (default: %(default)s)")
-    where.add_argument("--max-attempts", type=int, default=4, metavar="N",
-                       help="sends per group on 503, back pressure or a lost replica (default: %(default)s)")
+    add_token_option(where, used_with="--url")
+    add_retry_options(where, deadline_s=DEADLINE_S)
 
     what = parser.add_argument_group("what to send (--sample, or the three numbers)")
     what.add_argument("--sample", type=Path, metavar="FILE",
@@ -96,9 +98,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                      help="groups kept in flight, one point each (default: %(default)s)")
     how.add_argument("--groups-per-point", type=int, metavar="N",
                      help="groups sent at each concurrency (default: 4 x the concurrency, at least 16)")
-    how.add_argument("--warmup-groups", type=int, default=2, metavar="N",
+    how.add_argument("--warmup-groups", type=int, default=_PROFILE["warmup_groups"].default,
+                     metavar="N",
                      help="groups sent first and not measured (default: %(default)s)")
-    how.add_argument("--max-failures", type=int, default=3, metavar="N",
+    how.add_argument("--max-failures", type=int, default=_PROFILE["max_failures"].default, metavar="N",
                      help="invalid answers tolerated; more stop the run, exit 1 (default: %(default)s)")
     how.add_argument("--cold-start-s", type=float, metavar="S",
                      help="the cold start to record instead of the replicas' own (needed with --url alone)")

@@ -22,6 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from cluster.schema import DEFAULT_TENANT
 from grrm_cli import columns as cols
 from grrm_cli.dataset import COMPONENT_TYPE, RESULT_TYPES, component_columns
 from grrm_cli.progress import Summary
@@ -59,7 +60,7 @@ class ScoreBatches:
 
 def score_with_ray_data(
     job: Any, *, app_name: str, address: str | None, workers: int, max_attempts: int, deadline_s: float,
-    tenant: str = "default",
+    tenant: str = DEFAULT_TENANT,
 ) -> Summary:
     """Score ``job.input`` into the folder ``job.output`` on the Ray cluster; returns the summary."""
     started = time.monotonic()

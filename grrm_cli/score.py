@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from cluster.schema import DEFAULT_TENANT, TENANT_PATTERN
 from grrm_cli import columns as cols
+from grrm_cli.client_options import CLIENT_DEFAULTS, add_retry_options, add_token_option
 from grrm_cli.dataset import (
     RESULT_TYPES,
     DatasetError,
@@ -39,6 +40,12 @@ from grrm_cli.output_lock import OutputLocked, output_lock
 from grrm_cli.resume import OrderedOutput, ResumeError, WorkDir, input_identity
 from grrm_cli.scorers import GroupScoring, InProcessScoring, ScoringStopped, ServiceScoring, SetupError
 from grrm_client.config import ClientConfig
+
+# Groups in flight (grrm eval scores as grrm score does).
+CONCURRENCY = 16
+# A dataset job has no training step waiting on it: a group gets twice a trainer's attempts before its row
+# is written as failed (a rerun would redo the whole file's failures).
+MAX_ATTEMPTS = 2 * CLIENT_DEFAULTS.max_attempts
 
 EXAMPLES = """\
 examples:
@@ -82,10 +89,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     where.add_argument("--ray", action="store_true", help="read, score and write with Ray Data (needs --app)")
     where.add_argument("--address", help="Ray cluster to join for --app/--ray (default: RAY_ADDRESS or the local one)")
-    where.add_argument(
-        "--token-env", default="GRRM_API_TOKEN", metavar="VAR",
-        help="environment variable holding the service's bearer token, for --url (default: %(default)s)",
-    )
+    add_token_option(where, used_with="--url")
     where.add_argument(
         "--tenant", default=DEFAULT_TENANT, metavar="NAME",
         help="who this job is on a shared service (metered and fairly served as one; default: %(default)s)",
@@ -109,15 +113,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     files.add_argument("--summary-json", type=Path, metavar="FILE", help="also write the summary as JSON")
 
     run = parser.add_argument_group("run")
-    run.add_argument("--concurrency", type=int, default=16, metavar="N", help="groups in flight (default: %(default)s)")
-    run.add_argument(
-        "--max-attempts", type=int, default=8, metavar="N",
-        help="attempts per group on 503, back pressure or a lost replica, with backoff (default: %(default)s)",
-    )
-    run.add_argument(
-        "--deadline-s", type=float, default=1800.0, metavar="S",
-        help="per group, every attempt included (default: %(default)s)",
-    )
+    run.add_argument("--concurrency", type=int, default=CONCURRENCY, metavar="N",
+                     help="groups in flight (default: %(default)s)")
+    add_retry_options(run, max_attempts=MAX_ATTEMPTS)
     run.add_argument(
         "--ray-workers", type=int, default=2, metavar="N",
         help="Ray Data actors calling the service, each with --concurrency groups in flight (default: %(default)s)",

@@ -12,9 +12,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cluster.planning.recorder import DEFAULT_MAX_STEPS, MIN_PHASE_GAP_S
 from cluster.retry import RetryPolicy
-from cluster.schema import DEFAULT_TENANT, TENANT_PATTERN
+from cluster.schema import DEFAULT_TENANT, DEFAULT_TOKEN_ENV, TENANT_PATTERN
 
 Transport = Literal["handle", "http"]
+
+# The retry policy's own defaults (cluster/retry.py declares them): ClientConfig takes each from here.
+_RETRY = RetryPolicy()
 
 
 class ClientConfig(BaseModel):
@@ -38,39 +41,47 @@ class ClientConfig(BaseModel):
                                                                "transport.")
     http_url: str = Field("http://127.0.0.1:8000", description="Base URL of the application (its route prefix "
                                                                "included), for the HTTP transport.")
-    token_env: str | None = Field("GRRM_API_TOKEN", description="Environment variable holding the bearer token "
+    token_env: str | None = Field(DEFAULT_TOKEN_ENV, description="Environment variable holding the bearer token "
                                                                 "(unset or empty: no Authorization header).")
     # README: "How long a member waits".
-    deadline_s: float = Field(
-        1800.0, gt=0,
-        description="Deadline of one logical request, every attempt included, in seconds. A member waits for its "
-                    "whole group (until the group's last rollout finishes, across the trainer's own pauses: a "
-                    "training phase in colocate_async, weight syncs), so this must exceed the spread of a group's "
-                    "finish times. It is also how long a rollout lost before its reward (its session failed) holds "
-                    "the rest of its group.")
+    deadline_s: float = Field(_RETRY.deadline_s, gt=0, description="Deadline of one logical request, every attempt "
+                                                                   "included, in seconds. A member waits for its "
+                                                                   "whole group (until the group's last rollout "
+                                                                   "finishes, across the trainer's own pauses: a "
+                                                                   "training phase in colocate_async, weight syncs), "
+                                                                   "so this must exceed the spread of a group's "
+                                                                   "finish times. It is also how long a rollout lost "
+                                                                   "before its reward (its session failed) holds the "
+                                                                   "rest of its group.")
     # The one retry loop: over HTTP the ingress re-routes a call whose replica died within the sends this
     # attempt may take, and says how many it took; they count here.
-    max_attempts: int = Field(
-        4, ge=1, description="Sends per logical request that failed, all layers together: a replica lost, no "
-                             "replica to answer (`unavailable`), a replica shutting down, connection errors are "
-                             "retried, and the HTTP ingress's re-routes after a replica died count too. Back "
-                             "pressure (`overloaded`) is not a failed attempt (retry_overloaded_until_deadline), "
-                             "nor is an assembly timeout: the member re-joins its group until deadline_s.")
+    max_attempts: int = Field(_RETRY.max_attempts, ge=1, description="Sends per logical request that failed, all "
+                                                                     "layers together: a replica lost, no replica to "
+                                                                     "answer (`unavailable`), a replica shutting "
+                                                                     "down, connection errors are retried, and the "
+                                                                     "HTTP ingress's re-routes after a replica died "
+                                                                     "count too. Back pressure (`overloaded`) is not "
+                                                                     "a failed attempt "
+                                                                     "(retry_overloaded_until_deadline), nor is an "
+                                                                     "assembly timeout: the member re-joins its group "
+                                                                     "until deadline_s.")
     retry_overloaded_until_deadline: bool = Field(
-        True, description="Retry an `overloaded` answer (Serve's queue full, a replica with too many groups "
-                          "assembling, the tenant at max_groups_in_flight or max_waiting_members: the service is "
-                          "full now, not failing) with backoff until deadline_s, spending none of max_attempts. "
-                          "False: it spends them like any transient failure, so a member refused for a few seconds "
-                          "gets a default reward and its group-mates wait for it until deadline_s; only for a caller "
-                          "that would rather fail fast than wait.")
-    backoff_s: float = Field(0.5, ge=0, description="Wait before the first retry, in seconds; it doubles with each "
-                                                    "further retry up to max_backoff_s (a longer Retry-After from "
-                                                    "the service wins). Back pressure has a count of its own, so "
-                                                    "an `overloaded` member is asked again every max_backoff_s at "
-                                                    "most. Also the pause before a member re-joins its incomplete "
-                                                    "group.")
-    max_backoff_s: float = Field(8.0, ge=0, description="Longest wait between two attempts, in seconds (at least "
-                                                        "backoff_s).")
+        _RETRY.back_pressure_until_deadline,
+        description="Retry an `overloaded` answer (Serve's queue full, a replica with too many groups assembling, "
+                    "the tenant at max_groups_in_flight or max_waiting_members: the service is full now, not "
+                    "failing) with backoff until deadline_s, spending none of max_attempts. False: it spends them "
+                    "like any transient failure, so a member refused for a few seconds gets a default reward and its "
+                    "group-mates wait for it until deadline_s; only for a caller that would rather fail fast than "
+                    "wait.")
+    backoff_s: float = Field(_RETRY.backoff_s, ge=0, description="Wait before the first retry, in seconds; it doubles "
+                                                                 "with each further retry up to max_backoff_s (a "
+                                                                 "longer Retry-After from the service wins). Back "
+                                                                 "pressure has a count of its own, so an `overloaded` "
+                                                                 "member is asked again every max_backoff_s at most. "
+                                                                 "Also the pause before a member re-joins its "
+                                                                 "incomplete group.")
+    max_backoff_s: float = Field(_RETRY.max_backoff_s, ge=0, description="Longest wait between two attempts, in "
+                                                                         "seconds (at least backoff_s).")
     # One notion for the demand announcements (grrm_client/demand.py) and the recorded trace: both find a
     # trainer's steps in when its rewards are asked for.
     phase_gap_s: float = Field(10.0, ge=MIN_PHASE_GAP_S,

@@ -186,11 +186,13 @@ def test_a_replica_reports_saturation_from_its_slots_and_its_mean_group_size():
 def test_a_fresh_replica_counts_its_groups_at_the_default_cost():
     fresh = ReplicaLoad(groups_waiting=25, groups_running=5)
     assert engine_work(fresh, 1.0) == 30.0
-    assert decide(0.0, 1, [fresh], settings=ScalingSettings(max_replicas=8, upscale_delay_s=0)).replicas == 3
+    assert decide(0.0, 1, [fresh], settings=ScalingSettings(max_replicas=8, upscale_delay_s=0,
+                                                          default_seconds_per_group=1.0)).replicas == 3
 
 
 def test_announced_demand_scales_ahead_within_a_cold_start_and_is_capped():
-    settings = ScalingSettings(max_replicas=8, cold_start_s=20.0, demand_headroom=1.0, demand_grace_s=10.0)
+    settings = ScalingSettings(max_replicas=8, cold_start_s=20.0, demand_headroom=1.0, demand_grace_s=10.0,
+                               upscale_delay_s=0.0)
     # 120 groups in 60 s at 2 s each: 4 engine-seconds per second, 4 replicas.
     step = Demand("run-a", 120, starts_at=100.0, ends_at=160.0)
     assert replicas_for_demand([step], 70.0, 2.0, settings) == 0  # too early: a replica would idle
@@ -282,7 +284,8 @@ def test_the_policy_measures_its_cold_start_from_asking_to_serving_and_announced
 
 
 def test_each_count_asked_for_is_timed_from_its_own_ask_to_all_of_it_serving():
-    settings = ScalingSettings(min_replicas=0, max_replicas=8, cold_start_s=20.0, upscale_delay_s=0.0)
+    settings = ScalingSettings(min_replicas=0, max_replicas=8, cold_start_s=20.0, upscale_delay_s=0.0,
+                               default_seconds_per_group=1.0, downscale_delay_s=60.0)
     one = Demand("run-a", 1, starts_at=100.0, ends_at=101.0)  # one group, at 101: one replica by then
     state = decide(81.0, 0, [], [one], settings=settings).state
     assert state["asked/1"] == 81.0
@@ -464,7 +467,8 @@ def test_the_simulated_shared_pool_costs_less_than_a_pool_per_run_at_the_same_ex
     runs = [Run(f"run-{k}", offset_s=rng.uniform(0, 360), steps=3, groups=64, group_size=8, generation_s=120.0,
                 training_s=240.0).build(rng) for k in range(2)]
     settings = ScalingSettings(max_replicas=32, target_backlog_s=10.0, downscale_delay_s=10.0, cold_start_s=90.0,
-                               default_seconds_per_group=1.5, demand_grace_s=5.0, demand_headroom=1.5)
+                               default_seconds_per_group=1.5, demand_grace_s=5.0, demand_headroom=1.5,
+                               upscale_delay_s=0.0)
     fixed = peak_sized(runs, args)
     elastic = simulate(runs, lambda run: ("shared", 1), 1.5, 90.0, settings)
     assert fixed["size"] > 1

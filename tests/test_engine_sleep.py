@@ -12,7 +12,7 @@ from cluster.engine_sleep import EngineSleeper, sleep_action
 from cluster.engines import EngineConfig, EngineDeadError, SamplingSettings, make_engine
 from cluster.engines.config import ScriptedEngineOptions
 
-SETTINGS = ScalingSettings(idle="sleep", wake_s=10.0, sleep_after_s=30.0, demand_grace_s=5.0)
+SETTINGS = ScalingSettings(idle="sleep", wake_s=10.0, sleep_after_s=30.0, demand_grace_s=5.0, cold_start_s=30.0)
 
 
 def action(now=100.0, sleeping=False, busy=False, idle_since=0.0, demands=(), margin_s=0.0):
@@ -57,7 +57,7 @@ def test_a_sleeping_engine_wakes_for_work_or_an_imminent_phase_and_else_sleeps_o
 
 def sleeper(wake_s: float = 0.0, clock=None) -> EngineSleeper:
     engine = make_engine(EngineConfig(kind="scripted", sleep_mode=True, scripted=ScriptedEngineOptions(wake_s=wake_s)))
-    settings = ScalingSettings(idle="sleep", wake_s=wake_s, sleep_after_s=5.0)
+    settings = ScalingSettings(idle="sleep", wake_s=wake_s, sleep_after_s=5.0, cold_start_s=30.0)
     return EngineSleeper(engine, settings, clock=clock) if clock else EngineSleeper(engine, settings)
 
 

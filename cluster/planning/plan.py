@@ -35,14 +35,17 @@ __all__ = ["AUTOSCALING_GRID", "SERVE_TARGETS", "Plan", "PoolPrediction", "Separ
 SERVE_TARGETS = (4, 16, 64)
 
 # The autoscaled candidates: each combination of these settings (the rest as ScalingSettings' defaults,
-# upscale at once). Not the downscale delay: in replays of GRPO steps the idle rule drops replicas first,
-# so 10 s and 60 s gave identical rows; the headroom and the backlog a replica may hold move both cost and
-# exposure.
+# upscale at once, down after PLANNED_DOWNSCALE_DELAY_S). Not the downscale delay: in replays of GRPO steps the
+# idle rule drops replicas first, so 10 s and 60 s gave identical rows; the headroom and the backlog a replica
+# may hold move both cost and exposure.
 AUTOSCALING_GRID: dict[str, tuple] = {
     "min_replicas": (0, 1),
     "demand_headroom": (1.25, 1.4, 1.5, 2.0),
     "target_backlog_s": (5.0, 10.0),
 }
+# The downscale delay the plans were replayed and published with (below the service's default: the idle
+# rule drops replicas before either delay passes, so it moves no row).
+PLANNED_DOWNSCALE_DELAY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,8 @@ def plan_pool(traces: Sequence[RunTrace], *, seconds_per_group: float, cold_star
 
     candidates = [predicted("fixed", size, None) for size in range(1, max_replicas + 1)]
     base = ScalingSettings(max_replicas=max_replicas, target_backlog_s=10.0, upscale_delay_s=0.0,
-                           cold_start_s=cold_start_s, default_seconds_per_group=seconds_per_group,
+                           downscale_delay_s=PLANNED_DOWNSCALE_DELAY_S, cold_start_s=cold_start_s,
+                           default_seconds_per_group=seconds_per_group,
                            demand_grace_s=demand_grace_s)
     caps = [max_replicas]
     if gpus is not None and 1 <= gpus // gpus_per_replica < max_replicas:

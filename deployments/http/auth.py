@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from cluster.schema import DEFAULT_TENANT
+from cluster.schema import DEFAULT_TENANT, DEFAULT_TOKEN_ENV
 from deployments.config import AppConfig
 from deployments.http.errors import HTTPProblem
 
@@ -130,7 +130,7 @@ def refuse_open_service(config: AppConfig, host: str | None, environ: Mapping[st
         return
     if authenticate(config, "", environ) is None:
         return  # some token is configured: closed
-    variable = config.http.auth_token_env or "GRRM_API_TOKEN"
+    variable = config.http.auth_token_env or DEFAULT_TOKEN_ENV
     raise OpenServiceRefused(
         f"http: the API binds {host} and no token is set (http.auth_token_env {config.http.auth_token_env!r}, "
         f"http.operator_token_env {config.http.operator_token_env!r}, no tenant token): anyone who reaches the port "

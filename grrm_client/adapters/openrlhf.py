@@ -36,9 +36,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, model_validator
 
-from cluster.gqm import Extractor
+from cluster.gqm import DEFAULT_EXTRACTOR, Extractor
 from cluster.rewards import Completion, RewardOutcome, RewardSettings, read_completion
 from cluster.schema import MemberRequest, MemberResult
+from grrm_client.adapters.config import AdapterConfig
 from grrm_client.adapters.pipeline import COMPONENT_PREFIX, RowContext, components_of, member_request, member_reward
 
 __all__ = ["END_OF_TURN", "OpenRLHFRequest", "OpenRLHFResponse", "OpenRLHFSettings", "PayloadError", "Sample",
@@ -48,23 +49,33 @@ __all__ = ["END_OF_TURN", "OpenRLHFRequest", "OpenRLHFResponse", "OpenRLHFSettin
 END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>", "</s>", "<eos>")
 
 
+# The adapters' own rewards' defaults (cluster/rewards.py declares them), and the keys a row keeps its context
+# under (the adapters' config declares them).
+_REWARDS = RewardSettings()
+_ROW_KEYS = AdapterConfig.model_fields
+
+
 class OpenRLHFSettings(BaseModel):
     """``POST /openrlhf/get_reward``: OpenRLHF's remote reward model (``--reward.remote_url``)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    extractor: Extractor = Field("codeblock", description="How the translation is read from the response "
-                                                          "(the query after its prompt).")
+    extractor: Extractor = Field(DEFAULT_EXTRACTOR, description="How the translation is read from the response "
+                                                                "(the query after its prompt).")
     src_lang: str | None = Field(None, description="Source language when a sample's label names none.")
     trg_lang: str | None = Field(None, description="Target language when a sample's label names none.")
-    ref_text_key: str = Field("ref_text", description="The label's key of a reference translation (optional; "
-                                                      "with ref_lang).")
-    ref_lang_key: str = Field("ref_lang", description="The label's key of the reference's language (optional).")
-    notes_key: str = Field("notes", description="The label's key of notes for the model (optional).")
-    default_reward: float = Field(0.0, description="Reward (flagged) of a sample that got no answer in time; an "
-                                                   "answer's reward is the tenant recipe's.")
-    score_scale_factor: float = Field(1.0, description="Reward = GRRM score x this factor, only for answers "
-                                                       "without a recipe's reward.")
+    ref_text_key: str = Field(_ROW_KEYS["ref_text_key"].default, description="The label's key of a reference "
+                                                                             "translation (optional; with ref_lang).")
+    ref_lang_key: str = Field(_ROW_KEYS["ref_lang_key"].default, description="The label's key of the reference's "
+                                                                             "language (optional).")
+    notes_key: str = Field(_ROW_KEYS["notes_key"].default, description="The label's key of notes for the model "
+                                                                       "(optional).")
+    default_reward: float = Field(_REWARDS.default_reward, description="Reward (flagged) of a sample that got no "
+                                                                       "answer in time; an answer's reward is the "
+                                                                       "tenant recipe's.")
+    score_scale_factor: float = Field(_REWARDS.score_scale_factor, description="Reward = GRRM score x this factor, "
+                                                                               "only for answers without a recipe's "
+                                                                               "reward.")
     # OpenRLHF gives up on a request after 180 s and sends it again as a new sample, which would
     # join a new group: answer (with the flagged default if need be) before that.
     answer_within_s: float = Field(170.0, gt=0, description="Every sample is answered within this many "

@@ -47,8 +47,10 @@ def member_groups(handle, prefix: str) -> list[dict]:
 
 def test_a_grpo_trainer_trains_two_steps_on_grrm_rewards(local_app, tmp_path):
     url, _handle, _config = local_app
+    # A reward the service cannot give fails the run well within the test's 400 s, with the trainer's output.
     run = subprocess.run([sys.executable, "-m", "cpu_harness.trl_run", "--url", url, "--workdir", str(tmp_path),
-                          "--steps", "2"], cwd=ROOT, capture_output=True, text=True, timeout=400)
+                          "--steps", "2", "--deadline-s", "120"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=400)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith('{"')]  # TRL prints dicts too
     steps = [line["log"] for line in lines if "log" in line and "rewards/grrm/mean" in line["log"]]

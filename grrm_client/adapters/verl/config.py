@@ -19,7 +19,7 @@ A wrong key or value is an error naming it, at start, not a silent default.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -45,6 +45,13 @@ def _refuse_overlong(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
+def _verl_row_key(name: str) -> Any:
+    """AdapterConfig's row key ``name`` where verl keeps a row's own fields: under ``extra_info``."""
+    adapter = AdapterConfig.model_fields[name]
+    return Field(f"extra_info.{adapter.default}", description=f"{adapter.description} In verl: a non_tensor_batch "
+                                                               "key, then dict keys separated by dots.")
+
+
 class BridgeConfig(AdapterConfig, DemandSettings):
     """Everything the trainer side needs: an :class:`AdapterConfig` (how to reach the cluster and retry,
     how to read a rollout, the reward arithmetic) with verl's row keys as defaults, plus what only
@@ -52,6 +59,7 @@ class BridgeConfig(AdapterConfig, DemandSettings):
     passes them."""
 
     model_config = ConfigDict(extra="forbid")
+    ids_unique_across_runs: ClassVar[bool] = True  # verl's uid: a uuid per prompt
 
     max_concurrent_groups: int = Field(256, ge=1, description="Groups scored at once by the whole-batch path.")
     # A member waiting for its group holds one call; the bridge refuses to start when the trainer can have more
@@ -64,25 +72,14 @@ class BridgeConfig(AdapterConfig, DemandSettings):
     # -- reading a rollout: verl's row keys ------------------------------------------------------
     # A non_tensor_batch key, then dict keys separated by dots
     # ("extra_info.source" = non_tensor_batch["extra_info"]["source"]).
-    source_key: str = Field("extra_info.source", description="Where a row keeps its source text: a "
-                                                             "non_tensor_batch key, then dict keys separated by dots.")
-    src_lang_key: str = Field("extra_info.src_lang", description="Where a row keeps its source language (same "
-                                                                 "form as source_key).")
-    trg_lang_key: str = Field("extra_info.trg_lang", description="Where a row keeps its target language (same "
-                                                                 "form as source_key).")
-    ref_text_key: str = Field("extra_info.ref_text", description="Where a row may keep a reference translation "
-                                                                 "(same form as source_key; sent with ref_lang).")
-    ref_lang_key: str = Field("extra_info.ref_lang", description="Where a row may keep its reference's language "
-                                                                 "(same form as source_key).")
-    notes_key: str = Field("extra_info.notes", description="Where a row may keep notes for the model (same form as "
-                                                           "source_key).")
+    source_key: str = _verl_row_key("source_key")
+    src_lang_key: str = _verl_row_key("src_lang_key")
+    trg_lang_key: str = _verl_row_key("trg_lang_key")
+    ref_text_key: str = _verl_row_key("ref_text_key")
+    ref_lang_key: str = _verl_row_key("ref_lang_key")
+    notes_key: str = _verl_row_key("notes_key")
     uid_key: str = Field("uid", description="Row key of the GRPO group id (verl puts a uuid per prompt in "
                                             "non_tensor_batch['uid']).")
-    # Two runs (or a resumed run) sharing one service never meet in one group.
-    run_id: str | None = Field(
-        None, max_length=64, pattern=r"^[A-Za-z0-9_.\-]*$",
-        description="Namespace of group ids: the service sees `{run_id}:{uid}`. None: derived from the Ray job "
-                    "running the trainer (grrm_client/adapters/verl/run_identity.py); empty: verl's uid as it is.")
     # See grrm_client/adapters/verl/rollout.py.
     index_key: str | None = Field(
         None, description="Row key of the rollout's position in its group, for the member API. None: what the "
