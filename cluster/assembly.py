@@ -38,7 +38,7 @@ from cluster.group_records import (
 from cluster.ledger import CompletedGroupLedger
 from cluster.recipe import RecipeSettings
 from cluster.recipe_runner import RecipeOutcome, RecipeRunner
-from cluster.schema import FailureReason, GroupRequest, GroupResult, MemberRequest, MemberResult, MemberTiming
+from cluster.protocol.schema import FailureReason, GroupRequest, GroupResult, MemberRequest, MemberResult, MemberTiming
 
 # How many missing indices a timeout message lists before it only counts the rest.
 _MISSING_INDICES_SHOWN = 20

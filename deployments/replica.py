@@ -36,7 +36,7 @@ from cluster.autoscaling import Demand
 from cluster.engines import EngineDeadError, make_engine, process_guard
 from cluster.open_groups import OpenGroups
 from cluster.routing import RouteHint
-from cluster.schema import (
+from cluster.protocol.schema import (
     DemandAccepted,
     DemandAnnouncement,
     GroupRequest,

@@ -10,7 +10,7 @@ import pytest
 from cluster.assembly import GroupAssembler
 from cluster.engines.base import EngineDeadError
 from cluster.fair_share import FairGate
-from cluster.schema import GroupRequest, GroupResult, MemberRequest
+from cluster.protocol.schema import GroupRequest, GroupResult, MemberRequest
 
 
 def expected_score(candidate: str) -> int:

@@ -16,7 +16,7 @@ from cluster.config import ScoringConfig
 from cluster.engines import EngineConfig, ScriptedEngineOptions, make_engine
 from cluster.engines.base import count_tokens
 from simulated.scripted_engine import group_scores, noise_sd
-from cluster.schema import GroupRequest
+from cluster.protocol.schema import GroupRequest
 from cluster.scorer import GroupScorer
 
 SOURCE = "The cat sat on the mat."

@@ -57,17 +57,10 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from cluster.rewards import RewardOutcome, read_completion
+from cluster.protocol.members import COMPONENT_PREFIX, FailureLog, RowContext, components_of, from_recipe
 from grrm_client.adapters import AdapterConfig
 from grrm_client.demand import DemandAnnouncer, DemandSettings
-from grrm_client.adapters.pipeline import (
-    COMPONENT_PREFIX,
-    FailureLog,
-    RowContext,
-    components_of,
-    from_recipe,
-    reward_group,
-    reward_member,
-)
+from grrm_client.adapters.pipeline import reward_group, reward_member
 from grrm_client.reward_client import RewardClient
 
 __all__ = ["GRRMReward", "TRLRewardConfig", "completion_text", "slice_groups"]

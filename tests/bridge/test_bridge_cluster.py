@@ -18,7 +18,7 @@ import ray
 from ray import serve
 
 from cluster.engines import EngineConfig, ScriptedEngineOptions
-from cluster.schema import GroupRequest, MemberRequest
+from cluster.protocol.schema import GroupRequest, MemberRequest
 from deployments.app import build_app
 from deployments.config import AppConfig, ReplicaSettings
 from grrm_client.adapters.verl.batch import compute_batch_rewards

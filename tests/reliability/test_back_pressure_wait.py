@@ -13,7 +13,7 @@ import pytest
 from ray import serve
 
 from cluster.engines import EngineConfig, ScriptedEngineOptions
-from cluster.schema import MemberRequest
+from cluster.protocol.schema import MemberRequest
 from deployments.app import build_app
 from deployments.config import AppConfig, HTTPSettings, ReplicaSettings, TenantDefaults, TenantsSettings
 from grrm_client import ClientConfig, RewardClient

@@ -16,7 +16,7 @@ import pytest
 from ray import serve
 
 from cluster.engines import EngineConfig, ScriptedEngineOptions
-from cluster.schema import GroupRequest
+from cluster.protocol.schema import GroupRequest
 from deployments.app import build_app
 from deployments.config import AppConfig, ReplicaSettings
 from grrm_client import RewardClient

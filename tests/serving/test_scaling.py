@@ -17,7 +17,7 @@ from ray import serve
 
 from bench.autoscale import replica_counts
 from cluster.engines import EngineConfig, ScriptedEngineOptions
-from cluster.schema import MemberRequest
+from cluster.protocol.schema import MemberRequest
 from deployments.app import build_app
 from deployments.config import AppConfig, AutoscalingSettings, ReplicaSettings, TenantDefaults, TenantsSettings
 from deployments.declared import deploy_declared

@@ -23,7 +23,8 @@ path import verl / torch when they are imported.
 """
 
 from cluster.rewards import RewardOutcome, RewardSettings
-from grrm_client import CallOutcome, RewardClient
+from cluster.protocol.calls import CallOutcome
+from grrm_client import RewardClient
 from grrm_client.adapters.verl.config import BridgeConfig
 
 __all__ = ["BridgeConfig", "CallOutcome", "RewardClient", "RewardOutcome", "RewardSettings"]

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cluster.rewards import RewardOutcome
-from grrm_client.adapters.pipeline import components_of
+from cluster.protocol.members import components_of
 from grrm_client.adapters.verl.timing import TIMING_KEYS, RewardTiming
 
 __all__ = ["EXTRA_INFO_KEYS", "extra_info", "row_components"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from cluster.schema import MemberTiming
+from cluster.protocol.schema import MemberTiming
 
 __all__ = ["RewardTiming"]
 

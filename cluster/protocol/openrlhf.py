@@ -22,7 +22,7 @@ is the sample's ``grrm/component/<name>/mean`` (0 where its answer lacks it: Ope
 key over the batch).
 
 The service answers it at ``POST /openrlhf/get_reward`` (``deployments/http/openrlhf.py`` sends the
-members and bounds the wait); this module is the mapping, through :mod:`grrm_client.adapters.pipeline`.
+members and bounds the wait); this module is the mapping, through :mod:`cluster.protocol.members`.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, m
 
 from cluster.gqm import Extractor
 from cluster.rewards import Completion, RewardOutcome, RewardSettings, read_completion
-from cluster.schema import MemberRequest, MemberResult
-from grrm_client.adapters.pipeline import COMPONENT_PREFIX, RowContext, components_of, member_request, member_reward
+from cluster.protocol.schema import MemberRequest, MemberResult
+from cluster.protocol.members import COMPONENT_PREFIX, RowContext, components_of, member_request, member_reward
 
 __all__ = ["END_OF_TURN", "OpenRLHFRequest", "OpenRLHFResponse", "OpenRLHFSettings", "PayloadError", "Sample",
            "read_payload", "read_sample", "response_of", "rewards_response"]
