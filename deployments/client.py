@@ -28,14 +28,8 @@ from ray.serve.handle import DeploymentHandle
 
 from cluster.protocol.calls import CallOutcome, RetryLoop
 from cluster.protocol.retry import RetryPolicy
-from cluster.protocol.schema import (
-    DemandAccepted,
-    DemandAnnouncement,
-    GroupRequest,
-    GroupResult,
-    MemberRequest,
-    MemberResult,
-)
+from cluster.protocol.schema import (DemandAccepted, DemandAnnouncement, GroupRequest, GroupResult, MemberRequest,
+                                     MemberResult)
 from grrm_handles.availability import DeploymentAvailability
 from grrm_handles.send import HandleSender, OpenMembers
 

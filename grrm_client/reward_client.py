@@ -88,6 +88,7 @@ class RewardClient:
         policy: RetryPolicy | None = None,
     ):
         """``policy``: the retry policy (None: the config's, :meth:`ClientConfig.retry_policy`)."""
+        # Its counters (requests, retries, rejoins, reroutes, overloaded) are this client's.
         self.loop = RetryLoop(policy or config.retry_policy, sleep=sleep, clock=clock)
         self.config = config
         self.transport = transport if transport is not None else make_transport(config)
@@ -108,36 +109,6 @@ class RewardClient:
         group = self._for_tenant(group)
         key = self.trace.group_sent(group) if self.trace is not None else None
         return self._traced(key, await self.loop.send_group(self.transport, group))
-
-    @property
-    def policy(self) -> RetryPolicy:
-        """The retry policy of this client's calls."""
-        return self.loop.policy
-
-    @property
-    def requests(self) -> int:
-        """Logical requests sent."""
-        return self.loop.requests
-
-    @property
-    def retries(self) -> int:
-        """Attempts beyond the first, over all requests."""
-        return self.loop.retries
-
-    @property
-    def rejoins(self) -> int:
-        """Re-sends of members whose group was still incomplete, over all requests."""
-        return self.loop.rejoins
-
-    @property
-    def reroutes(self) -> int:
-        """Attempts lost with their replica, over all requests."""
-        return self.loop.reroutes
-
-    @property
-    def overloaded(self) -> int:
-        """Sends refused as back pressure (overloaded), over all requests."""
-        return self.loop.overloaded
 
     def _traced(self, key: Any, outcome: CallOutcome[R]) -> CallOutcome[R]:
         """``outcome``, its group's tokens noted in the trace (when one is recorded)."""

@@ -31,14 +31,8 @@ from cluster.failures import RESULT_FAILURES, FailureKind, code_for_status, kind
 from cluster.protocol.headers import ATTEMPTS_LEFT_HEADER, SENDS_HEADER, authorization
 from cluster.protocol.calls import FatalError, RetryableError, Transport
 from cluster.protocol.retry import TRANSPORT_ERROR
-from cluster.protocol.schema import (
-    DemandAccepted,
-    DemandAnnouncement,
-    GroupRequest,
-    GroupResult,
-    MemberRequest,
-    MemberResult,
-)
+from cluster.protocol.schema import (DemandAccepted, DemandAnnouncement, GroupRequest, GroupResult, MemberRequest,
+                                     MemberResult)
 from grrm_client.config import ClientConfig
 
 __all__ = ["HTTPTransport", "make_transport"]

@@ -29,14 +29,8 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, 
 from ray.serve.handle import DeploymentHandle
 
 from cluster.protocol.calls import Attempts, RetryableError, Transport
-from cluster.protocol.schema import (
-    DemandAccepted,
-    DemandAnnouncement,
-    GroupRequest,
-    GroupResult,
-    MemberRequest,
-    MemberResult,
-)
+from cluster.protocol.schema import (DemandAccepted, DemandAnnouncement, GroupRequest, GroupResult, MemberRequest,
+                                     MemberResult)
 from cluster.routing import NO_HINT, RouteHint
 from grrm_handles.availability import DeploymentAvailability, wait_for_refresh
 from grrm_handles.ready import ready_handle

@@ -29,14 +29,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from cluster.failures import kind_of
 from cluster.protocol.retry import TRANSPORT_ERROR, RetryPolicy
-from cluster.protocol.schema import (
-    DemandAccepted,
-    DemandAnnouncement,
-    GroupRequest,
-    GroupResult,
-    MemberRequest,
-    MemberResult,
-)
+from cluster.protocol.schema import (DemandAccepted, DemandAnnouncement, GroupRequest, GroupResult, MemberRequest,
+                                     MemberResult)
 
 __all__ = ["Attempts", "CallOutcome", "FatalError", "RetryLoop", "RetryableError", "Transport", "group_incomplete",
            "retryable_result"]

@@ -297,9 +297,9 @@ class GRRMReward:
                 log_metric(f"{COMPONENT_PREFIX}/{name}/mean", float(row.get(name, 0.0)))
         client = self._client
         if client is not None:
-            log_metric("grrm/retries", float(client.retries - self._reported_retries))
-            log_metric("grrm/rejoins", float(client.rejoins - self._reported_rejoins))
-            self._reported_retries, self._reported_rejoins = client.retries, client.rejoins
+            log_metric("grrm/retries", float(client.loop.retries - self._reported_retries))
+            log_metric("grrm/rejoins", float(client.loop.rejoins - self._reported_rejoins))
+            self._reported_retries, self._reported_rejoins = client.loop.retries, client.loop.rejoins
 
 
 def _distributed() -> Any:

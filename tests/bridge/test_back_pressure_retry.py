@@ -69,7 +69,7 @@ async def test_an_overloaded_member_is_retried_with_capped_backoff_without_spend
     client, transport, clock = client_for([refused()] * 9 + [SCORED], max_attempts=1)
     outcome = await client.score_member(MEMBER)
     assert outcome.result.score == 6 and outcome.failure is None
-    assert (outcome.attempts, outcome.overloaded, client.overloaded, client.retries) == (10, 9, 9, 9)
+    assert (outcome.attempts, outcome.overloaded, client.loop.overloaded, client.loop.retries) == (10, 9, 9, 9)
     assert clock.sleeps == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0, 8.0, 8.0]  # doubling, capped at max_backoff_s
     assert set(transport.attempts_left) == {1}  # the single attempt was never spent by a refusal
 

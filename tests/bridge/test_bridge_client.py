@@ -78,7 +78,7 @@ async def test_http_member_retries_503_honouring_retry_after(monkeypatch):
     client, time = http_client([overloaded, overloaded, (200, member_answer(), None)], seen=seen)
     outcome = await client.score_member(MEMBER)
     assert outcome.result is not None and outcome.result.score == 7 and outcome.failure is None
-    assert outcome.attempts == 3 and client.retries == 2
+    assert outcome.attempts == 3 and client.loop.retries == 2
     assert time.sleeps == [3.0, 3.0]  # Retry-After (3 s) beats the backoff (0.5 s, 1 s)
     assert all(r.url == "http://grrm.test/app/v1/score/member" for r in seen)
     assert all(r.headers["authorization"] == "Bearer s3cret" for r in seen)
@@ -90,7 +90,7 @@ async def test_http_504_incomplete_group_is_rejoined_until_the_deadline_not_coun
     client, time = http_client([timeout, timeout, (200, member_answer(score=4), None)])
     outcome = await client.score_member(MEMBER)
     assert outcome.result.score == 4 and outcome.failure is None
-    assert (outcome.attempts, outcome.rejoins, client.retries, client.rejoins) == (1, 2, 0, 2)
+    assert (outcome.attempts, outcome.rejoins, client.loop.retries, client.loop.rejoins) == (1, 2, 0, 2)
     assert time.sleeps == [0.5, 0.5]  # a short pause, no backoff: the group may complete any moment
 
     # A group that never completes (a member that will never come): re-joined until deadline_s, then flagged.

@@ -75,7 +75,7 @@ def test_a_refused_member_waits_for_room_without_spending_its_one_attempt(app_ur
         refused = [asyncio.create_task(client.score_member(member)) for member in second]
 
         async def both_refused() -> bool:
-            return client.overloaded >= 2
+            return client.loop.overloaded >= 2
 
         await until(both_refused, "the second group's members refused as overloaded")
         assert not any(task.done() for task in refused)  # refused, and still waiting for room: not given up
@@ -92,7 +92,7 @@ def test_a_refused_member_waits_for_room_without_spending_its_one_attempt(app_ur
     for outcome in refused:
         # Every send but the one that was answered was a refusal; none spent the single attempt.
         assert outcome.overloaded >= 1 and outcome.attempts == outcome.overloaded + 1
-    assert held.overloaded == completing.overloaded == 0
+    assert held.loop.overloaded == completing.loop.overloaded == 0
 
 
 async def _equals(value, expected) -> bool:

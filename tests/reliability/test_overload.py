@@ -95,7 +95,7 @@ def test_ten_times_capacity_sheds_with_503_bridge_gets_every_reward_and_service_
         assert missing_retry_after == 0
         # The trainer got every reward, by backing off and retrying.
         assert all(o.result is not None and o.result.valid for o in outcomes), [o.failure for o in outcomes]
-        assert bridge.retries > 0
+        assert bridge.loop.retries > 0
         # Served throughput stayed near capacity: shedding, not collapse. Counted by the engine, the
         # trainer's groups too: the last CI run served 24 + 20 of them, and counting only the 24 failed.
         scored = handle.info.remote().result(timeout_s=30)["groups_scored"] - info_before["groups_scored"]
@@ -113,7 +113,7 @@ def test_ten_times_capacity_sheds_with_503_bridge_gets_every_reward_and_service_
                 f"{CAPACITY:.0f}/s), answered 200: {statuses[200]}, 503: {statuses[503]}, other: "
                 f"{sum(v for k, v in statuses.items() if k not in (200, 503))}; engine scored {scored}; "
                 f"bridge: 20/20 rewards after "
-                f"{bridge.retries} retries; replica peak RSS {rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB; "
+                f"{bridge.loop.retries} retries; replica peak RSS {rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB; "
                 f"run {elapsed:.0f} s"
             )
     finally:

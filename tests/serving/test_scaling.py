@@ -111,7 +111,7 @@ async def assemble_across(url: str, tag: str, change, replicas_after: int) -> tu
         last = [asyncio.create_task(client.score_member(members(tag, group)[-1])) for group in range(GROUPS)]
         sent_last = time.monotonic()
         answers = await asyncio.gather(*first, *last)
-        return answers, time.monotonic() - sent_last, {"rejoins": client.rejoins, "retries": client.retries}
+        return answers, time.monotonic() - sent_last, {"rejoins": client.loop.rejoins, "retries": client.loop.retries}
     finally:
         await client.aclose()
 
