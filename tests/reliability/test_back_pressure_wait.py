@@ -92,7 +92,7 @@ def test_a_refused_member_waits_for_room_without_spending_its_one_attempt(app_ur
     for outcome in refused:
         # Every send but the one that was answered was a refusal; none spent the single attempt.
         assert outcome.overloaded >= 1 and outcome.attempts == outcome.overloaded + 1
-    assert held.loop.overloaded == completing.loop.overloaded == 0
+    assert held.overloaded == completing.overloaded == 0
 
 
 async def _equals(value, expected) -> bool:

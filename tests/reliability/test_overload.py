@@ -112,8 +112,8 @@ def test_ten_times_capacity_sheds_with_503_bridge_gets_every_reward_and_service_
                 f"\noverload: offered {offered} groups in {LOAD_S:.0f} s ({offered / LOAD_S:.0f}/s, capacity "
                 f"{CAPACITY:.0f}/s), answered 200: {statuses[200]}, 503: {statuses[503]}, other: "
                 f"{sum(v for k, v in statuses.items() if k not in (200, 503))}; engine scored {scored}; "
-                f"bridge: 20/20 rewards after "
-                f"{bridge.loop.retries} retries; replica peak RSS {rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB; "
+                f"bridge: 20/20 rewards after {bridge.loop.retries} retries; "
+                f"replica peak RSS {rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB; "
                 f"run {elapsed:.0f} s"
             )
     finally:

@@ -115,5 +115,6 @@ def run_round(round_: int) -> int:
         assert 1 <= outcome.attempts - outcome.overloaded <= MAX_ATTEMPTS
     retried = sum(outcome.attempts > 1 for _, outcome in outcomes)
     print(f"\nround {round_}: {len(outcomes)} members valid in {wall_s:.1f} s; {retried} retried, "
-          f"max attempts {max(o.attempts for _, o in outcomes)}, client retries {client.loop.retries}, rejoins {client.loop.rejoins}")
+          f"max attempts {max(o.attempts for _, o in outcomes)}, client retries {client.loop.retries}, "
+          f"rejoins {client.loop.rejoins}")
     return retried
