@@ -74,7 +74,8 @@ class ServeApp(Protocol):
     ingress_deployment: str
 
 
-class HandleSender(Transport):
+# Attempts is named beside Transport (which extends it): the retry loop drives a sender as its Attempts.
+class HandleSender(Transport, Attempts):
     """Sends calls to the replica deployment through its handle, once each (no retries): the raw
     :meth:`send`, and the protocol's attempts (:class:`~cluster.protocol.calls.Attempts`: a member, a
     group, a demand announcement), whose unanswered sends raise
@@ -224,9 +225,10 @@ class HandleSender(Transport):
 
 
 @dataclasses.dataclass(frozen=True)
-class OpenMembers(Attempts):
+class OpenMembers:
     """A sender's members as members of keyed groups without an id of their own
-    (:meth:`HandleSender.open_member`), for the retry loop (:class:`~cluster.protocol.calls.Attempts`)."""
+    (:meth:`HandleSender.open_member`), for the retry loop (an :class:`~cluster.protocol.calls.Attempts`
+    by its shape: the loop's own path is the sender's)."""
 
     sender: HandleSender
 
