@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from bench.common import local_serve, machine, print_table, plot_path, results_dir, write_json
 from cluster.demand_forecast import PhaseForecaster, group_completion_profile
 from cluster.engines import EngineConfig, ScriptedEngineOptions
-from cluster.schema import MemberRequest
+from cluster.protocol.schema import MemberRequest
 
 POLICIES = ("fixed", "serve_default", "serve_default_16", "serve_default_4", "serve_default_1", "engine_work",
             "engine_work_2", "engine_work_min0", "engine_work_min0_2")

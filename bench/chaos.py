@@ -45,7 +45,7 @@ from bench.autoscale import running_replicas
 from bench.common import free_port, machine, print_table, write_json
 from cluster import gqm, prompt_guard
 from cluster.completed_groups import LEDGER_WRITE_BUDGET_S
-from cluster.schema import MemberRequest
+from cluster.protocol.schema import MemberRequest
 from deployments.replica_list import replica_actor_names, replica_infos
 
 LOCAL_YAML = Path(__file__).resolve().parent.parent / "deployments" / "local.yaml"

@@ -39,7 +39,7 @@ from cluster import gqm
 from cluster.config import ScoringConfig
 from cluster.engines import EngineConfig, ScriptedEngineOptions, make_engine
 from simulated.scripted_engine import count_scripted_tokens, group_scores, noise_sd
-from cluster.schema import GroupRequest, GroupResult
+from cluster.protocol.schema import GroupRequest, GroupResult
 from cluster.scorer import GroupScorer
 
 from bench.common import results_dir

@@ -45,7 +45,7 @@ from pathlib import Path
 
 from bench.common import local_serve, machine, print_table, plot_path, results_dir, write_json
 from cluster.engines import EngineConfig, ScriptedEngineOptions
-from cluster.schema import GroupRequest, MemberRequest
+from cluster.protocol.schema import GroupRequest, MemberRequest
 
 APP = "fair-share"
 MEMBERS_PER_GROUP = 4

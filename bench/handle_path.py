@@ -42,7 +42,7 @@ from bench.common import local_serve, machine, print_table, write_json
 from bench.serving import ENGINES, closed_loop, make_group
 from cluster.config import ScoringConfig
 from cluster.engines import EngineConfig, make_engine
-from cluster.schema import GroupRequest, GroupResult, MemberRequest
+from cluster.protocol.schema import GroupRequest, GroupResult, MemberRequest
 from cluster.scorer import GroupScorer
 from deployments.config import AppConfig, ReplicaSettings, RoutingSettings
 

@@ -53,7 +53,7 @@ from typing import Any
 
 from bench.chaos import answers_by_group, stream, tally
 from bench.common import free_port, machine, print_table, write_json
-from cluster.schema import MemberRequest
+from cluster.protocol.schema import MemberRequest
 
 APP = "nodes"
 WORKER_CPUS = 2
@@ -191,13 +191,14 @@ class ClientSender:
     """Members through the product's client: RewardClient over HTTP, and over the handle."""
 
     def __init__(self, url: str, handle):
-        from grrm_client import ClientConfig, HandleTransport, HTTPTransport, RewardClient
+        from grrm_client import ClientConfig, HTTPTransport, RewardClient
+        from grrm_handles.send import HandleSender
 
         retries = {"max_attempts": 12, "backoff_s": 0.5, "max_backoff_s": 4.0, "deadline_s": 300}
         http = ClientConfig(transport="http", http_url=url, app_name=APP, token_env=None, **retries)
         by_handle = ClientConfig(transport="handle", app_name=APP, **retries)
         self.clients = {"http": RewardClient(http, HTTPTransport(http)),
-                        "handle": RewardClient(by_handle, HandleTransport(by_handle, handle=handle))}
+                        "handle": RewardClient(by_handle, HandleSender(handle, app=by_handle))}
 
     async def send(self, member: dict, transport: str) -> dict:
         record: dict[str, Any] = {"group_id": member["group_id"], "index": member["index"], "transport": transport,

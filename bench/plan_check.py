@@ -103,7 +103,7 @@ def predict(pool: str, load: Workload, traces: list[RunTrace], seconds_per_group
 async def drive(url: str, serve, app: str, traces: list[RunTrace], lead_s: float = 1.0) -> Measured:
     """Send every trace's members at their recorded times (each run its own client and tenant, announcing
     its phases as the trainer adapters do) and sample the pool; the measured figures."""
-    from cluster.schema import MemberRequest
+    from cluster.protocol.schema import MemberRequest
     from grrm_client import ClientConfig, RewardClient
     from grrm_client.demand import DemandAnnouncer
 

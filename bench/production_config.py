@@ -35,7 +35,7 @@ from typing import Any
 
 from bench.common import machine, print_table, write_json
 from cluster.engines.model_source import ModelNotFoundError, resolve_model
-from cluster.schema import GroupRequest
+from cluster.protocol.schema import GroupRequest
 from deployments.config import AppConfig, load_app_config
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -56,7 +56,7 @@ def groups(count: int) -> list[Any]:
     """``count`` groups of 8 distinct German candidates (~40 words) with a reference and response lengths."""
     import random
 
-    from cluster.schema import GroupRequest
+    from cluster.protocol.schema import GroupRequest
 
     made = []
     for index in range(count):
@@ -86,7 +86,7 @@ async def measure(quick: bool) -> list[dict[str, Any]]:
     """Every recipe's service time over rotating rounds, and its own CPU per group."""
     from cluster.engines import make_engine
     from cluster.recipe_runner import RecipeRunner, inline
-    from cluster.schema import GroupRequest, GroupResult
+    from cluster.protocol.schema import GroupRequest, GroupResult
     from cluster.scorer import GroupScoring
     from deployments.replica_lane import engine_lane
     from deployments.rewarding import recipe_runner

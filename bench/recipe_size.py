@@ -446,7 +446,7 @@ def row_of(case: Case, config: Any, step: list[Rollout], answers: list[dict | No
         "peak_groups_in_flight_sampled": seen.peak_in_flight,
         "rejoined_members": sum(info["rejoins"] > 0 for info in answered),
         "rejoins": sum(info["rejoins"] for info in answered),
-        "refused": sum(client.overloaded for client in clients), "retries": sum(client.retries for client in clients),
+        "refused": sum(client.loop.overloaded for client in clients), "retries": sum(client.loop.retries for client in clients),
         "refused_by_replica": (after["rejected_tenant_waiting"] - before["rejected_tenant_waiting"]
                                + after["rejected_overload"] - before["rejected_overload"]),
         "retried_members": sum(info["request_attempts"] > 1 for info in answered),

@@ -21,7 +21,7 @@ import asyncio
 from bench.common import machine, print_table, write_json
 from cluster.config import ScoringConfig
 from cluster.engines import EngineConfig, make_engine
-from cluster.schema import GroupRequest
+from cluster.protocol.schema import GroupRequest
 from cluster.scorer import GroupScorer
 from cluster.tiny_model import ensure_tiny_model
 

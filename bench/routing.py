@@ -17,7 +17,7 @@ import asyncio
 import time
 
 from bench.common import local_serve, machine, print_table, write_json
-from cluster.schema import GroupRequest
+from cluster.protocol.schema import GroupRequest
 
 LONG_SOURCE = (
     "The committee, having reviewed the quarterly figures in considerable detail, concluded that the "

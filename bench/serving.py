@@ -19,7 +19,7 @@ import httpx
 from bench.common import local_serve, machine, print_table, summarize, write_json
 from cluster.config import ScoringConfig
 from cluster.engines import EngineConfig, ScriptedEngineOptions, make_engine
-from cluster.schema import GroupRequest
+from cluster.protocol.schema import GroupRequest
 from cluster.scorer import GroupScorer
 
 ENGINES = {

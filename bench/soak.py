@@ -19,7 +19,7 @@ import httpx
 
 from bench.common import local_serve, machine, percentile, print_table, plot_path, write_json
 from cluster.engines import EngineConfig, ScriptedEngineOptions
-from cluster.schema import MemberRequest
+from cluster.protocol.schema import MemberRequest
 from grrm_handles.send import to_replica
 
 

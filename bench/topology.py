@@ -459,10 +459,11 @@ class Load:
     until stopped, each as verl's reward workers send it: its members one by one (``score_member``), at once."""
 
     def __init__(self, app: str, deployment: str, in_flight: int, group_size: int = 4):
-        from grrm_client import ClientConfig, HandleTransport, RewardClient
+        from grrm_client import ClientConfig, RewardClient
+        from grrm_handles.send import HandleSender
 
         config = ClientConfig(transport="handle", app_name=app, replica_deployment=deployment, deadline_s=600)
-        self.client = RewardClient(config, HandleTransport(config))
+        self.client = RewardClient(config, HandleSender(app=config))
         self.in_flight = in_flight
         self.group_size = group_size
         self.groups = self.valid = 0
@@ -475,7 +476,7 @@ class Load:
         self._tasks = [asyncio.ensure_future(self._worker(label, worker)) for worker in range(self.in_flight)]
 
     async def _worker(self, label: str, worker: int) -> None:
-        from cluster.schema import MemberRequest
+        from cluster.protocol.schema import MemberRequest
 
         sent = 0
         scored = self.by_replica.setdefault(label, {})

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from cluster.autoscaling import Demand
-from cluster.schema import DemandAnnouncement
+from cluster.protocol.schema import DemandAnnouncement
 
 __all__ = ["MAX_KEPT_TENANTS", "WITHDRAWAL_KEPT_S", "AnnouncedDemands", "copy_delay_s", "demand_of", "seen_later"]
 

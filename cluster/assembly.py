@@ -39,7 +39,7 @@ from cluster.group_records import (
 )
 from cluster.recipe import RecipeSettings
 from cluster.recipe_runner import RecipeOutcome, RecipeRunner
-from cluster.schema import FailureReason, GroupRequest, MemberRequest, MemberResult, MemberTiming
+from cluster.protocol.schema import FailureReason, GroupRequest, MemberRequest, MemberResult, MemberTiming
 from cluster.scorer import GroupScoring
 
 # How many missing indices a timeout message lists before it only counts the rest.

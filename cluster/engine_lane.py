@@ -26,7 +26,7 @@ from cluster.autoscaling import Demand, EngineWorkMeter
 from cluster.engine_sleep import EngineSleeper
 from cluster.engines.base import EngineDeadError
 from cluster.fair_share import FairGate
-from cluster.schema import GroupRequest, GroupResult
+from cluster.protocol.schema import GroupRequest, GroupResult
 from cluster.scorer import GroupScorer, GroupScoring
 
 __all__ = ["CHARS_PER_TOKEN", "PROMPT_OVERHEAD_TOKENS", "AssembledGroups", "EngineLane", "estimated_tokens"]

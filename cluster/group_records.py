@@ -11,7 +11,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from cluster.schema import FailureReason, MemberRequest
+from cluster.protocol.schema import FailureReason, MemberRequest
 
 __all__ = ["CompletedGroup", "GroupContext", "MemberKey", "Verdict", "candidate_digest", "group_context",
            "text_digest"]

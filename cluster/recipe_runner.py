@@ -40,7 +40,7 @@ from cluster.recipe import (
     compose,
     unscored,
 )
-from cluster.schema import GroupRequest, GroupResult
+from cluster.protocol.schema import GroupRequest, GroupResult
 from cluster.scorer import GroupScoring
 
 __all__ = ["Passes", "RecipeOutcome", "RecipeRunner", "inline"]

@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cluster import gqm, schema
+from cluster import gqm
+from cluster.protocol import schema
 
 __all__ = [
     "BAD_ROW",

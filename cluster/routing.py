@@ -239,7 +239,7 @@ def route_key(args: tuple | list, kwargs: Mapping[str, object], hint: RouteHint 
     ``GroupRequest`` or a ``DemandAnnouncement``).
     """
     # Imported here so this module stays importable by routers that never see schema objects.
-    from cluster.schema import DemandAnnouncement, GroupRequest, MemberRequest
+    from cluster.protocol.schema import DemandAnnouncement, GroupRequest, MemberRequest
 
     request = args[0] if args else kwargs.get("member", kwargs.get("group"))
     attempt = hint.attempt

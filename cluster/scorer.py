@@ -24,7 +24,7 @@ from cluster.engines.base import (
     apply_chat_template,
     count_tokens,
 )
-from cluster.schema import FailureReason, GroupRequest, GroupResult, Usage
+from cluster.protocol.schema import FailureReason, GroupRequest, GroupResult, Usage
 
 # Score range the prompt asks for; out-of-range answers count as unparseable for every type
 # whose scores are model-written. `ranking` scores are derived from tiers instead: 0 (the lowest

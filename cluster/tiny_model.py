@@ -129,7 +129,7 @@ def _corpus() -> list[str]:
     return texts
 
 
-# Control bytes a translation never contains (the service refuses texts with them, cluster/schema.py).
+# Control bytes a translation never contains (the service refuses texts with them, cluster/protocol/schema.py).
 _CONTROL_BYTES = frozenset([*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F])
 
 

@@ -1,8 +1,8 @@
 """Calling scorer replicas through a Ray Serve handle, for the service's own callers.
 
-:class:`ScorerClient` is the client's one retry loop (:class:`~grrm_client.RewardClient`) over a
-handle transport that sends with this object's :class:`~grrm_handles.send.HandleSender`, under a
-policy the caller chooses (``cluster/retry.py``):
+:class:`ScorerClient` is the one handle sender (:class:`~grrm_handles.send.HandleSender`) that runs
+the protocol's one retry loop (:class:`~cluster.protocol.calls.RetryLoop`) over its own sends, under a
+policy the caller chooses (``cluster/protocol/retry.py``):
 
 * :data:`ROUTE_POLICY`, the HTTP routes' for a caller that says how many sends its attempt may take
   (``Grrm-Attempts-Left``, as ``RewardClient`` does): only a call whose replica died is sent again, with
@@ -26,11 +26,12 @@ from typing import Any
 
 from ray.serve.handle import DeploymentHandle
 
-from cluster.retry import RetryPolicy
-from cluster.schema import DemandAccepted, DemandAnnouncement, GroupRequest, GroupResult, MemberRequest, MemberResult
-from grrm_client import CallOutcome, ClientConfig, HandleTransport, RewardClient
+from cluster.protocol.calls import CallOutcome, RetryLoop
+from cluster.protocol.retry import RetryPolicy
+from cluster.protocol.schema import (DemandAccepted, DemandAnnouncement, GroupRequest, GroupResult, MemberRequest,
+                                     MemberResult)
 from grrm_handles.availability import DeploymentAvailability
-from grrm_handles.send import HandleSender
+from grrm_handles.send import HandleSender, OpenMembers
 
 __all__ = ["ROUTE_POLICY", "SERVICE_POLICY", "ScorerClient", "answered"]
 
@@ -43,7 +44,7 @@ SERVICE_POLICY = dataclasses.replace(ROUTE_POLICY, max_rejoins=1)
 
 
 class ScorerClient(HandleSender):
-    """Group and member scoring through a handle to the replica deployment, on the client's retry loop."""
+    """Group and member scoring through a handle to the replica deployment, on the protocol's retry loop."""
 
     def __init__(
         self,
@@ -52,10 +53,9 @@ class ScorerClient(HandleSender):
         availability: DeploymentAvailability | None = None,
     ):
         super().__init__(handle, availability)
-        config = ClientConfig(transport="handle")
-        self.transport = HandleTransport(config, sender=self)
-        self.loop = RewardClient(config, self.transport, policy=policy or SERVICE_POLICY)
+        self.loop = RetryLoop(policy or SERVICE_POLICY)
         self.policy = self.loop.policy
+        self.open_members = OpenMembers(self)
 
     @property
     def replica_failures(self) -> int:
@@ -69,17 +69,17 @@ class ScorerClient(HandleSender):
 
     async def group_call(self, group: GroupRequest, attempts_left: int | None = None) -> CallOutcome[GroupResult]:
         """Score one whole group: the loop's outcome (``attempts_left``: the caller's budget of sends)."""
-        return await self.loop.call(self.transport.group, group, self._within(attempts_left))
+        return await self.loop.send_group(self, group, self._within(attempts_left))
 
     async def member_call(self, member: MemberRequest, attempts_left: int | None = None) -> CallOutcome[MemberResult]:
         """Score one member; its outcome once its whole group was scored (or why not)."""
-        return await self.loop.call(self.transport.member, member, self._within(attempts_left))
+        return await self.loop.send_member(self, member, self._within(attempts_left))
 
     async def open_member_call(self, member: MemberRequest, deadline_s: float) -> CallOutcome[MemberResult]:
         """A member of a keyed group without an id of its own (``GRRMReplica.add_open_member``), within
         ``deadline_s``."""
         policy = dataclasses.replace(self.policy, deadline_s=deadline_s)
-        return await self.loop.call(self.transport.open_member, member, policy)
+        return await self.loop.send_member(self.open_members, member, policy)
 
     async def group_result(self, group: GroupRequest) -> GroupResult:
         """Score one whole group: its result, or the handle's error when no replica answered."""

@@ -20,11 +20,11 @@ from cluster.autoscaling import ScalingSettings
 from cluster.config import ScoringConfig
 from cluster.fair_share import DEFAULT_POLICY, TenantPolicy
 from cluster.recipe import RecipeSettings
-from cluster.schema import DEFAULT_MAX_TEXT_CHARS, DEFAULT_TOKEN_ENV, TENANT_PATTERN
+from cluster.protocol.openrlhf import OpenRLHFSettings
+from cluster.protocol.schema import DEFAULT_MAX_TEXT_CHARS, DEFAULT_TOKEN_ENV, TENANT_PATTERN
 from cluster.engines.config import SLEEP_ENGINES, EngineConfig
 from deployments.autoscaling_policy import POLICY_PATH
 from deployments.placement import ReplicaPlacement, plan_placement
-from grrm_client.adapters.openrlhf import OpenRLHFSettings
 
 
 class _Strict(BaseModel):

@@ -28,7 +28,7 @@ from cluster.announced_demand import AnnouncedDemands
 from cluster.assembly import GroupAssembler
 from cluster.assembly_observers import AssemblyObserver
 from cluster.routing import HashRing, RouteHint, demand_route_key
-from cluster.schema import MemberRequest, MemberResult
+from cluster.protocol.schema import MemberRequest, MemberResult
 from deployments.metrics import ReplicaMetrics
 from deployments.replica_set import ReplicaSetWatch
 from grrm_handles.send import REPLICA_GONE_ERRORS, HandleSender

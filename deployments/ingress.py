@@ -26,7 +26,10 @@ from ray.serve.handle import DeploymentHandle
 from cluster.announced_demand import AnnouncedDemands, copy_delay_s, demand_of, seen_later
 from cluster.autoscaling import Demand
 from cluster.failures import kind_of
-from cluster.schema import (
+from cluster.protocol.headers import ATTEMPTS_LEFT_HEADER
+from cluster.protocol.openrlhf import OpenRLHFRequest, OpenRLHFResponse
+from cluster.protocol.calls import CallOutcome
+from cluster.protocol.schema import (
     DEFAULT_TENANT,
     TENANT_PATTERN,
     DemandAccepted,
@@ -44,9 +47,6 @@ from deployments.http.models import ErrorResponse, ScoreRequest, ScoreResponse
 from deployments.http.openrlhf import openrlhf_rewards
 from deployments.http.tenant_views import demand_view, tenants_view
 from deployments.replica_list import replica_actor_names
-from grrm_client import CallOutcome
-from grrm_client.adapters.openrlhf import OpenRLHFRequest, OpenRLHFResponse
-from grrm_client.transports import ATTEMPTS_LEFT_HEADER
 from grrm_handles.availability import Availability
 from grrm_handles.send import UNANSWERED_ERRORS
 

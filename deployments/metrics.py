@@ -7,7 +7,7 @@ import asyncio
 from ray.serve.metrics import Counter, Gauge, Histogram
 
 from cluster.engines.base import EngineStats, ReportingEngine
-from cluster.schema import GroupResult
+from cluster.protocol.schema import GroupResult
 
 _LATENCY_BOUNDARIES = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600]
 

@@ -21,7 +21,7 @@ from cluster.engines.memory import GIB, MemoryPlan, ModelShape, plan_memory, sha
 from cluster.engines.model_source import ModelSource, Weights
 from cluster.engines.versions import (DRIVER_FLOORS, ENGINE_PACKAGES, GPU_INSTALL, GPU_INSTALL_CUDA_MAJOR,
                                       driver_branch)
-from cluster.schema import DEFAULT_TOKEN_ENV
+from cluster.protocol.schema import DEFAULT_TOKEN_ENV
 from deployments.config import AppConfig
 from deployments.http.auth import LOOPBACK_HOSTS, token_variables
 from deployments.node_facts import NodeFacts, gather_facts

@@ -39,7 +39,7 @@ from cluster.completed_groups import CompletedGroups
 from cluster.engines import EngineDeadError, make_engine, process_guard
 from cluster.open_groups import OpenGroups
 from cluster.routing import RouteHint
-from cluster.schema import (
+from cluster.protocol.schema import (
     DemandAccepted,
     DemandAnnouncement,
     GroupRequest,

@@ -16,7 +16,7 @@ from cluster.engine_lane import EngineLane, Scored
 from cluster.engine_sleep import EngineSleeper
 from cluster.engines import Engine, EngineDeadError, SleepingEngine
 from cluster.fair_share import FairGate
-from cluster.schema import GroupResult
+from cluster.protocol.schema import GroupResult
 from cluster.scorer import GroupScorer
 from deployments.config import AppConfig
 

@@ -13,7 +13,7 @@ from cluster.assembly import GroupAssembler
 from cluster.assembly_observers import RecentGroups
 from cluster.engine_lane import EngineLane
 from cluster.fair_share import GateStats
-from cluster.schema import unscoped_group_id
+from cluster.protocol.schema import unscoped_group_id
 from deployments.config import AppConfig
 
 __all__ = ["replica_info", "recent_group_rows", "tenant_rows"]

@@ -130,7 +130,7 @@ class Step:
     async def warm_up(self) -> list[str]:
         """The whole batch generated once and one group scored, before anything is timed (the
         engine's first large batch is slow). Returns the texts, for the determinism check."""
-        from cluster.schema import GroupRequest
+        from cluster.protocol.schema import GroupRequest
 
         texts = list(await asyncio.gather(*(self.generate(spec) for spec in self.specs)))
         await self.client.score_group(

@@ -17,8 +17,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from cluster.schema import GroupRequest, GroupResult
-from grrm_client.adapters.pipeline import RowContext
+from cluster.protocol.schema import GroupRequest, GroupResult
+from cluster.protocol.members import RowContext
 
 # What `grrm score` adds to every row, in this order (then the recipe's parts, COMPONENT_PREFIX + name).
 RESULT_COLUMNS: tuple[str, ...] = (

@@ -40,7 +40,7 @@ import pyarrow as pa
 from cluster import gqm
 from grrm_cli import score
 from grrm_cli.columns import BAD_ROW, ColumnMapping, kept_name
-from grrm_client.adapters.pipeline import RowContext
+from cluster.protocol.members import RowContext
 from grrm_cli.dataset import EXTENSIONS, DatasetError, Format, InputRow, detect_format, parquet_schema, read_rows
 from grrm_cli.presets import PRESETS, Preset, locate_sets
 from grrm_cli.resume import WorkDir

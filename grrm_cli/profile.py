@@ -34,7 +34,7 @@ from cluster.planning.profiling import (
     profile_of,
     sample_groups,
 )
-from cluster.schema import DEFAULT_TENANT, GroupRequest
+from cluster.protocol.schema import DEFAULT_TENANT, GroupRequest
 from grrm_cli import columns as cols
 from grrm_cli.client_options import CLIENT_DEFAULTS, add_retry_options, add_token_option
 from grrm_cli.dataset import DatasetError, detect_format, read_rows

@@ -22,7 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from cluster.schema import DEFAULT_TENANT
+from cluster.protocol.schema import DEFAULT_TENANT
 from grrm_cli import columns as cols
 from grrm_cli.dataset import COMPONENT_TYPE, RESULT_TYPES, component_columns
 from grrm_cli.progress import Summary

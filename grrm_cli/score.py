@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from cluster.schema import DEFAULT_TENANT, TENANT_PATTERN
+from cluster.protocol.schema import DEFAULT_TENANT, TENANT_PATTERN
 from grrm_cli import columns as cols
 from grrm_cli.client_options import CLIENT_DEFAULTS, add_retry_options, add_token_option
 from grrm_cli.dataset import (

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import httpx
 
 from cluster.failures import kind_of
-from cluster.schema import GroupRequest
+from cluster.protocol.schema import GroupRequest
 from grrm_cli.columns import result_fields
 from grrm_client import RewardClient
 from grrm_client.config import ClientConfig

@@ -11,13 +11,12 @@ A handle transport sends through :mod:`grrm_handles` (one send over a Serve hand
 deployment's availability), which the service's ingress and replicas use too; it imports Ray and
 is imported only when a handle is used.
 
-Failures are typed (``cluster/failures.py``); the retry policy is ``cluster/retry.py``. The client
+Failures are typed (``cluster/failures.py``); the retry policy is ``cluster/protocol/retry.py``. The client
 stands alone: no module of it imports the service (``deployments``).
 """
 
 from grrm_client.config import ClientConfig
-from grrm_client.reward_client import CallOutcome, RewardClient
-from grrm_client.transports import FatalError, HandleTransport, HTTPTransport, RetryableError, make_transport
+from grrm_client.reward_client import RewardClient
+from grrm_client.transports import HTTPTransport, make_transport
 
-__all__ = ["CallOutcome", "ClientConfig", "FatalError", "HTTPTransport", "HandleTransport", "RetryableError",
-           "RewardClient", "make_transport"]
+__all__ = ["ClientConfig", "HTTPTransport", "RewardClient", "make_transport"]

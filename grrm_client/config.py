@@ -11,8 +11,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cluster.planning.recorder import DEFAULT_MAX_STEPS, MIN_PHASE_GAP_S
-from cluster.retry import RetryPolicy
-from cluster.schema import DEFAULT_TENANT, DEFAULT_TOKEN_ENV, TENANT_PATTERN
+from cluster.protocol.retry import RetryPolicy
+from cluster.protocol.schema import DEFAULT_TENANT, DEFAULT_TOKEN_ENV, TENANT_PATTERN
 
 Transport = Literal["handle", "http"]
 

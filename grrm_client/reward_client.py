@@ -1,7 +1,7 @@
 """Reaching the reward cluster: a Ray Serve handle or HTTP, same semantics, one retry layer.
 
 :class:`RewardClient` sends one member (:meth:`~RewardClient.score_member`) or one whole group
-(:meth:`~RewardClient.score_group`) and always returns a :class:`CallOutcome`; it never raises
+(:meth:`~RewardClient.score_group`) and always returns a :class:`~cluster.protocol.calls.CallOutcome`; it never raises
 for a service problem. Each logical request has a deadline (``deadline_s``, every attempt
 included) and at most ``max_attempts`` attempts, with exponential backoff between them, on real
 failures:
@@ -35,12 +35,13 @@ a member whose index and text it already holds as the same member, so a retried 
 (or reads) the one verdict of its group and is never counted twice; a whole group is answered
 once per call. Bad input (a conflicting member, an invalid or too large request) is not retried.
 
-This is the only retry loop: ``max_attempts`` bounds the sends of one logical request that failed,
-over every layer below. The handle transport sends once per attempt. Over HTTP, the ingress runs this same
-loop with a Serve-side policy (``deployments/client.py``: only a call whose replica died is sent
-again) within the sends the attempt may take (``Grrm-Attempts-Left``), and says how many it took
-(``sends`` of the answer, ``Grrm-Sends`` of an error), which count as attempts here. Importing this
-module imports neither vLLM nor SGLang (nor Ray).
+The loop is the protocol's one retry loop (``cluster/protocol/calls.py``): ``max_attempts`` bounds
+the sends of one logical request that failed, over every layer below. The handle transport sends once
+per attempt. Over HTTP, the ingress runs this same loop with a Serve-side policy
+(``deployments/client.py``: only a call whose replica died is sent again) within the sends the attempt
+may take (``Grrm-Attempts-Left``), and says how many it took (``sends`` of the answer, ``Grrm-Sends`` of
+an error), which count as attempts here. Importing this module imports neither vLLM nor SGLang (nor
+Ray).
 """
 
 from __future__ import annotations
@@ -49,12 +50,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
-from cluster.failures import kind_of
-from cluster.retry import TRANSPORT_ERROR, RetryPolicy
-from cluster.schema import (
+from cluster.protocol.calls import CallOutcome, RetryLoop, Transport
+from cluster.protocol.retry import RetryPolicy
+from cluster.protocol.schema import (
     DEFAULT_TENANT,
     DemandAnnouncement,
     GroupRequest,
@@ -64,9 +64,9 @@ from cluster.schema import (
 )
 from grrm_client.config import ClientConfig
 from grrm_client.trace_file import TraceFile
-from grrm_client.transports import FatalError, RetryableError, Transport, make_transport
+from grrm_client.transports import make_transport
 
-__all__ = ["CallOutcome", "RewardClient", "group_incomplete", "retryable_result"]
+__all__ = ["RewardClient"]
 
 R = TypeVar("R", MemberResult, GroupResult)
 logger = logging.getLogger(__name__)
@@ -74,43 +74,9 @@ logger = logging.getLogger(__name__)
 ANNOUNCE_TIMEOUT_S = 5.0
 
 
-@dataclass(frozen=True)
-class CallOutcome(Generic[R]):
-    """What one logical request ended with.
-
-    ``result`` is the service's answer (possibly a flagged failure such as ``parse_failed``), or
-    None when no answer was obtained; then ``failure`` says why (``deadline``, ``transport_error``,
-    or a failure code of ``cluster/failures.py`` such as ``unavailable``, ``overloaded``,
-    ``invalid_request``) and ``error`` describes it. ``attempts`` counts sends that
-    failed or answered; ``overloaded``, those of them the service refused as back pressure (they
-    spend none of ``max_attempts`` unless the policy says so); ``rejoins`` the re-sends of a member whose group was still
-    incomplete; ``cause``, the last send's own error (a Serve handle's), for the service's callers.
-    """
-
-    result: R | None
-    attempts: int
-    failure: str | None = None
-    error: str | None = None
-    latency_s: float = 0.0
-    rejoins: int = 0
-    cause: BaseException | None = field(default=None, repr=False, compare=False)
-    overloaded: int = 0
-
-
-def group_incomplete(result: MemberResult | GroupResult) -> bool:
-    """Whether a member answer says its group did not complete in time (re-join it)."""
-    kind = kind_of(result.failure)
-    return isinstance(result, MemberResult) and kind is not None and kind.rejoin
-
-
-def retryable_result(result: MemberResult | GroupResult) -> bool:
-    """Whether an answer is worth another attempt (a transient refusal: overload, shutdown, a tenant
-    over its limit of groups in flight)."""
-    return RetryPolicy.retryable(result.failure)
-
-
 class RewardClient:
-    """Members and groups to the reward cluster with deadlines, bounded retries and backoff."""
+    """Members and groups to the reward cluster with deadlines, bounded retries and backoff: the
+    protocol's one retry loop (:class:`~cluster.protocol.calls.RetryLoop`) over this client's transport."""
 
     def __init__(
         self,
@@ -122,16 +88,10 @@ class RewardClient:
         policy: RetryPolicy | None = None,
     ):
         """``policy``: the retry policy (None: the config's, :meth:`ClientConfig.retry_policy`)."""
+        # Its counters (requests, retries, rejoins, reroutes, overloaded) are this client's.
+        self.loop = RetryLoop(policy or config.retry_policy, sleep=sleep, clock=clock)
         self.config = config
-        self.policy = policy or config.retry_policy
         self.transport = transport if transport is not None else make_transport(config)
-        self._sleep = sleep
-        self._clock = clock
-        self.requests = 0
-        self.retries = 0  # attempts beyond the first, over all requests
-        self.rejoins = 0  # re-sends of members whose group was still incomplete, over all requests
-        self.reroutes = 0  # attempts lost with their replica, over all requests
-        self.overloaded = 0  # sends refused as back pressure (overloaded), over all requests
         self.announcements = 0  # demand announcements taken
         self.announcements_failed = 0
         # The run's trace for grrm plan (config.trace_path), noted here, where every caller's requests pass
@@ -142,13 +102,13 @@ class RewardClient:
         """One rollout as a member of its group; answers when the group is scored."""
         member = self._for_tenant(member)
         key = self.trace.member_sent(member) if self.trace is not None else None
-        return self._traced(key, await self.call(self.transport.member, member))
+        return self._traced(key, await self.loop.send_member(self.transport, member))
 
     async def score_group(self, group: GroupRequest) -> CallOutcome[GroupResult]:
         """One whole group."""
         group = self._for_tenant(group)
         key = self.trace.group_sent(group) if self.trace is not None else None
-        return self._traced(key, await self.call(self.transport.group, group))
+        return self._traced(key, await self.loop.send_group(self.transport, group))
 
     def _traced(self, key: Any, outcome: CallOutcome[R]) -> CallOutcome[R]:
         """``outcome``, its group's tokens noted in the trace (when one is recorded)."""
@@ -186,101 +146,3 @@ class RewardClient:
         if self.trace is not None:
             self.trace.close()
         await self.transport.aclose()
-
-    async def call(self, send: Callable[..., Awaitable[R]], request: Any,
-                   policy: RetryPolicy | None = None) -> CallOutcome[R]:
-        """One logical request: ``send`` (one of the transport's attempt methods) as often as ``policy``
-        (None: this client's) allows. Never raises for a service problem."""
-        policy = policy or self.policy
-        self.requests += 1
-        call = _Call(started=self._clock())
-        deadline = call.started + policy.deadline_s
-        while True:
-            remaining = deadline - self._clock()
-            if remaining <= 0:
-                return self._outcome(call, "deadline", f"deadline_s {policy.deadline_s} ran out")
-            retry_after: float | None = None
-            try:
-                result = await asyncio.wait_for(
-                    send(request, remaining, attempt=call.reroutes, attempts_left=policy.max_attempts - call.spent),
-                    timeout=remaining)
-            except (asyncio.TimeoutError, TimeoutError):
-                call.attempts += 1
-                return self._outcome(call, "deadline", f"deadline_s {policy.deadline_s} ran out")
-            except FatalError as refused:
-                call.attempts, call.last = call.attempts + 1, None
-                return self._outcome(call, refused.reason, str(refused))
-            except RetryableError as transient:
-                failure, error, retry_after = transient.reason, str(transient), transient.retry_after
-                call.reroutes += transient.replica_lost
-                self.reroutes += transient.replica_lost
-                call.cause, sends = transient.cause, transient.sends
-                if not policy.retries(failure, transient.replica_lost):
-                    call.attempts += sends
-                    return self._outcome(call, failure, error)
-            except Exception as unexpected:  # noqa: BLE001 - a reward must not crash the trainer step
-                call.attempts, call.last, call.cause = call.attempts + 1, None, unexpected
-                return self._outcome(call, TRANSPORT_ERROR, f"{type(unexpected).__name__}: {unexpected}")
-            else:
-                call.last, sends = result, result.sends
-                if group_incomplete(result) and (policy.max_rejoins is None or call.rejoins < policy.max_rejoins):
-                    # Not a failed attempt: the group is still being generated. Re-join it at once
-                    # (a short pause only, so that even a tiny assembly timeout makes no hot loop).
-                    call.rejoins += 1
-                    self.rejoins += 1
-                    await self._sleep(min(policy.backoff_s, max(0.0, deadline - self._clock())))
-                    continue
-                if not retryable_result(result) or not policy.retry_transient:
-                    call.attempts += sends
-                    return self._outcome(call, None, None)
-                failure, error = result.failure or "unavailable", result.error or ""
-            call.attempts += sends
-            if policy.back_pressure(failure):
-                call.overloaded += 1
-                self.overloaded += 1
-            if policy.waits_out(failure):
-                # Back pressure: the service is full now. Waited out until the deadline; of this answer's sends
-                # only those before it (the HTTP ingress re-routing a call whose replica died) spend attempts.
-                call.spent += sends - 1
-                delay = policy.delay(call.overloaded)
-            else:
-                call.spent += sends
-                delay = policy.delay(call.spent)
-            if call.spent >= policy.max_attempts:
-                return self._outcome(call, failure, error)
-            delay = max(delay, retry_after or 0.0)
-            if self._clock() + delay >= deadline:
-                return self._outcome(call, "deadline", f"no time left to retry after: {error}")
-            self.retries += 1
-            await self._sleep(delay)
-
-    def _outcome(self, call: _Call, failure: str | None, error: str | None) -> CallOutcome:
-        result = call.last
-        if result is not None and not retryable_result(result) and not group_incomplete(result):
-            failure, error = None, None
-        return CallOutcome(
-            result=result,
-            attempts=call.attempts,
-            failure=failure,
-            error=error,
-            latency_s=self._clock() - call.started,
-            rejoins=call.rejoins,
-            cause=call.cause if result is None else None,
-            overloaded=call.overloaded,
-        )
-
-
-@dataclass
-class _Call:
-    """The progress of one logical request."""
-
-    started: float
-    attempts: int = 0  # sends that failed or answered
-    spent: int = 0  # of them, those that count against max_attempts (not back pressure)
-    overloaded: int = 0  # of them, those refused as back pressure
-    rejoins: int = 0
-    reroutes: int = 0  # attempts whose replica died (the router's `attempt` of the next send)
-    cause: BaseException | None = None  # the last send's own error
-    last: Any = None  # the last answer (a flagged one, when the request ends without a good one)
-
-

@@ -22,7 +22,7 @@ from collections.abc import Hashable
 from pathlib import Path
 
 from cluster.planning.recorder import TraceRecorder
-from cluster.schema import GroupRequest, GroupResult, MemberRequest, MemberResult
+from cluster.protocol.schema import GroupRequest, GroupResult, MemberRequest, MemberResult
 from grrm_client.config import ClientConfig
 
 __all__ = ["TraceFile", "write_atomically"]

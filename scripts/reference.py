@@ -105,7 +105,7 @@ def model_sections(root: type[BaseModel], path: str) -> list[str]:
 
 def undescribed() -> list[str]:
     """Public config and request fields without a description (the pages and /docs would show them bare)."""
-    from cluster.schema import MemberRequest
+    from cluster.protocol.schema import MemberRequest
     from deployments.config import AppConfig
     from deployments.http.models import ScoreRequest
     from grrm_client.config import ClientConfig

@@ -14,7 +14,7 @@ import pytest
 
 from cluster.admission import TENANT_SLOT_SHARE, slots_for_step, waiting_members_bound
 from cluster.assembly import JOIN_HEADROOM, AssemblySettings, GroupAssembler
-from cluster.schema import GroupRequest, GroupResult, MemberRequest
+from cluster.protocol.schema import GroupRequest, GroupResult, MemberRequest
 from deployments.config import AppConfig, ReplicaSettings, TenantDefaults, TenantsSettings, load_app_config
 
 GRRM_YAML = Path(__file__).resolve().parents[1] / "deployments" / "grrm.yaml"

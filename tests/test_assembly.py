@@ -13,7 +13,7 @@ from cluster.assembly_observers import AssemblyObserver, RecentGroups
 from cluster.completed_groups import CompletedGroups
 from cluster.engines.base import EngineDeadError
 from cluster.fair_share import FairGate
-from cluster.schema import GroupRequest, GroupResult, MemberRequest
+from cluster.protocol.schema import GroupRequest, GroupResult, MemberRequest
 
 
 def expected_score(candidate: str) -> int:

@@ -22,7 +22,7 @@ from cluster.autoscaling import (
     replicas_for_demand,
 )
 from cluster.announced_demand import WITHDRAWAL_KEPT_S, AnnouncedDemands, copy_delay_s, demand_of, seen_later
-from cluster.schema import DemandAnnouncement
+from cluster.protocol.schema import DemandAnnouncement
 from deployments.autoscaling_policy import (
     POLICY_PATH,
     ApplicationEngineWorkPolicy,

@@ -8,7 +8,7 @@ import threading
 import pytest
 from ray.serve.exceptions import DeploymentUnavailableError
 
-from cluster.schema import GroupRequest, GroupResult
+from cluster.protocol.schema import GroupRequest, GroupResult
 from grrm_handles.availability import (
     DeploymentAvailability,
     ReplicasUnschedulableError,

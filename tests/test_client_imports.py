@@ -1,8 +1,10 @@
-"""The client stands alone: no module of ``grrm_client`` imports the service (``deployments``), at
-module level or lazily inside a function, so the client can be installed and reasoned about on
-its own (the service may use the client's modules, never the other way round).
+"""The client and the service stand apart, on the protocol beneath both: no module of ``grrm_client``
+imports the service (``deployments``), and no module of the service imports the client, at module
+level or lazily inside a function, so either can be installed and reasoned about on its own. What
+both speak is the protocol (``cluster/protocol``: the wire models, headers, the OpenRLHF schema, the
+one retry loop), which imports neither side, nor Ray or torch.
 
-The handle plumbing both sides use (``grrm_handles``: one send over a Serve handle, a deployment's
+The handle plumbing both sides use (``grrm_handles``: the one handle sender, a deployment's
 availability, handles set up early) is neutral: it imports neither the service nor the client, and
 its package import stays light (no Ray: the client imports its modules only when a handle is used)."""
 
@@ -16,6 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CLIENT = ROOT / "grrm_client"
 HANDLES = ROOT / "grrm_handles"
+PROTOCOL = ROOT / "cluster" / "protocol"
 SERVICE = "deployments"
 
 
@@ -60,6 +63,27 @@ def test_no_client_module_imports_the_service():
     assert len(list(CLIENT.glob("*.py"))) > 5, "the walk found no client modules"
     offenders = offending_imports(CLIENT, (SERVICE,))
     assert not offenders, "grrm_client imports deployments:\n" + "\n".join(offenders)
+
+
+def test_no_service_module_imports_the_client():
+    assert len(list((ROOT / SERVICE).glob("*.py"))) > 5, "the walk found no service modules"
+    offenders = offending_imports(ROOT / SERVICE, ("grrm_client",))
+    assert not offenders, "deployments imports grrm_client:\n" + "\n".join(offenders)
+
+
+def test_the_protocol_imports_neither_side_nor_ray_or_torch():
+    modules = {path.stem for path in PROTOCOL.glob("*.py")}
+    assert {"schema", "retry", "calls", "headers", "openrlhf"} <= modules, f"the walk found only {sorted(modules)}"
+    offenders = offending_imports(PROTOCOL, (SERVICE, "grrm_client", "grrm_handles", "ray", "torch"))
+    assert not offenders, "cluster/protocol imports a side, Ray or torch:\n" + "\n".join(offenders)
+    # Nor through what it imports from the rest of the core.
+    check = ("import sys, cluster.protocol.schema, cluster.protocol.retry, cluster.protocol.calls, "
+             "cluster.protocol.headers, cluster.protocol.members, cluster.protocol.openrlhf; "
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'ray', 'torch', 'grrm_client', 'deployments', "
+             "'grrm_handles'}))")
+    done = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", f"importing the protocol imports {done.stdout.strip()}"
 
 
 def test_the_handle_plumbing_imports_neither_side():

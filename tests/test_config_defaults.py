@@ -26,11 +26,11 @@ from cluster.autoscaling import ScalingSettings
 from cluster.engines.base import SamplingSettings
 from cluster.fair_share import TenantPolicy
 from cluster.planning.profiling import ProfileSettings
-from cluster.retry import RetryPolicy
+from cluster.protocol.openrlhf import OpenRLHFSettings
+from cluster.protocol.retry import RetryPolicy
 from cluster.rewards import RewardSettings
 from deployments.config import AppConfig
 from grrm_client.adapters.config import AdapterConfig
-from grrm_client.adapters.openrlhf import OpenRLHFSettings
 from grrm_client.adapters.slime import SlimeRewardConfig
 from grrm_client.adapters.trl import TRLRewardConfig
 from grrm_client.adapters.verl.config import BridgeConfig

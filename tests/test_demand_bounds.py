@@ -28,7 +28,7 @@ from cluster.demand_report import (
     reported_groups,
 )
 from cluster.engines import EngineConfig
-from cluster.schema import DemandAnnouncement
+from cluster.protocol.schema import DemandAnnouncement
 from deployments.app import replica_options
 from deployments.autoscaling_policy import (
     POLICY_PATH,

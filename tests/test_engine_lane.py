@@ -11,7 +11,7 @@ from cluster.admission import GroupsInFlight
 from cluster.engine_lane import EngineLane, estimated_tokens
 from cluster.engines import EngineDeadError
 from cluster.fair_share import FairGate
-from cluster.schema import GroupRequest, GroupResult, Usage
+from cluster.protocol.schema import GroupRequest, GroupResult, Usage
 
 
 def group(group_id: str, tenant: str = "default") -> GroupRequest:

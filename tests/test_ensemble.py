@@ -16,7 +16,7 @@ from cluster.config import ScoringConfig
 from cluster.engines import EngineConfig, ScriptedEngineOptions, make_engine
 from cluster.engines.base import count_tokens
 from simulated.scripted_engine import group_scores, noise_sd
-from cluster.schema import GroupRequest
+from cluster.protocol.schema import GroupRequest
 from cluster.scorer import GroupScorer
 from tests.in_flight import hold_until_in_flight
 

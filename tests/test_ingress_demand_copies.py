@@ -13,7 +13,7 @@ import pytest
 
 from cluster.announced_demand import AnnouncedDemands
 from cluster.engines import EngineConfig
-from cluster.schema import DemandAnnouncement
+from cluster.protocol.schema import DemandAnnouncement
 from deployments.config import AppConfig, AutoscalingSettings, ReplicaSettings
 from deployments.ingress import GRRMIngress
 

@@ -16,7 +16,7 @@ from cluster import gqm, prompt_guard
 from cluster.config import ScoringConfig
 from cluster.engines import EngineConfig, make_engine
 from cluster.prompt_guard import can_forge, guard_texts, neutralize
-from cluster.schema import GroupRequest, MemberRequest
+from cluster.protocol.schema import GroupRequest, MemberRequest
 from cluster.scorer import GroupScorer
 
 TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")

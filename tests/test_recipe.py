@@ -27,7 +27,7 @@ from cluster.recipe import (
     grrm_recipe,
 )
 from cluster.recipe_runner import RecipeRunner
-from cluster.schema import GroupRequest, GroupResult, MemberRequest
+from cluster.protocol.schema import GroupRequest, GroupResult, MemberRequest
 from deployments.config import AppConfig
 
 # Every part, rule and model.

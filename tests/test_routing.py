@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from cluster.routing import NO_HINT, HashRing, RouteHint, RoutingPolicy, route_key, stable_hash
-from cluster.schema import DemandAnnouncement, GroupRequest, MemberRequest
+from cluster.protocol.schema import DemandAnnouncement, GroupRequest, MemberRequest
 
 REPLICAS = ["r1", "r2", "r3"]
 

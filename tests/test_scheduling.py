@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from cluster.config import ScoringConfig
 from cluster.engines import EngineConfig, ScriptedEngineOptions, make_engine
 from cluster.engines.vllm import engine_args_kwargs
-from cluster.schema import GroupRequest
+from cluster.protocol.schema import GroupRequest
 from cluster.scorer import GroupScorer
 from simulated.slots import PrioritySlots
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from cluster.schema import DemandAnnouncement, GroupRequest, MemberRequest
+from cluster.protocol.schema import DemandAnnouncement, GroupRequest, MemberRequest
 from deployments.http.models import ScoreRequest
 
 MEMBER = {"group_id": "g", "group_size": 4, "index": 1, "source": "Quelle.", "candidate": "Source.",

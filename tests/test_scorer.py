@@ -10,7 +10,7 @@ import pytest
 from cluster import gqm
 from cluster.config import ScoringConfig
 from cluster.engines import EngineConfig, EngineDeadError, ScriptedEngineOptions, make_engine
-from cluster.schema import GroupRequest
+from cluster.protocol.schema import GroupRequest
 from cluster.scorer import GroupScorer, dedup_candidates, ranking_line, read_verdict
 from tests.in_flight import hold_until_in_flight
 

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from cluster.gqm import MIN_CANDIDATES
 from cluster.planning.profile import ConcurrencyPoint, EngineProfile
-from cluster.schema import GroupRequest, GroupResult
+from cluster.protocol.schema import GroupRequest, GroupResult
 
 __all__ = ["Answer", "MadeGroups", "ProfileSettings", "Window", "answer_of", "field_error", "made_groups",
            "measure", "point_of", "profile_of", "sample_groups"]

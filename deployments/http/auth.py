@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from cluster.schema import DEFAULT_TENANT, DEFAULT_TOKEN_ENV
+from cluster.protocol.schema import DEFAULT_TENANT, DEFAULT_TOKEN_ENV
 from deployments.config import AppConfig
 from deployments.http.errors import HTTPProblem
 

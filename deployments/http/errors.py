@@ -16,8 +16,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from cluster.failures import KINDS, ErrorCode, code_for_status
+from cluster.protocol.headers import SENDS_HEADER
 from deployments.http.models import ErrorResponse
-from grrm_client.transports import SENDS_HEADER
 from grrm_handles.availability import ReplicasUnschedulableError
 from grrm_handles.send import REPLICA_GONE_ERRORS, unanswered_code
 

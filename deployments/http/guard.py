@@ -9,7 +9,7 @@ from urllib.parse import parse_qs
 
 from fastapi.responses import JSONResponse
 
-from cluster.schema import GroupRequest, MemberRequest
+from cluster.protocol.schema import GroupRequest, MemberRequest
 from deployments.config import AppConfig
 from deployments.http.auth import CALLER, authenticate, bearer_credential
 from deployments.http.errors import HTTPProblem, error_response

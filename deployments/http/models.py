@@ -1,4 +1,4 @@
-"""The HTTP API's request and answer bodies (member and group bodies are ``cluster/schema.py``'s)."""
+"""The HTTP API's request and answer bodies (member and group bodies are ``cluster/protocol/schema.py``'s)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from cluster.failures import ErrorCode
-from cluster.schema import GroupRequest, GroupResult
+from cluster.protocol.schema import GroupRequest, GroupResult
 
 
 class ScoreRequest(BaseModel):

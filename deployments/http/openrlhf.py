@@ -1,7 +1,7 @@
 """``POST /openrlhf/get_reward?n=8``: OpenRLHF's remote reward model, answered by the scorer replicas.
 
-The mapping of OpenRLHF's payload onto members and of their answers onto its response is the client
-adapter's (:mod:`grrm_client.adapters.openrlhf`). Here: each member goes to the replicas as a member
+The mapping of OpenRLHF's payload onto members and of their answers onto its response is the
+protocol's (:mod:`cluster.protocol.openrlhf`). Here: each member goes to the replicas as a member
 of a keyed group (``add_open_member``: on the replica that owns the key, the samples of one prompt
 form groups of ``n`` in arrival order), and every sample is answered within
 ``openrlhf.answer_within_s`` (below OpenRLHF's 180 s, after which it would send the sample again as a
@@ -14,12 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from cluster.schema import DEFAULT_TENANT, MemberRequest, MemberResult
+from cluster.protocol.members import FailureLog
+from cluster.protocol.openrlhf import OpenRLHFRequest, OpenRLHFResponse, PayloadError, read_payload, rewards_response
+from cluster.protocol.schema import DEFAULT_TENANT, MemberRequest, MemberResult
 from deployments.client import ScorerClient
 from deployments.config import AppConfig
 from deployments.http.errors import HTTPProblem
-from grrm_client.adapters.openrlhf import OpenRLHFRequest, OpenRLHFResponse, PayloadError, read_payload, rewards_response
-from grrm_client.adapters.pipeline import FailureLog
 
 __all__ = ["openrlhf_rewards"]
 

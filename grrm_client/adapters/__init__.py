@@ -7,9 +7,10 @@
 * :mod:`grrm_client.adapters.verl` -- verl's reward manager, batch path and step metrics (verl
   configs keep naming ``pkg://trainer_bridge.reward_manager``);
 * :mod:`grrm_client.adapters.trl` -- a TRL ``GRPOTrainer`` reward function;
-* :mod:`grrm_client.adapters.slime` -- slime's custom group reward model;
-* :mod:`grrm_client.adapters.openrlhf` -- OpenRLHF's remote reward-model request mapping (the service
-  answers it at ``POST /openrlhf/get_reward``).
+* :mod:`grrm_client.adapters.slime` -- slime's custom group reward model.
+
+OpenRLHF posts to the service itself (``POST /openrlhf/get_reward``): its payload's mapping onto
+members is the protocol's (:mod:`cluster.protocol.openrlhf`), which the service's route takes.
 
 Importing the package is light: each adapter imports its trainer's libraries when it is imported.
 """

@@ -14,8 +14,9 @@ from typing import ClassVar
 from pydantic import Field, model_validator
 
 from cluster.gqm import DEFAULT_EXTRACTOR, Extractor
+from cluster.protocol.members import ROW_KEYS
 from cluster.rewards import RewardSettings
-from cluster.schema import DEFAULT_MAX_TEXT_CHARS
+from cluster.protocol.schema import DEFAULT_MAX_TEXT_CHARS
 from grrm_client.config import ClientConfig
 
 __all__ = ["AdapterConfig"]
@@ -30,15 +31,15 @@ class AdapterConfig(ClientConfig):
     extractor: Extractor = Field(DEFAULT_EXTRACTOR, description="How the translation is read from a completion "
                                                                 "(the spec's extractors: codeblock, line, oneline, "
                                                                 "none).")
-    source_key: str = Field("source", description="Where a row keeps its source text.")
-    src_lang_key: str = Field("src_lang", description="Where a row keeps its source language.")
-    trg_lang_key: str = Field("trg_lang", description="Where a row keeps its target language.")
+    source_key: str = Field(ROW_KEYS.source_key, description="Where a row keeps its source text.")
+    src_lang_key: str = Field(ROW_KEYS.src_lang_key, description="Where a row keeps its source language.")
+    trg_lang_key: str = Field(ROW_KEYS.trg_lang_key, description="Where a row keeps its target language.")
     src_lang: str | None = Field(None, description="Source language of rows that carry none (None: required).")
     trg_lang: str | None = Field(None, description="Target language of rows that carry none (None: required).")
-    ref_text_key: str = Field("ref_text", description="Where a row may keep a reference translation (sent with "
+    ref_text_key: str = Field(ROW_KEYS.ref_text_key, description="Where a row may keep a reference translation (sent with "
                                                       "ref_lang; a row without one sends none).")
-    ref_lang_key: str = Field("ref_lang", description="Where a row may keep its reference's language.")
-    notes_key: str = Field("notes", description="Where a row may keep notes for the model (terminology, style).")
+    ref_lang_key: str = Field(ROW_KEYS.ref_lang_key, description="Where a row may keep its reference's language.")
+    notes_key: str = Field(ROW_KEYS.notes_key, description="Where a row may keep notes for the model (terminology, style).")
     default_reward: float = Field(_REWARDS.default_reward, description="Reward of a rollout that got no answer (the "
                                                                        "service unreachable, the deadline passed), "
                                                                        "flagged; an answer's reward is its recipe's.")

@@ -40,7 +40,8 @@ from pydantic import model_validator
 
 from cluster.rewards import read_completion
 from grrm_client.adapters import AdapterConfig
-from grrm_client.adapters.pipeline import FailureLog, RowContext, component_means, components_of, reward_group
+from cluster.protocol.members import FailureLog, RowContext, component_means, components_of
+from grrm_client.adapters.pipeline import reward_group
 from grrm_client.adapters.verl.metrics import RewardCounters
 from grrm_client.reward_client import RewardClient
 

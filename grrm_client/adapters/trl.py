@@ -57,17 +57,10 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from cluster.rewards import RewardOutcome, read_completion
+from cluster.protocol.members import COMPONENT_PREFIX, FailureLog, RowContext, components_of, from_recipe
 from grrm_client.adapters import AdapterConfig
 from grrm_client.demand import DemandAnnouncer, DemandSettings
-from grrm_client.adapters.pipeline import (
-    COMPONENT_PREFIX,
-    FailureLog,
-    RowContext,
-    components_of,
-    from_recipe,
-    reward_group,
-    reward_member,
-)
+from grrm_client.adapters.pipeline import reward_group, reward_member
 from grrm_client.reward_client import RewardClient
 
 __all__ = ["GRRMReward", "TRLRewardConfig", "completion_text", "slice_groups"]
@@ -304,9 +297,9 @@ class GRRMReward:
                 log_metric(f"{COMPONENT_PREFIX}/{name}/mean", float(row.get(name, 0.0)))
         client = self._client
         if client is not None:
-            log_metric("grrm/retries", float(client.retries - self._reported_retries))
-            log_metric("grrm/rejoins", float(client.rejoins - self._reported_rejoins))
-            self._reported_retries, self._reported_rejoins = client.retries, client.rejoins
+            log_metric("grrm/retries", float(client.loop.retries - self._reported_retries))
+            log_metric("grrm/rejoins", float(client.loop.rejoins - self._reported_rejoins))
+            self._reported_retries, self._reported_rejoins = client.loop.retries, client.loop.rejoins
 
 
 def _distributed() -> Any:

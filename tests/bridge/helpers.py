@@ -28,7 +28,7 @@ from cluster.config import ScoringConfig
 from cluster.engines import EngineConfig, ScriptedEngineOptions, make_engine
 from cluster.recipe import RecipeSettings
 from cluster.recipe_runner import RecipeRunner
-from cluster.schema import DemandAccepted, DemandAnnouncement, GroupRequest, GroupResult, MemberRequest, MemberResult
+from cluster.protocol.schema import DemandAccepted, DemandAnnouncement, GroupRequest, GroupResult, MemberRequest, MemberResult
 from cluster.scorer import GroupScorer
 
 SOURCE = "The cat sat on the mat."
@@ -242,7 +242,7 @@ class LocalTransport:
         return self.assembler
 
     async def member(self, member: MemberRequest, timeout_s: float, attempt: int = 0, attempts_left: int = 1) -> MemberResult:
-        from grrm_client.transports import RetryableError
+        from cluster.protocol.calls import RetryableError
 
         assembler = await self._ready()
         self.calls += 1

@@ -1,4 +1,4 @@
-"""Back pressure is waited out, real failures spend attempts: the retry policy (``cluster/retry.py``) decides
+"""Back pressure is waited out, real failures spend attempts: the retry policy (``cluster/protocol/retry.py``) decides
 by the failure's kind (``FailureKind.back_pressure``), and RewardClient retries an ``overloaded`` answer with
 capped exponential backoff until its deadline without spending ``max_attempts``. Without a cluster: a
 scripted transport, httpx's MockTransport for the ingress's sends, a clock that only sleeping advances."""
@@ -9,11 +9,11 @@ import httpx
 import pytest
 
 from cluster.failures import KINDS
-from cluster.retry import TRANSPORT_ERROR, RetryPolicy
-from cluster.schema import MemberRequest, MemberResult
+from cluster.protocol.retry import TRANSPORT_ERROR, RetryPolicy
+from cluster.protocol.schema import MemberRequest, MemberResult
 from deployments.client import ROUTE_POLICY, SERVICE_POLICY
 from grrm_client import ClientConfig, HTTPTransport, RewardClient
-from grrm_client.transports import RetryableError
+from cluster.protocol.calls import RetryableError
 
 from .test_bridge_client import FakeTime as Clock
 
@@ -69,13 +69,13 @@ async def test_an_overloaded_member_is_retried_with_capped_backoff_without_spend
     client, transport, clock = client_for([refused()] * 9 + [SCORED], max_attempts=1)
     outcome = await client.score_member(MEMBER)
     assert outcome.result.score == 6 and outcome.failure is None
-    assert (outcome.attempts, outcome.overloaded, client.overloaded, client.retries) == (10, 9, 9, 9)
+    assert (outcome.attempts, outcome.overloaded, client.loop.overloaded, client.loop.retries) == (10, 9, 9, 9)
     assert clock.sleeps == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0, 8.0, 8.0]  # doubling, capped at max_backoff_s
     assert set(transport.attempts_left) == {1}  # the single attempt was never spent by a refusal
 
 
 async def test_the_handle_transports_back_pressure_is_waited_out_alike():
-    back_pressure = RetryableError("overloaded", "BackPressureError: queue full")  # what HandleTransport raises
+    back_pressure = RetryableError("overloaded", "BackPressureError: queue full")  # what HandleSender raises
     client, _, clock = client_for([back_pressure] * 3 + [SCORED], max_attempts=1)
     outcome = await client.score_member(MEMBER)
     assert outcome.result.score == 6 and (outcome.attempts, outcome.overloaded) == (4, 3)

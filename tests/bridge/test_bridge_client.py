@@ -15,8 +15,9 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError
 
 from cluster.routing import RouteHint
-from cluster.schema import GroupRequest, MemberRequest, MemberResult
-from grrm_client import HandleTransport, HTTPTransport, RewardClient
+from cluster.protocol.schema import GroupRequest, MemberRequest, MemberResult
+from grrm_client import HTTPTransport, RewardClient
+from grrm_handles.send import HandleSender
 from grrm_client.adapters.verl.config import BridgeConfig
 
 from .helpers import LocalTransport, quality_text
@@ -77,7 +78,7 @@ async def test_http_member_retries_503_honouring_retry_after(monkeypatch):
     client, time = http_client([overloaded, overloaded, (200, member_answer(), None)], seen=seen)
     outcome = await client.score_member(MEMBER)
     assert outcome.result is not None and outcome.result.score == 7 and outcome.failure is None
-    assert outcome.attempts == 3 and client.retries == 2
+    assert outcome.attempts == 3 and client.loop.retries == 2
     assert time.sleeps == [3.0, 3.0]  # Retry-After (3 s) beats the backoff (0.5 s, 1 s)
     assert all(r.url == "http://grrm.test/app/v1/score/member" for r in seen)
     assert all(r.headers["authorization"] == "Bearer s3cret" for r in seen)
@@ -89,7 +90,7 @@ async def test_http_504_incomplete_group_is_rejoined_until_the_deadline_not_coun
     client, time = http_client([timeout, timeout, (200, member_answer(score=4), None)])
     outcome = await client.score_member(MEMBER)
     assert outcome.result.score == 4 and outcome.failure is None
-    assert (outcome.attempts, outcome.rejoins, client.retries, client.rejoins) == (1, 2, 0, 2)
+    assert (outcome.attempts, outcome.rejoins, client.loop.retries, client.loop.rejoins) == (1, 2, 0, 2)
     assert time.sleeps == [0.5, 0.5]  # a short pause, no backoff: the group may complete any moment
 
     # A group that never completes (a member that will never come): re-joined until deadline_s, then flagged.
@@ -231,7 +232,7 @@ async def test_handle_transport_retries_back_pressure():
     handle = FakeHandle([BackPressureError(num_queued_requests=3, max_queued_requests=2), answer])
     time = FakeTime()
     config = BridgeConfig()
-    client = RewardClient(config, HandleTransport(config, handle=handle), sleep=time.sleep, clock=time.clock)
+    client = RewardClient(config, HandleSender(handle, app=config), sleep=time.sleep, clock=time.clock)
     outcome = await client.score_member(MEMBER)
     assert outcome.result.score == 5 and outcome.attempts == 2 and time.sleeps == [0.5]
     assert handle.add_member.attempts_seen == [0, 0]  # overload retries keep bounded-load routing
@@ -243,13 +244,13 @@ async def test_sends_per_logical_request_are_bounded_by_max_attempts_alone():
     time = FakeTime()
     config = BridgeConfig(max_attempts=3)
     handle = FakeHandle([RayActorError()] * 10)
-    client = RewardClient(config, HandleTransport(config, handle=handle), sleep=time.sleep, clock=time.clock)
+    client = RewardClient(config, HandleSender(handle, app=config), sleep=time.sleep, clock=time.clock)
     outcome = await client.score_member(MEMBER)
     assert outcome.result is None and outcome.failure == "unavailable" and outcome.attempts == 3
     assert handle.add_member.attempts_seen == [0, 1, 2] and time.sleeps == [0.5, 1.0]
     answer = MemberResult(group_id="g", index=0, score=4, valid=True, replica="r", attempts=1)
     handle = FakeHandle([RayActorError(), BackPressureError(num_queued_requests=3, max_queued_requests=2), answer])
-    client = RewardClient(config, HandleTransport(config, handle=handle), sleep=time.sleep, clock=time.clock)
+    client = RewardClient(config, HandleSender(handle, app=config), sleep=time.sleep, clock=time.clock)
     outcome = await client.score_member(MEMBER)
     assert outcome.result.score == 4 and outcome.attempts == 3
     assert handle.add_member.attempts_seen == [0, 1, 1]  # overload does not count as a lost replica
@@ -257,11 +258,11 @@ async def test_sends_per_logical_request_are_bounded_by_max_attempts_alone():
     # waited out, spending none of max_attempts; where the config spends them, the failure after them.
     pressure = [BackPressureError(num_queued_requests=3, max_queued_requests=2)] * 3
     handle = FakeHandle([*pressure, answer])
-    client = RewardClient(config, HandleTransport(config, handle=handle), sleep=time.sleep, clock=time.clock)
+    client = RewardClient(config, HandleSender(handle, app=config), sleep=time.sleep, clock=time.clock)
     outcome = await client.score_member(MEMBER)
     assert outcome.result.score == 4 and (outcome.attempts, outcome.overloaded) == (4, 3)
     spends = BridgeConfig(max_attempts=3, retry_overloaded_until_deadline=False)
-    client = RewardClient(spends, HandleTransport(spends, handle=FakeHandle(list(pressure))), sleep=time.sleep,
+    client = RewardClient(spends, HandleSender(FakeHandle(list(pressure)), app=spends), sleep=time.sleep,
                           clock=time.clock)
     assert (await client.score_member(MEMBER)).failure == "overloaded"
 
@@ -269,7 +270,7 @@ async def test_sends_per_logical_request_are_bounded_by_max_attempts_alone():
 async def test_unexpected_errors_become_a_flagged_failure():
     handle = FakeHandle([ZeroDivisionError("boom")])
     config = BridgeConfig()
-    outcome = await RewardClient(config, HandleTransport(config, handle=handle)).score_member(MEMBER)
+    outcome = await RewardClient(config, HandleSender(handle, app=config)).score_member(MEMBER)
     assert outcome.result is None and outcome.failure == "transport_error" and "boom" in outcome.error
 
 
@@ -310,21 +311,21 @@ async def test_the_ingress_sends_count_as_attempts_and_each_attempt_says_how_man
 
 
 async def test_the_serve_side_policy_re_routes_lost_replicas_only_and_leaves_re_joins_to_its_caller():
-    from cluster.retry import RetryPolicy
+    from cluster.protocol.retry import RetryPolicy
 
     time = FakeTime()
     config = BridgeConfig(max_attempts=3)
     routes = RetryPolicy(max_attempts=3, retry_transient=False, max_rejoins=0)
     timeout = MemberResult(group_id="g", index=0, failure="timeout", error="assembly timed out")
     handle = FakeHandle([RayActorError(), timeout])
-    client = RewardClient(config, HandleTransport(config, handle=handle), sleep=time.sleep, clock=time.clock,
+    client = RewardClient(config, HandleSender(handle, app=config), sleep=time.sleep, clock=time.clock,
                           policy=routes)
     outcome = await client.score_member(MEMBER)
     assert outcome.result.failure == "timeout" and (outcome.attempts, outcome.rejoins) == (2, 0)
     assert handle.add_member.attempts_seen == [0, 1]  # the lost replica re-routed, in ring order
     overloaded = BackPressureError(num_queued_requests=3, max_queued_requests=2)
     handle = FakeHandle([overloaded, MEMBER])
-    client = RewardClient(config, HandleTransport(config, handle=handle), sleep=time.sleep, clock=time.clock,
+    client = RewardClient(config, HandleSender(handle, app=config), sleep=time.sleep, clock=time.clock,
                           policy=routes)
     outcome = await client.score_member(MEMBER)
     assert outcome.failure == "overloaded" and outcome.attempts == 1 and outcome.cause is overloaded

@@ -18,7 +18,7 @@ import ray
 from ray import serve
 
 from cluster.engines import EngineConfig, ScriptedEngineOptions
-from cluster.schema import GroupRequest, MemberRequest
+from cluster.protocol.schema import GroupRequest, MemberRequest
 from deployments.app import build_app
 from deployments.config import AppConfig, ReplicaSettings
 from grrm_client.adapters.verl.batch import compute_batch_rewards
@@ -194,7 +194,7 @@ async def test_http_retries_503_until_the_service_has_room(ray_serve):
         ]
         outcomes = await asyncio.gather(*(client.score_group(g) for g in groups))
         assert [o.result.scores for o in outcomes] == [[2, 6]] * 6
-        assert client.retries > 0, "the burst never hit a 503"
+        assert client.loop.retries > 0, "the burst never hit a 503"
         assert any(o.attempts > 1 for o in outcomes)
         await client.aclose()
     finally:

@@ -320,7 +320,7 @@ class _RaisingTransport:
     ],
 )
 async def test_an_unreachable_service_gives_flagged_defaults_after_retries(tokenizer, caplog, error, failure):
-    from grrm_client.transports import RetryableError
+    from cluster.protocol.calls import RetryableError
 
     if error == "unreachable":
         error = RetryableError("unavailable", "connection refused")

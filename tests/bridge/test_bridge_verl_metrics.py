@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from cluster.rewards import RewardSettings, default_outcome
-from grrm_client.adapters.pipeline import ServiceReward
+from cluster.protocol.members import ServiceReward
 from grrm_client.adapters.verl.extra_info import EXTRA_INFO_KEYS, extra_info, row_components
 from grrm_client.adapters.verl.metrics import step_metrics
 from grrm_client.adapters.verl.verl_metrics import install_step_metrics

@@ -12,7 +12,7 @@ import os
 import time
 
 from cluster.planning.trace import RunTrace
-from cluster.schema import GroupRequest, MemberRequest
+from cluster.protocol.schema import GroupRequest, MemberRequest
 from grrm_client import RewardClient
 from grrm_client.adapters.verl.config import BridgeConfig
 

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cluster.schema import GroupResult, Usage
+from cluster.protocol.schema import GroupResult, Usage
 from grrm_cli import columns as cols
 from grrm_cli.dataset import RESULT_TYPES, DatasetError, InputRow, PartWriter, count_rows, detect_format, read_rows
 from grrm_cli.progress import Progress

@@ -142,7 +142,7 @@ async def test_a_real_vllm_engine_on_cuda_sleeps_frees_memory_wakes_and_scores_a
     import torch
 
     from cluster.config import ScoringConfig
-    from cluster.schema import GroupRequest
+    from cluster.protocol.schema import GroupRequest
     from cluster.scorer import GroupScorer
 
     engine = VLLMEngine(EngineConfig(kind="vllm", model=str(tiny_model_dir), max_model_len=2048, seed=0,

@@ -150,7 +150,7 @@ def test_printable_vocab_policy_never_decodes_to_a_control_character(tmp_path: P
     """The CPU training harness's policy: any sampled token is text the reward service accepts."""
     from transformers import AutoTokenizer
 
-    from cluster.schema import _check_text
+    from cluster.protocol.schema import _check_text
 
     policy = build_tiny_model(tmp_path / "policy", seed=1, vocab_size=512, printable_vocab=True)
     tokenizer = AutoTokenizer.from_pretrained(policy)

@@ -9,7 +9,7 @@ import pytest_asyncio
 
 from cluster.config import ScoringConfig
 from cluster.engines import EngineConfig, make_engine
-from cluster.schema import GroupRequest
+from cluster.protocol.schema import GroupRequest
 from cluster.scorer import GroupScorer
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]

@@ -22,7 +22,7 @@ from cluster.planning.profiling import (
     profile_of,
     sample_groups,
 )
-from cluster.schema import GroupRequest, GroupResult, Usage
+from cluster.protocol.schema import GroupRequest, GroupResult, Usage
 
 ROW = {"source": "Guten Morgen.", "candidates": ["Good morning.", "Morning."], "src_lang": "de", "trg_lang": "en"}
 

@@ -13,7 +13,7 @@ import pytest
 from ray import serve
 
 from cluster.engines import EngineConfig, ScriptedEngineOptions
-from cluster.schema import MemberRequest
+from cluster.protocol.schema import MemberRequest
 from deployments.app import build_app
 from deployments.config import AppConfig, HTTPSettings, ReplicaSettings, TenantDefaults, TenantsSettings
 from grrm_client import ClientConfig, RewardClient
@@ -75,7 +75,7 @@ def test_a_refused_member_waits_for_room_without_spending_its_one_attempt(app_ur
         refused = [asyncio.create_task(client.score_member(member)) for member in second]
 
         async def both_refused() -> bool:
-            return client.overloaded >= 2
+            return client.loop.overloaded >= 2
 
         await until(both_refused, "the second group's members refused as overloaded")
         assert not any(task.done() for task in refused)  # refused, and still waiting for room: not given up

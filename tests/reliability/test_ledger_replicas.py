@@ -17,7 +17,7 @@ from ray import serve
 
 from cluster.engines import EngineConfig, ScriptedEngineOptions
 from cluster.routing import RouteHint
-from cluster.schema import MemberRequest
+from cluster.protocol.schema import MemberRequest
 from deployments.app import build_app
 from deployments.config import AppConfig, ReplicaSettings, ServiceSettings
 from grrm_handles.send import routed, to_replica

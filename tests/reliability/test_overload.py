@@ -16,7 +16,7 @@ import pytest
 from ray import serve
 
 from cluster.engines import EngineConfig, ScriptedEngineOptions
-from cluster.schema import GroupRequest
+from cluster.protocol.schema import GroupRequest
 from deployments.app import build_app
 from deployments.config import AppConfig, ReplicaSettings
 from grrm_client import RewardClient
@@ -97,7 +97,7 @@ def test_ten_times_capacity_sheds_with_503_bridge_gets_every_reward_and_service_
         assert missing_retry_after == 0
         # The trainer got every reward, by backing off and retrying.
         assert all(o.result is not None and o.result.valid for o in outcomes), [o.failure for o in outcomes]
-        assert bridge.retries > 0
+        assert bridge.loop.retries > 0
         # Every group answered 200 was scored by the engine, the trainer's too (its throughput under
         # overload is a speed figure: not asserted here).
         scored = handle.info.remote().result(timeout_s=30)["groups_scored"] - info_before["groups_scored"]
@@ -112,8 +112,8 @@ def test_ten_times_capacity_sheds_with_503_bridge_gets_every_reward_and_service_
                 f"\noverload: offered {offered} groups in {LOAD_S:.0f} s ({offered / LOAD_S:.0f}/s, capacity "
                 f"{CAPACITY:.0f}/s), answered 200: {statuses[200]}, 503: {statuses[503]}, other: "
                 f"{sum(v for k, v in statuses.items() if k not in (200, 503))}; engine scored {scored}; "
-                f"bridge: 20/20 rewards after "
-                f"{bridge.retries} retries; replica peak RSS {rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB; "
+                f"bridge: 20/20 rewards after {bridge.loop.retries} retries; "
+                f"replica peak RSS {rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB; "
                 f"run {elapsed:.0f} s"
             )
     finally:

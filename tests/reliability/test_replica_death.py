@@ -57,8 +57,8 @@ def client(app_name: str, members: list[dict], start_line) -> dict:
     """One trainer-side worker: sends its members concurrently, collects every answer."""
     import asyncio
 
-    from cluster.schema import MemberRequest
-    from cluster.retry import RetryPolicy
+    from cluster.protocol.schema import MemberRequest
+    from cluster.protocol.retry import RetryPolicy
     from deployments.client import ScorerClient
 
     handle = serve.get_deployment_handle("GRRMReplica", app_name=app_name)

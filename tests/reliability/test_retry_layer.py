@@ -16,10 +16,11 @@ from ray import serve
 
 from bench.chaos import inject
 from cluster.engines import EngineConfig, ScriptedEngineOptions
-from cluster.schema import MemberRequest
+from cluster.protocol.schema import MemberRequest
 from deployments.app import build_app
 from deployments.config import AppConfig, ReplicaSettings
-from grrm_client import HandleTransport, RewardClient
+from grrm_client import RewardClient
+from grrm_handles.send import HandleSender
 from grrm_client.adapters.verl.config import BridgeConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -80,7 +81,7 @@ def run_round(round_: int) -> int:
     serve.run(build_app(config), name=APP, route_prefix=f"/{APP}")
     handle = CountingHandle(serve.get_deployment_handle("GRRMReplica", app_name=APP))
     bridge = BridgeConfig(app_name=APP, max_attempts=MAX_ATTEMPTS, backoff_s=0.2, max_backoff_s=1.0, deadline_s=120)
-    client = RewardClient(bridge, HandleTransport(bridge, handle=handle))
+    client = RewardClient(bridge, HandleSender(handle, app=bridge))
 
     async def send(member: MemberRequest, delay_s: float):
         await asyncio.sleep(delay_s)
@@ -114,5 +115,6 @@ def run_round(round_: int) -> int:
         assert 1 <= outcome.attempts - outcome.overloaded <= MAX_ATTEMPTS
     retried = sum(outcome.attempts > 1 for _, outcome in outcomes)
     print(f"\nround {round_}: {len(outcomes)} members valid in {wall_s:.1f} s; {retried} retried, "
-          f"max attempts {max(o.attempts for _, o in outcomes)}, client retries {client.retries}, rejoins {client.rejoins}")
+          f"max attempts {max(o.attempts for _, o in outcomes)}, client retries {client.loop.retries}, "
+          f"rejoins {client.loop.rejoins}")
     return retried

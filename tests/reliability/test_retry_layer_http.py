@@ -19,7 +19,7 @@ from ray import serve
 
 from cluster.config import ScoringConfig
 from cluster.engines import EngineConfig, ScriptedEngineOptions
-from cluster.schema import MemberRequest
+from cluster.protocol.schema import MemberRequest
 from deployments.app import build_app
 from deployments.config import AppConfig, ReplicaSettings
 from deployments.replica_list import replica_actor_names

@@ -12,7 +12,7 @@ import pytest
 from ray import serve
 
 from cluster.engines import EngineConfig, ScriptedEngineOptions
-from cluster.schema import GroupRequest, MemberRequest
+from cluster.protocol.schema import GroupRequest, MemberRequest
 from deployments.app import build_app
 from deployments.client import ScorerClient
 from deployments.config import AppConfig, LimitSettings, ReplicaSettings

@@ -16,7 +16,7 @@ import pytest
 from ray import serve
 
 from cluster.engines import EngineConfig, ScriptedEngineOptions
-from cluster.schema import GroupRequest, MemberRequest
+from cluster.protocol.schema import GroupRequest, MemberRequest
 from deployments.app import build_app
 from deployments.config import AppConfig, AutoscalingSettings, ReplicaSettings
 from deployments.replica_lane import SLEEP_CHECK_S

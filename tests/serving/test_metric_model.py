@@ -16,7 +16,7 @@ import pytest
 from ray import serve
 
 from cluster.recipe import MetricItem
-from cluster.schema import GroupRequest, MemberRequest
+from cluster.protocol.schema import GroupRequest, MemberRequest
 from cluster.tiny_model import build_tiny_model
 from deployments.app import build_app
 from deployments.config import AppConfig

@@ -17,7 +17,7 @@ import sacrebleu
 from ray import serve
 
 from cluster.recipe import grrm_recipe
-from cluster.schema import GroupRequest, MemberRequest
+from cluster.protocol.schema import GroupRequest, MemberRequest
 from deployments.app import build_app
 from deployments.config import AppConfig
 from grrm_client import ClientConfig, RewardClient

@@ -14,7 +14,7 @@ import pytest
 from ray import serve
 
 from cluster.engines import EngineConfig
-from cluster.schema import GroupRequest
+from cluster.protocol.schema import GroupRequest
 from deployments.app import build_app
 from deployments.config import AppConfig, HTTPSettings, ReplicaSettings
 from grrm_client import ClientConfig, RewardClient

@@ -17,7 +17,7 @@ from ray import serve
 
 from bench.autoscale import replica_counts
 from cluster.engines import EngineConfig, ScriptedEngineOptions
-from cluster.schema import MemberRequest
+from cluster.protocol.schema import MemberRequest
 from deployments.app import build_app
 from deployments.config import AppConfig, AutoscalingSettings, ReplicaSettings, TenantDefaults, TenantsSettings
 from deployments.declared import deploy_declared
@@ -107,7 +107,7 @@ async def assemble_across(url: str, tag: str, change, replicas_after: int) -> tu
         last = [asyncio.create_task(client.score_member(members(tag, group)[-1])) for group in range(GROUPS)]
         sent_last = time.monotonic()
         answers = await asyncio.gather(*first, *last)
-        return answers, time.monotonic() - sent_last, {"rejoins": client.rejoins, "retries": client.retries}
+        return answers, time.monotonic() - sent_last, {"rejoins": client.loop.rejoins, "retries": client.loop.retries}
     finally:
         await client.aclose()
 

@@ -17,7 +17,7 @@ import ray
 from ray import serve
 
 from cluster.engines import EngineConfig, ScriptedEngineOptions
-from cluster.schema import GroupRequest
+from cluster.protocol.schema import GroupRequest
 from deployments.app import build_app
 from deployments.config import AppConfig, HTTPSettings, ReplicaSettings, TenantSettings
 from grrm_client import ClientConfig, RewardClient

@@ -14,11 +14,12 @@ from ray import serve
 from ray.serve.exceptions import DeploymentUnavailableError
 
 from cluster.engines import EngineConfig
-from cluster.schema import GroupRequest
+from cluster.protocol.schema import GroupRequest
 from deployments.app import build_app
 from deployments.client import ScorerClient
 from deployments.config import AppConfig, ReplicaSettings
-from grrm_client import HandleTransport, RewardClient
+from grrm_client import RewardClient
+from grrm_handles.send import HandleSender
 from grrm_client.adapters.verl.config import BridgeConfig
 from grrm_handles.availability import DeploymentAvailability, ReplicasUnschedulableError
 
@@ -86,7 +87,7 @@ async def test_handle_callers_get_an_error_not_a_wait(gpu_app_url):
 
     # The trainer bridge's handle transport: a retried "unavailable" that ends, with the reason.
     config = BridgeConfig(app_name=APP, max_attempts=2, backoff_s=0.1, deadline_s=60)
-    outcome = await asyncio.wait_for(RewardClient(config, HandleTransport(config)).score_group(group), 60)
+    outcome = await asyncio.wait_for(RewardClient(config, HandleSender(app=config)).score_group(group), 60)
     assert outcome.result is None and outcome.failure == "unavailable" and outcome.attempts == 2
     assert "ReplicasUnschedulableError" in outcome.error and '"GPU": 1.0' in outcome.error
 

@@ -11,9 +11,8 @@ import pytest
 from pydantic import ValidationError
 
 from cluster.rewards import INVALID_TEXT, Completion, RewardSettings
-from cluster.schema import GroupRequest, GroupResult, MemberRequest, MemberResult
-from grrm_client.adapters.pipeline import (
-    REJECTED,
+from cluster.protocol.schema import GroupRequest, GroupResult, MemberRequest, MemberResult
+from cluster.protocol.members import (
     FailureLog,
     RowContext,
     component_means,
@@ -21,10 +20,9 @@ from grrm_client.adapters.pipeline import (
     from_recipe,
     member_request,
     member_reward,
-    reward_group,
-    reward_member,
 )
-from grrm_client.reward_client import CallOutcome
+from cluster.protocol.calls import CallOutcome
+from grrm_client.adapters.pipeline import REJECTED, reward_group, reward_member
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = RewardSettings(default_reward=-1.0, score_scale_factor=0.1)
@@ -89,17 +87,20 @@ def test_each_failure_reason_is_logged_once():
 
 
 def test_no_adapter_builds_a_member_or_its_reward_but_the_pipeline():
-    """The member pipeline is written once: every adapter (and the service's OpenRLHF route) calls it."""
+    """The member mapping is written once (the protocol's): every adapter, through the pipeline, and the
+    service's OpenRLHF route call it."""
     places = [*sorted((ROOT / "grrm_client").rglob("*.py")), *sorted((ROOT / "trainer_bridge").rglob("*.py")),
-              *sorted((ROOT / "deployments" / "http").rglob("*.py"))]
+              *sorted((ROOT / "deployments" / "http").rglob("*.py")),
+              *sorted((ROOT / "cluster" / "protocol").rglob("*.py"))]
     builders = {}
     for path in places:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) in {"MemberRequest", "member_outcome"}:
                 builders.setdefault(str(path.relative_to(ROOT)), set()).add(node.func.id)
-    assert builders == {"grrm_client/adapters/pipeline.py": {"MemberRequest", "member_outcome"}}
-    users = {path.stem for path in (ROOT / "grrm_client" / "adapters").rglob("*.py")
-             if "grrm_client.adapters.pipeline" in path.read_text()}
+    assert builders == {"cluster/protocol/members.py": {"MemberRequest", "member_outcome"}}
+    callers = [*(ROOT / "grrm_client" / "adapters").rglob("*.py"), ROOT / "cluster" / "protocol" / "openrlhf.py"]
+    users = {path.stem for path in callers
+             if "grrm_client.adapters.pipeline" in path.read_text() or "cluster.protocol.members" in path.read_text()}
     assert {"trl", "slime", "openrlhf", "reward_manager", "batch"} <= users
 
 

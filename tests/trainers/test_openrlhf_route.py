@@ -21,8 +21,8 @@ from bench.chaos import replica_actor_names
 from cluster.engines import EngineConfig, ScriptedEngineOptions
 from deployments.app import build_app
 from deployments.config import AppConfig, HTTPSettings, ReplicaSettings
-from grrm_client.adapters.openrlhf import OpenRLHFSettings
-from grrm_client.adapters.openrlhf import read_sample, response_of
+from cluster.protocol.openrlhf import OpenRLHFSettings
+from cluster.protocol.openrlhf import read_sample, response_of
 from grrm_handles.send import to_replica
 from tests.conftest import LOCAL_APP
 
@@ -63,8 +63,8 @@ def test_a_sample_is_read_from_its_label_and_keyed_by_prompt_label_and_n():
 
 def test_a_labels_reference_and_notes_go_with_its_member_and_key_and_the_recipes_parts_are_logged_per_sample():
     from cluster.rewards import read_completion
-    from cluster.schema import MemberResult
-    from grrm_client.adapters.openrlhf import OpenRLHFRequest, read_payload, rewards_response
+    from cluster.protocol.schema import MemberResult
+    from cluster.protocol.openrlhf import OpenRLHFRequest, read_payload, rewards_response
 
     context = {"ref_text": "Die Katze schläft.", "ref_lang": "de", "notes": "Katze, not Kater."}
     with_context = read_sample("Pq Hallo", "Pq", label("Hello", **context), 4, OpenRLHFSettings(), 0)

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from grrm_client import CallOutcome, RewardClient
+from cluster.protocol.calls import CallOutcome
+from grrm_client import RewardClient
 from grrm_client.adapters.pipeline import reward_group
 from grrm_client.adapters.verl.config import BridgeConfig
 from grrm_client.adapters.verl.metrics import step_metrics

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.rewards import RewardOutcome
-from cluster.schema import MemberTiming
-from grrm_client.adapters.pipeline import components_of
+from cluster.protocol.schema import MemberTiming
+from cluster.protocol.members import components_of
 
 __all__ = ["EXTRA_INFO_KEYS", "RewardTiming", "extra_info", "row_components"]
 

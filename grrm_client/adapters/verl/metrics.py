@@ -2,7 +2,7 @@
 
 :func:`step_metrics` computes them from the rows' ``reward_extra_info`` (verl puts it into every
 step; any process can log them): counts of rewards by outcome (:class:`RewardCounters`), each part
-of the service's recipe (``grrm/component/<name>/mean``, :func:`grrm_client.adapters.pipeline.component_means`),
+of the service's recipe (``grrm/component/<name>/mean``, :func:`cluster.protocol.members.component_means`),
 and how much reward time the step exposed against the physical limit (:func:`exposure_metrics`, with
 the bound of :mod:`grrm_client.adapters.verl.exposure`). The verl trainers' step metrics
 (:mod:`grrm_client.adapters.verl.verl_metrics`) and the whole-batch path call it; a reward manager keeps a
@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from grrm_client.adapters.pipeline import component_means
+from cluster.protocol.members import component_means
 from grrm_client.adapters.verl.exposure import ScoredGroup, peak_concurrency, schedule_finish_bound
 from grrm_client.adapters.verl.extra_info import EXTRA_INFO_KEYS, row_components
 

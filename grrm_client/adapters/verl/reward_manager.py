@@ -42,8 +42,10 @@ from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER, register
 
 from cluster.rewards import BAD_ROW, INTERNAL_ERROR, TOO_FEW_DISTINCT, RewardOutcome, default_outcome
-from grrm_client import CallOutcome, RewardClient
-from grrm_client.adapters.pipeline import FailureLog, reward_member
+from cluster.protocol.calls import CallOutcome
+from grrm_client import RewardClient
+from cluster.protocol.members import FailureLog
+from grrm_client.adapters.pipeline import reward_member
 from grrm_client.adapters.verl.capacity import concurrency_problem, groups_per_step
 from grrm_client.adapters.verl.config import BridgeConfig, validation_group_warning
 from grrm_client.adapters.verl.extra_info import RewardTiming, extra_info

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from cluster.rewards import Completion, read_completion
-from grrm_client.adapters.pipeline import NO_CONTEXT, RowContext
+from cluster.protocol.members import NO_CONTEXT, RowContext
 from grrm_client.adapters.verl.config import BridgeConfig, lookup
 
 __all__ = [

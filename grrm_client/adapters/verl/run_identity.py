@@ -19,7 +19,7 @@ import hashlib
 import re
 import uuid
 
-from cluster.schema import DEFAULT_TENANT, TENANT_PATTERN
+from cluster.protocol.schema import DEFAULT_TENANT, TENANT_PATTERN
 
 __all__ = ["current_run_id", "namespaced_group_id", "run_tenant"]
 

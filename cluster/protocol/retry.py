@@ -7,8 +7,8 @@ and only real failures (a replica lost, the network, no replica) spend ``max_att
 refused for 5 s and then given a default reward would leave the rest of its group waiting for it
 until the deadline.
 
-One object, one backoff formula, read by the one retry loop (the client's
-:class:`~grrm_client.RewardClient`), whoever runs it: a trainer (every transient failure retried,
+One object, one backoff formula, read by the one retry loop (``cluster/protocol/calls.py``'s
+:class:`~cluster.protocol.calls.RetryLoop`), whoever runs it: a trainer (every transient failure retried,
 incomplete groups re-joined) or the service's HTTP ingress (``deployments/client.py``: only a call
 whose replica died is re-routed, within the caller's attempts; its caller retries the rest). Pure:
 no I/O, no clock.

@@ -22,7 +22,7 @@ is the sample's ``grrm/component/<name>/mean`` (0 where its answer lacks it: Ope
 key over the batch).
 
 The service answers it at ``POST /openrlhf/get_reward`` (``deployments/http/openrlhf.py`` sends the
-members and bounds the wait); this module is the mapping, through :mod:`grrm_client.adapters.pipeline`.
+members and bounds the wait); this module is the mapping, through :mod:`cluster.protocol.members`.
 """
 
 from __future__ import annotations
@@ -38,9 +38,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, m
 
 from cluster.gqm import DEFAULT_EXTRACTOR, Extractor
 from cluster.rewards import Completion, RewardOutcome, RewardSettings, read_completion
-from cluster.schema import MemberRequest, MemberResult
-from grrm_client.adapters.config import AdapterConfig
-from grrm_client.adapters.pipeline import COMPONENT_PREFIX, RowContext, components_of, member_request, member_reward
+from cluster.protocol.schema import MemberRequest, MemberResult
+from cluster.protocol.members import COMPONENT_PREFIX, ROW_KEYS, RowContext, components_of, member_request, member_reward
 
 __all__ = ["END_OF_TURN", "OpenRLHFRequest", "OpenRLHFResponse", "OpenRLHFSettings", "PayloadError", "Sample",
            "read_payload", "read_sample", "response_of", "rewards_response"]
@@ -49,10 +48,9 @@ __all__ = ["END_OF_TURN", "OpenRLHFRequest", "OpenRLHFResponse", "OpenRLHFSettin
 END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>", "</s>", "<eos>")
 
 
-# The adapters' own rewards' defaults (cluster/rewards.py declares them), and the keys a row keeps its context
-# under (the adapters' config declares them).
+# The adapters' own rewards' defaults (cluster/rewards.py declares them); the keys a row keeps its context
+# under are ROW_KEYS (cluster/protocol/members.py), as the adapters' are.
 _REWARDS = RewardSettings()
-_ROW_KEYS = AdapterConfig.model_fields
 
 
 class OpenRLHFSettings(BaseModel):
@@ -64,11 +62,11 @@ class OpenRLHFSettings(BaseModel):
                                                                 "(the query after its prompt).")
     src_lang: str | None = Field(None, description="Source language when a sample's label names none.")
     trg_lang: str | None = Field(None, description="Target language when a sample's label names none.")
-    ref_text_key: str = Field(_ROW_KEYS["ref_text_key"].default, description="The label's key of a reference "
+    ref_text_key: str = Field(ROW_KEYS.ref_text_key, description="The label's key of a reference "
                                                                              "translation (optional; with ref_lang).")
-    ref_lang_key: str = Field(_ROW_KEYS["ref_lang_key"].default, description="The label's key of the reference's "
+    ref_lang_key: str = Field(ROW_KEYS.ref_lang_key, description="The label's key of the reference's "
                                                                              "language (optional).")
-    notes_key: str = Field(_ROW_KEYS["notes_key"].default, description="The label's key of notes for the model "
+    notes_key: str = Field(ROW_KEYS.notes_key, description="The label's key of notes for the model "
                                                                        "(optional).")
     default_reward: float = Field(_REWARDS.default_reward, description="Reward (flagged) of a sample that got no "
                                                                        "answer in time; an answer's reward is the "
