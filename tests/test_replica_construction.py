@@ -4,9 +4,11 @@ Serve calls it in a replica actor."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
+import psutil
 import pytest
 
 import deployments.replica as replica_module
@@ -93,7 +95,16 @@ async def test_the_destructor_never_raises_however_far_construction_got(lifecycl
     assert replica.process_guard.watching
     await replica.__del__()
     assert lifecycle == ["started", "stop"]
-    # The engine stopped: its process guard (cluster/engines/process_guard.py) ended, killing nothing.
+    # The engine stopped: its process guard (cluster/engines/process_guard.py) ends, killing nothing.
+    # disarm() waits for that at most a few seconds (a replica's shutdown must not hang on it); on a
+    # loaded machine the watcher ends later, so the test waits for the watcher's exit itself (psutil
+    # raises TimeoutExpired, a clear failure, if it never ends).
+    try:
+        watcher = psutil.Process(replica.process_guard.pid)
+    except psutil.NoSuchProcess:  # ended already
+        pass
+    else:
+        await asyncio.to_thread(watcher.wait, 120)
     assert not replica.process_guard.watching
     await replica.__del__()  # again (an engine's stop is idempotent): harmless
 
