@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up .venv (from the lock; cached) and runs the tests.
-#   bash scripts/test.sh            # everything, as CI runs it (two pytest processes side by side)
-#   bash scripts/test.sh --quick    # what needs no Ray cluster and no engine (a minute or two)
+#   bash scripts/test.sh            # everything, as CI runs it (three pytest processes side by side: see below)
+#   bash scripts/test.sh --quick    # what needs no Ray cluster and no engine (about 4-6 minutes)
 #   bash scripts/test.sh tests/test_gqm.py -q    # any pytest arguments: just those tests, one process
 set -euo pipefail
 cd "$(dirname "$0")/.."
