@@ -45,89 +45,66 @@ class AutoscalingSettings(_Strict):
                                    "`serve_default`: Serve's policy on ongoing requests (target_ongoing_requests), "
                                    "which counts waiting members as load.")
     min_replicas: int = Field(_SCALING.min_replicas, ge=0, description="Fewest scorer replicas autoscaling keeps.")
-    max_replicas: int = Field(_SCALING.max_replicas, ge=1, description="Most scorer replicas autoscaling starts (at "
-                                                                       "least min_replicas).")
+    max_replicas: int = Field(
+        _SCALING.max_replicas, ge=1,
+        description="Most scorer replicas autoscaling starts (at least min_replicas).")
     initial_replicas: int | None = Field(None, ge=0, description="Replicas started when the application is deployed "
                                                                  "(None: min_replicas).")
-    target_backlog_s: float = Field(_SCALING.target_backlog_s, gt=0, description="engine_work: seconds of queued "
-                                                                                 "engine work one replica may hold "
-                                                                                 "before another is started; an "
-                                                                                 "announced phase starts replicas "
-                                                                                 "ahead only from when its expected "
-                                                                                 "work reaches this.")
-    cold_start_s: float = Field(_SCALING.cold_start_s, ge=0, description="engine_work: how long a new replica takes "
-                                                                         "to serve (node, scheduling and engine load "
-                                                                         "included); announced work starting within "
-                                                                         "this gets its replicas now. Once the policy "
-                                                                         "has timed its own (asking for replicas to "
-                                                                         "all serving; the longest of the last "
-                                                                         "three), that counts instead; the replicas' "
-                                                                         "measured construction, where longer, raises "
-                                                                         "either.")
+    target_backlog_s: float = Field(
+        _SCALING.target_backlog_s, gt=0,
+        description="engine_work: seconds of queued engine work one replica may hold before another is started; an "
+                    "announced phase starts replicas ahead only from when its expected work reaches this.")
+    cold_start_s: float = Field(
+        _SCALING.cold_start_s, ge=0,
+        description="engine_work: how long a new replica takes to serve (node, scheduling and engine load "
+                    "included); announced work starting within this gets its replicas now. Once the policy has "
+                    "timed its own (asking for replicas to all serving; the longest of the last three), that counts "
+                    "instead; the replicas' measured construction, where longer, raises either.")
     default_seconds_per_group: float = Field(
         _SCALING.default_seconds_per_group, gt=0,
         description="engine_work: engine seconds per group assumed until the replicas have measured theirs.")
-    demand_headroom: float = Field(_SCALING.demand_headroom, ge=1, description="engine_work: capacity over the "
-                                                                               "announced rate of a phase's busiest "
-                                                                               "slice (groups do not arrive evenly "
-                                                                               "within it).")
-    demand_grace_s: float = Field(_SCALING.demand_grace_s, ge=0, description="engine_work: how long an announced "
-                                                                             "phase keeps its replicas after its "
-                                                                             "announced end; an announcement then "
-                                                                             "expires.")
-    idle: Literal["stop", "sleep"] = Field(_SCALING.idle, description="What becomes of a replica the pool no longer "
-                                                                      "needs. `stop`: it is removed and its GPU "
-                                                                      "freed; one started later costs cold_start_s. "
-                                                                      "`sleep` (engines vllm and scripted): its "
-                                                                      "engine sleeps once idle for sleep_after_s "
-                                                                      "(vLLM sleep mode level 1: weights offloaded to "
-                                                                      "CPU memory, KV cache freed) and serves again "
-                                                                      "after wake_s; engine_work keeps it while an "
-                                                                      "announced need comes within (cold_start_s - "
-                                                                      "wake_s) / sleeping_cost seconds, and removes "
-                                                                      "it otherwise. vLLM's sleep mode needs CUDA.")
+    demand_headroom: float = Field(
+        _SCALING.demand_headroom, ge=1,
+        description="engine_work: capacity over the announced rate of a phase's busiest slice (groups do not arrive "
+                    "evenly within it).")
+    demand_grace_s: float = Field(
+        _SCALING.demand_grace_s, ge=0,
+        description="engine_work: how long an announced phase keeps its replicas after its announced end; an "
+                    "announcement then expires.")
+    idle: Literal["stop", "sleep"] = Field(
+        _SCALING.idle,
+        description="What becomes of a replica the pool no longer needs. `stop`: it is removed and its GPU freed; "
+                    "one started later costs cold_start_s. `sleep` (engines vllm and scripted): its engine sleeps "
+                    "once idle for sleep_after_s (vLLM sleep mode level 1: weights offloaded to CPU memory, KV "
+                    "cache freed) and serves again after wake_s; engine_work keeps it while an announced need comes "
+                    "within (cold_start_s - wake_s) / sleeping_cost seconds, and removes it otherwise. vLLM's sleep "
+                    "mode needs CUDA.")
     wake_s: float = Field(_SCALING.wake_s, ge=0, description="idle sleep: how long, in seconds, a sleeping engine "
                                                              "takes to serve again; the replica wakes this long "
                                                              "before announced work.")
-    sleeping_cost: float = Field(_SCALING.sleeping_cost, gt=0, le=1, description="idle sleep: what a sleeping replica "
-                                                                                 "costs relative to an awake one (its "
-                                                                                 "GPU is held, its memory free for "
-                                                                                 "other work); sets the break-even "
-                                                                                 "horizon.")
-    sleep_after_s: float = Field(_SCALING.sleep_after_s, ge=0, description="idle sleep: seconds an engine has had no "
-                                                                           "group queued or running before it sleeps "
-                                                                           "(members waiting for group-mates do not "
-                                                                           "count).")
+    sleeping_cost: float = Field(
+        _SCALING.sleeping_cost, gt=0, le=1,
+        description="idle sleep: what a sleeping replica costs relative to an awake one (its GPU is held, its "
+                    "memory free for other work); sets the break-even horizon.")
+    sleep_after_s: float = Field(
+        _SCALING.sleep_after_s, ge=0,
+        description="idle sleep: seconds an engine has had no group queued or running before it sleeps (members "
+                    "waiting for group-mates do not count).")
     target_ongoing_requests: float = Field(16.0, gt=0, description="serve_default: ongoing requests per replica that "
                                                                    "Serve's policy aims for.")
-    upscale_delay_s: float = Field(_SCALING.upscale_delay_s, ge=0, description="How long, in seconds, more replicas "
-                                                                               "must be wanted before they are "
-                                                                               "started.")
-    downscale_delay_s: float = Field(_SCALING.downscale_delay_s, ge=0, description="How long, in seconds, fewer "
-                                                                                   "replicas must do before replicas "
-                                                                                   "are stopped.")
-    idle_downscale_delay_s: float = Field(_SCALING.idle_downscale_delay_s, ge=0, description="engine_work: while an "
-                                                                                             "announced phase is on "
-                                                                                             "(its quiet start, a "
-                                                                                             "lull), how long the "
-                                                                                             "pool must be idle (no "
-                                                                                             "group queued or "
-                                                                                             "running, no member "
-                                                                                             "waiting for "
-                                                                                             "group-mates) before it "
-                                                                                             "drops the replicas the "
-                                                                                             "announced demand does "
-                                                                                             "not need, instead of "
-                                                                                             "downscale_delay_s; idle "
-                                                                                             "while every announced "
-                                                                                             "phase is ahead, it "
-                                                                                             "drops them at once. "
-                                                                                             "Either way it keeps "
-                                                                                             "what announced work "
-                                                                                             "needs within two cold "
-                                                                                             "starts. A pool nobody "
-                                                                                             "announces to keeps "
-                                                                                             "downscale_delay_s.")
+    upscale_delay_s: float = Field(
+        _SCALING.upscale_delay_s, ge=0,
+        description="How long, in seconds, more replicas must be wanted before they are started.")
+    downscale_delay_s: float = Field(
+        _SCALING.downscale_delay_s, ge=0,
+        description="How long, in seconds, fewer replicas must do before replicas are stopped.")
+    idle_downscale_delay_s: float = Field(
+        _SCALING.idle_downscale_delay_s, ge=0,
+        description="engine_work: while an announced phase is on (its quiet start, a lull), how long the pool must "
+                    "be idle (no group queued or running, no member waiting for group-mates) before it drops the "
+                    "replicas the announced demand does not need, instead of downscale_delay_s; idle while every "
+                    "announced phase is ahead, it drops them at once. Either way it keeps what announced work needs "
+                    "within two cold starts. A pool nobody announces to keeps downscale_delay_s.")
     metrics_interval_s: float = Field(2.0, gt=0, description="How often, in seconds, replicas report the load "
                                                              "autoscaling decides on.")
     look_back_period_s: float = Field(10.0, gt=0, description="Time window, in seconds, Serve keeps the load "
@@ -183,8 +160,9 @@ class ReplicaSettings(_Strict):
 
     num_replicas: int | None = Field(None, ge=1, description="Fixed replica count; leave None and set "
                                                              "`autoscaling` to scale on load (neither: one replica).")
-    autoscaling: AutoscalingSettings | None = Field(None, description="Scale the replica count on load (instead of "
-                                                                      "num_replicas).")
+    autoscaling: AutoscalingSettings | None = Field(
+        None,
+        description="Scale the replica count on load (instead of num_replicas).")
     # Serve's default of 5 starves a batching engine, and members waiting for their group hold a
     # slot each: a low limit fills up with incomplete groups whose other members queue behind them
     # until the assembly timeout.
@@ -230,9 +208,9 @@ class ReplicaSettings(_Strict):
                              "(a burst of tokenizing under a pod's CPU limit) does not cost a cold start.")
     health_check_timeout_s: float = Field(30.0, gt=0, description="How long, in seconds, Serve waits for a health "
                                                                   "check to answer (above hang_timeout_s).")
-    graceful_shutdown_timeout_s: float = Field(20.0, ge=0, description="How long, in seconds, Serve lets a stopping "
-                                                                       "replica shut down gracefully before it is "
-                                                                       "killed.")
+    graceful_shutdown_timeout_s: float = Field(
+        20.0, ge=0,
+        description="How long, in seconds, Serve lets a stopping replica shut down gracefully before it is killed.")
     # Serve's default (2 s) is slept before the first look: every scale-down, redeploy and delete waited it.
     graceful_shutdown_wait_loop_s: float = Field(
         0.5, gt=0, description="How often, in seconds, a stopping replica (scorer, ingress or ledger) looks whether "
@@ -240,8 +218,9 @@ class ReplicaSettings(_Strict):
     # The access log lines cost CPU on every call.
     access_log: bool = Field(False, description="Write Serve's per-request access log lines (errors are logged "
                                                 "regardless).")
-    env_vars: dict[str, str] = Field(default_factory=dict, description="Environment for the replica processes "
-                                                                       "(e.g. VLLM_* switches).")
+    env_vars: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment for the replica processes (e.g. VLLM_* switches).")
 
     def demand_grace_s(self) -> float:
         """How long a replica keeps an announced demand past its end (see AutoscalingSettings)."""
@@ -272,8 +251,9 @@ class ServiceSettings(_Strict):
     num_cpus: float = Field(0.0, ge=0, description="CPUs each replica's actor asks Ray for (above 0 keeps it off "
                                                    "a head started with `num-cpus: 0`).")
     # The Kubernetes render pins the replicas to a worker group of their own this way.
-    resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources each replica asks "
-                                                                          "for.")
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources each replica asks for.")
     max_replicas_per_node: int | None = Field(
         None, ge=1, description="At most this many replicas on one node (Serve's max_replicas_per_node): 1 "
                                 "guarantees distinct nodes, and leaves a replica pending where the cluster has fewer "
@@ -321,8 +301,9 @@ class LimitSettings(_Strict):
     max_candidates_per_group: int = Field(26, ge=2, description="Most candidates in one group (also the largest "
                                                                 "group_size a member or an OpenRLHF request may "
                                                                 "give).")
-    max_text_chars: int = Field(DEFAULT_MAX_TEXT_CHARS, ge=1, description="Most characters in one source or candidate "
-                                                                          "text.")
+    max_text_chars: int = Field(
+        DEFAULT_MAX_TEXT_CHARS, ge=1,
+        description="Most characters in one source or candidate text.")
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest request body, in bytes.")
     # Reading the body first lets clients that send everything before reading (urllib) read the answer.
     max_discard_bytes: int = Field(
@@ -395,9 +376,9 @@ class HTTPSettings(_Strict):
                            "token is set (shared, operator or a tenant's), a request needs one of them.")
     include_answers: bool = Field(False, description="Return each group's raw model answer in /v1/score results.")
     retry_after_s: int = Field(1, ge=0, description="Retry-After seconds sent with 503.")
-    env_vars: dict[str, str] = Field(default_factory=dict, description="Environment of the ingress process (e.g. "
-                                                                       "the token variable, when not set on the "
-                                                                       "node).")
+    env_vars: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment of the ingress process (e.g. the token variable, when not set on the node).")
     tenants: list[TenantSettings] = Field(
         default_factory=list, description="Tenants with settings of their own (weight, priority, limit, token); "
                                           "every other tenant gets `tenants.default`.")
@@ -460,27 +441,31 @@ class AppConfig(_Strict):
     """One reward application: engine, scoring recipe, replicas, routing, limits."""
 
     engine: EngineConfig = Field(description="The engine each scorer replica runs, and its model.")
-    scoring: ScoringConfig = Field(default_factory=ScoringConfig, description="How a group becomes a GQM prompt, a "
-                                                                              "generation and a verdict.")
-    replicas: ReplicaSettings = Field(default_factory=ReplicaSettings, description="How many scorer replicas run, "
-                                                                                   "what each one holds, and how "
-                                                                                   "much each accepts.")
-    routing: RoutingSettings = Field(default_factory=RoutingSettings, description="The request router of the "
-                                                                                  "scorer replicas.")
-    limits: LimitSettings = Field(default_factory=LimitSettings, description="Request limits enforced at the HTTP "
-                                                                             "boundary.")
-    http: HTTPSettings = Field(default_factory=HTTPSettings, description="The HTTP ingress: authentication, "
-                                                                         "answers, Retry-After, named tenants.")
-    openrlhf: OpenRLHFSettings = Field(default_factory=OpenRLHFSettings, description="The OpenRLHF remote reward "
-                                                                                     "route (POST "
-                                                                                     "/openrlhf/get_reward).")
-    tenants: TenantsSettings = Field(default_factory=TenantsSettings, description="How runs share one pool of "
-                                                                                  "engines (fair share, engine "
-                                                                                  "slots, tenant defaults).")
+    scoring: ScoringConfig = Field(
+        default_factory=ScoringConfig,
+        description="How a group becomes a GQM prompt, a generation and a verdict.")
+    replicas: ReplicaSettings = Field(
+        default_factory=ReplicaSettings,
+        description="How many scorer replicas run, what each one holds, and how much each accepts.")
+    routing: RoutingSettings = Field(
+        default_factory=RoutingSettings,
+        description="The request router of the scorer replicas.")
+    limits: LimitSettings = Field(
+        default_factory=LimitSettings,
+        description="Request limits enforced at the HTTP boundary.")
+    http: HTTPSettings = Field(
+        default_factory=HTTPSettings,
+        description="The HTTP ingress: authentication, answers, Retry-After, named tenants.")
+    openrlhf: OpenRLHFSettings = Field(
+        default_factory=OpenRLHFSettings,
+        description="The OpenRLHF remote reward route (POST /openrlhf/get_reward).")
+    tenants: TenantsSettings = Field(
+        default_factory=TenantsSettings,
+        description="How runs share one pool of engines (fair share, engine slots, tenant defaults).")
     ingress: ServiceSettings = Field(default_factory=ServiceSettings, description="The HTTP ingress's replicas.")
-    ledger: ServiceSettings = Field(default_factory=ServiceSettings, description="The ledger of scored groups: "
-                                                                                 "each record is kept on every "
-                                                                                 "ledger replica.")
+    ledger: ServiceSettings = Field(
+        default_factory=ServiceSettings,
+        description="The ledger of scored groups: each record is kept on every ledger replica.")
     assembly_timeout_s: float = Field(120.0, gt=0, description="Members of a group that do not all arrive within "
                                                                "this many seconds get a timeout error.")
     completed_ttl_s: float = Field(900.0, gt=0, description="How long, in seconds, a scored group's answer is kept "

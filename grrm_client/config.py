@@ -80,8 +80,9 @@ class ClientConfig(BaseModel):
                                                                  "member is asked again every max_backoff_s at most. "
                                                                  "Also the pause before a member re-joins its "
                                                                  "incomplete group.")
-    max_backoff_s: float = Field(_RETRY.max_backoff_s, ge=0, description="Longest wait between two attempts, in "
-                                                                         "seconds (at least backoff_s).")
+    max_backoff_s: float = Field(
+        _RETRY.max_backoff_s, ge=0,
+        description="Longest wait between two attempts, in seconds (at least backoff_s).")
     # One notion for the demand announcements (grrm_client/demand.py) and the recorded trace: both find a
     # trainer's steps in when its rewards are asked for.
     phase_gap_s: float = Field(10.0, ge=MIN_PHASE_GAP_S,

@@ -138,12 +138,12 @@ class RetryLoop:
         self.overloaded = 0  # sends refused as back pressure (overloaded), over all requests
 
     async def send_member(self, attempts: Attempts, member: MemberRequest,
-                     policy: RetryPolicy | None = None) -> CallOutcome[MemberResult]:
+                          policy: RetryPolicy | None = None) -> CallOutcome[MemberResult]:
         """One member through ``attempts``, as often as ``policy`` (None: this loop's) allows."""
         return await self.call(attempts, member, policy)
 
     async def send_group(self, attempts: Attempts, group: GroupRequest,
-                    policy: RetryPolicy | None = None) -> CallOutcome[GroupResult]:
+                         policy: RetryPolicy | None = None) -> CallOutcome[GroupResult]:
         """One whole group through ``attempts``, as often as ``policy`` (None: this loop's) allows."""
         return await self.call(attempts, group, policy)
 

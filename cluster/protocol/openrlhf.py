@@ -62,18 +62,22 @@ class OpenRLHFSettings(BaseModel):
                                                                 "(the query after its prompt).")
     src_lang: str | None = Field(None, description="Source language when a sample's label names none.")
     trg_lang: str | None = Field(None, description="Target language when a sample's label names none.")
-    ref_text_key: str = Field(ROW_KEYS.ref_text_key, description="The label's key of a reference "
-                                                                             "translation (optional; with ref_lang).")
-    ref_lang_key: str = Field(ROW_KEYS.ref_lang_key, description="The label's key of the reference's "
-                                                                             "language (optional).")
-    notes_key: str = Field(ROW_KEYS.notes_key, description="The label's key of notes for the model "
-                                                                       "(optional).")
-    default_reward: float = Field(_REWARDS.default_reward, description="Reward (flagged) of a sample that got no "
-                                                                       "answer in time; an answer's reward is the "
-                                                                       "tenant recipe's.")
-    score_scale_factor: float = Field(_REWARDS.score_scale_factor, description="Reward = GRRM score x this factor, "
-                                                                               "only for answers without a recipe's "
-                                                                               "reward.")
+    ref_text_key: str = Field(
+        ROW_KEYS.ref_text_key,
+        description="The label's key of a reference translation (optional; with ref_lang).")
+    ref_lang_key: str = Field(
+        ROW_KEYS.ref_lang_key,
+        description="The label's key of the reference's language (optional).")
+    notes_key: str = Field(
+        ROW_KEYS.notes_key,
+        description="The label's key of notes for the model (optional).")
+    default_reward: float = Field(
+        _REWARDS.default_reward,
+        description="Reward (flagged) of a sample that got no answer in time; an answer's reward is the tenant "
+                    "recipe's.")
+    score_scale_factor: float = Field(
+        _REWARDS.score_scale_factor,
+        description="Reward = GRRM score x this factor, only for answers without a recipe's reward.")
     # OpenRLHF gives up on a request after 180 s and sends it again as a new sample, which would
     # join a new group: answer (with the flagged default if need be) before that.
     answer_within_s: float = Field(170.0, gt=0, description="Every sample is answered within this many "

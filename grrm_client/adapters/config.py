@@ -40,17 +40,19 @@ class AdapterConfig(ClientConfig):
                                                       "ref_lang; a row without one sends none).")
     ref_lang_key: str = Field(ROW_KEYS.ref_lang_key, description="Where a row may keep its reference's language.")
     notes_key: str = Field(ROW_KEYS.notes_key, description="Where a row may keep notes for the model (terminology, style).")
-    default_reward: float = Field(_REWARDS.default_reward, description="Reward of a rollout that got no answer (the "
-                                                                       "service unreachable, the deadline passed), "
-                                                                       "flagged; an answer's reward is its recipe's.")
-    score_scale_factor: float = Field(_REWARDS.score_scale_factor, description="Reward = GRRM score x this factor, "
-                                                                               "only for answers of a service without "
-                                                                               "a recipe (the recipe's grrm part "
-                                                                               "scales otherwise).")
+    default_reward: float = Field(
+        _REWARDS.default_reward,
+        description="Reward of a rollout that got no answer (the service unreachable, the deadline passed), "
+                    "flagged; an answer's reward is its recipe's.")
+    score_scale_factor: float = Field(
+        _REWARDS.score_scale_factor,
+        description="Reward = GRRM score x this factor, only for answers of a service without a recipe (the "
+                    "recipe's grrm part scales otherwise).")
     # The service refuses texts over its limits.max_text_chars; counting such translations as invalid keeps
     # the rest of the group from waiting.
-    max_text_chars: int = Field(DEFAULT_MAX_TEXT_CHARS, ge=1, description="Longer translations, in characters, are "
-                                                                          "not sent; they count as invalid.")
+    max_text_chars: int = Field(
+        DEFAULT_MAX_TEXT_CHARS, ge=1,
+        description="Longer translations, in characters, are not sent; they count as invalid.")
     # Two runs (or a resumed run) sharing one service never meet in one group.
     run_id: str | None = Field(
         None, max_length=64, pattern=r"^[A-Za-z0-9_.\-]*$",
